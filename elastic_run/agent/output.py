@@ -1,0 +1,338 @@
+"""Where a worker's stdout and stderr go: files, the console with a rank prefix, or both.
+
+This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``, with our console prefix
+``[rank N]: `` (global rank) in place of torchrun's ``[default0]:``:
+
+=====================  ==========================  ====================================
+stream is ...          rank shown on the console   rank filtered out of the console
+=====================  ==========================  ====================================
+redirected             file only                   file only
+teed                   file and console            file only
+neither                console only                discarded
+=====================  ==========================  ====================================
+
+As in torchrun, no ``stdout.log`` / ``stderr.log`` is written for a stream that is neither
+redirected nor teed, even when a log directory is set.
+
+Invariants:
+- A file-only stream is the worker's own file descriptor: the kernel writes it, so nothing is lost
+  when the worker is killed and no thread of ours is on the path.
+- A stream that reaches the console goes through a pipe and one reader thread, which drains it to
+  EOF (so the last lines of a killed worker still arrive) and hands the console only whole lines
+  (a line longer than ``_MAX_PARTIAL_BYTES`` is cut into pieces), under one process-wide lock: lines
+  of different ranks never interleave mid-line.
+- The console sink is replaceable (:func:`set_console_sink`), so a live view can print above its
+  panel; by default it writes to the agent's ``sys.stdout`` / ``sys.stderr``.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import os
+import subprocess
+import sys
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import IO
+
+from elastic_run.agent.config import Std
+
+__all__ = [
+    "ConsoleSink",
+    "StreamName",
+    "StreamPlan",
+    "WorkerOutput",
+    "plan_stream",
+    "set_console_sink",
+    "write_console",
+]
+
+logger = logging.getLogger(__name__)
+
+_READ_CHUNK_BYTES = 65536
+_MAX_PARTIAL_BYTES = 65536
+
+
+class StreamName(str, enum.Enum):
+    """One of a worker's two output streams."""
+
+    STDOUT = "stdout"
+    STDERR = "stderr"
+
+
+ConsoleSink = Callable[[StreamName, str], None]
+"""Receives console text: the stream it came from, and one or more whole, prefixed lines."""
+
+
+def _default_sink(stream: StreamName, text: str) -> None:
+    target = sys.stdout if stream is StreamName.STDOUT else sys.stderr
+    target.write(text)
+    target.flush()
+
+
+_console_lock = threading.Lock()
+_console_sink: ConsoleSink = _default_sink
+
+
+def set_console_sink(sink: ConsoleSink | None) -> None:
+    """Send workers' console lines to ``sink`` instead of ``sys.stdout`` / ``sys.stderr``.
+
+    Args:
+        sink: called with the stream and a block of whole lines (each ending in a newline and
+            carrying the ``[rank N]: `` prefix), under the console lock, from reader threads.
+            ``None`` restores the default sink.
+    """
+    global _console_sink
+    with _console_lock:
+        _console_sink = sink if sink is not None else _default_sink
+
+
+def write_console(stream: StreamName, text: str) -> None:
+    """Write ``text`` to the console sink under the console lock.
+
+    The agent may use this for its own lines so that they never cut into a worker's line.
+
+    Args:
+        stream: which console stream the text belongs to.
+        text: whole lines, each ending in a newline.
+    """
+    with _console_lock:
+        _console_sink(stream, text)
+
+
+@dataclass(frozen=True)
+class StreamPlan:
+    """How one stream of one worker is handled.
+
+    Attributes:
+        to_file: the stream is written to ``file_path``.
+        to_console: the stream is shown on the console with the rank prefix.
+        file_path: the log file, or None when the stream has no file.
+    """
+
+    to_file: bool
+    to_console: bool
+    file_path: Path | None
+
+    @property
+    def needs_pipe(self) -> bool:
+        """Whether a reader thread must sit between the worker and its destinations."""
+        return self.to_console
+
+
+def plan_stream(
+    stream: StreamName,
+    *,
+    redirect: Std,
+    tee: Std,
+    show_on_console: bool,
+    log_dir: Path | None,
+) -> StreamPlan:
+    """Decide where one stream of a worker goes (see the module's table).
+
+    Args:
+        stream: the stream.
+        redirect: the streams that go to files only.
+        tee: the streams that go to files and the console.
+        show_on_console: False when --local-ranks-filter hides this rank.
+        log_dir: the worker's log directory, or None when there is none.
+
+    Returns:
+        The plan for the stream.
+
+    Raises:
+        ValueError: the stream is redirected or teed but there is no log directory.
+    """
+    flag = Std.OUT if stream is StreamName.STDOUT else Std.ERR
+    redirected = bool(redirect & flag)
+    teed = bool(tee & flag) and not redirected
+    to_file = redirected or teed
+    if to_file and log_dir is None:
+        raise ValueError(f"{stream.value} is redirected or teed but the worker has no log dir")
+    file_path = log_dir / f"{stream.value}.log" if to_file and log_dir is not None else None
+    to_console = show_on_console and not redirected
+    return StreamPlan(to_file=to_file, to_console=to_console, file_path=file_path)
+
+
+class _LineForwarder:
+    """Reads one pipe to EOF; writes raw bytes to a file and prefixed whole lines to the console."""
+
+    def __init__(
+        self,
+        stream: StreamName,
+        read_fd: int,
+        prefix: str,
+        file: IO[bytes] | None,
+    ) -> None:
+        self._stream = stream
+        self._read_fd = read_fd
+        self._prefix = prefix
+        self._file = file
+        self._partial = b""
+        self._started = False
+        self._thread = threading.Thread(
+            target=self._run, name=f"output-{prefix.strip(': ')}-{stream.value}", daemon=True
+        )
+
+    def start(self) -> None:
+        self._started = True
+        self._thread.start()
+
+    def join(self, timeout_s: float) -> bool:
+        """Wait for EOF; return whether the thread finished."""
+        if not self._started:
+            # Never started (the spawn failed): nobody else owns the read end.
+            if self._read_fd >= 0:
+                os.close(self._read_fd)
+                self._read_fd = -1
+            return True
+        self._thread.join(timeout_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        try:
+            while True:
+                try:
+                    chunk = os.read(self._read_fd, _READ_CHUNK_BYTES)
+                except InterruptedError:
+                    continue
+                except OSError as exc:
+                    logger.warning("reading worker %s failed: %s", self._stream.value, exc)
+                    break
+                if not chunk:
+                    break
+                self._handle(chunk)
+            if self._partial:
+                self._emit([self._partial])
+                self._partial = b""
+        finally:
+            os.close(self._read_fd)
+            if self._file is not None:
+                self._file.flush()
+
+    def _handle(self, chunk: bytes) -> None:
+        if self._file is not None:
+            self._file.write(chunk)
+            self._file.flush()
+        data = self._partial + chunk
+        lines = data.split(b"\n")
+        self._partial = lines.pop()
+        if len(self._partial) >= _MAX_PARTIAL_BYTES:
+            lines.append(self._partial)
+            self._partial = b""
+        if lines:
+            self._emit(lines)
+
+    def _emit(self, lines: list[bytes]) -> None:
+        prefix = self._prefix
+        text = "".join(f"{prefix}{line.decode('utf-8', errors='replace')}\n" for line in lines)
+        try:
+            write_console(self._stream, text)
+        except Exception:
+            # Keep draining: a reader that stops would block the worker on a full pipe.
+            logger.exception("the console sink failed; worker output dropped from the console")
+
+
+class WorkerOutput:
+    """The output plumbing of one worker: the files and pipes handed to ``Popen``, and readers.
+
+    Use: build it, pass :attr:`stdout` / :attr:`stderr` to ``subprocess.Popen``, call
+    :meth:`after_spawn` (closes the child's ends and starts the readers), and :meth:`close` once
+    the worker and its descendants are gone.
+    """
+
+    def __init__(
+        self,
+        *,
+        global_rank: int,
+        log_dir: Path | None,
+        redirect: Std,
+        tee: Std,
+        show_on_console: bool,
+    ) -> None:
+        """Open the worker's log files and pipes.
+
+        Args:
+            global_rank: the rank shown in the console prefix.
+            log_dir: the directory for ``stdout.log`` / ``stderr.log``, or None.
+            redirect: the streams that go to files only.
+            tee: the streams that go to files and the console.
+            show_on_console: False when --local-ranks-filter hides this worker.
+
+        Raises:
+            ValueError: a stream is redirected or teed without a log directory.
+            OSError: a log file or pipe could not be created.
+        """
+        self._prefix = f"[rank {global_rank}]: "
+        self._files: list[IO[bytes]] = []
+        self._child_fds: list[int] = []
+        self._forwarders: list[_LineForwarder] = []
+        self.stdout: int | IO[bytes]
+        self.stderr: int | IO[bytes]
+        self.plans = {
+            stream: plan_stream(
+                stream,
+                redirect=redirect,
+                tee=tee,
+                show_on_console=show_on_console,
+                log_dir=log_dir,
+            )
+            for stream in StreamName
+        }
+        try:
+            if log_dir is not None and any(p.to_file for p in self.plans.values()):
+                log_dir.mkdir(parents=True, exist_ok=True)
+            self.stdout = self._prepare(StreamName.STDOUT)
+            self.stderr = self._prepare(StreamName.STDERR)
+        except BaseException:
+            self.close(timeout_s=0.0)
+            raise
+
+    def _prepare(self, stream: StreamName) -> int | IO[bytes]:
+        plan = self.plans[stream]
+        file: IO[bytes] | None = None
+        if plan.file_path is not None:
+            file = open(plan.file_path, "wb")  # noqa: SIM115 - closed in close()
+            self._files.append(file)
+        if not plan.needs_pipe:
+            return file if file is not None else subprocess.DEVNULL
+        read_fd, write_fd = os.pipe()
+        self._child_fds.append(write_fd)
+        self._forwarders.append(_LineForwarder(stream, read_fd, self._prefix, file))
+        return write_fd
+
+    def after_spawn(self) -> None:
+        """Close the worker's ends of the pipes in the agent and start the reader threads."""
+        for fd in self._child_fds:
+            os.close(fd)
+        self._child_fds.clear()
+        for forwarder in self._forwarders:
+            forwarder.start()
+
+    def close(self, timeout_s: float) -> bool:
+        """Wait up to ``timeout_s`` for the readers to drain their pipes, then close the files.
+
+        Call it after the worker and every process that inherited its pipes have exited.
+
+        Args:
+            timeout_s: how long to wait for each reader thread.
+
+        Returns:
+            True when every reader drained its pipe; False when one is still blocked (a process
+            that holds the pipe is alive), in which case its file stays open for it.
+        """
+        for fd in self._child_fds:
+            os.close(fd)
+        self._child_fds.clear()
+        drained = all(forwarder.join(timeout_s) for forwarder in self._forwarders)
+        if drained:
+            for file in self._files:
+                file.close()
+            self._files.clear()
+        else:
+            for file in self._files:
+                file.flush()
+        return drained

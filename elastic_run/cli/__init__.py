@@ -1,0 +1,1 @@
+"""The command line: ``run`` (the default), ``status``, ``close``, ``etcd``, and the views."""

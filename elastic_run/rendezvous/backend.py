@@ -1,0 +1,97 @@
+"""The seam between the dynamic rendezvous and a store: a small key-value interface.
+
+The O(N) protocol (see ``protocol.py``) needs only these primitives, each O(1) in
+size except the two batch calls. Keys are relative to the job (``round``,
+``r3/arrivals``...); a backend maps them under its own prefix for the run id.
+
+Contract, for every implementation:
+- ``get``/``get_many`` never block: a missing key reads as ``None``.
+- ``add`` is atomic and creates the key at 0 when missing; it returns the new value.
+- ``compare_set(key, None, v)`` sets only when the key is absent. It returns the
+  value now stored and whether this call wrote it.
+- ``wait_for`` blocks until every key exists or the timeout passes (a watch, not a
+  poll, where the store allows). It returns whether they all exist.
+- ``heartbeat``/``read_heartbeats``: a node bumps its own counter; a reader sees the
+  counter (or ``None`` once the backend knows the node is gone, e.g. a lease expired).
+- Every method raises ``RendezvousConnectionError`` when the store cannot be
+  reached within the backend's read timeout; no third-party error escapes.
+"""
+
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+__all__ = ["RendezvousBackend"]
+
+
+class RendezvousBackend(ABC):
+    """A store the dynamic rendezvous handler runs its protocol on."""
+
+    @property
+    @abstractmethod
+    def name(self) -> str:
+        """The backend name (``c10d``, ``etcd``)."""
+
+    @property
+    @abstractmethod
+    def endpoint(self) -> str:
+        """Where the store is, for messages (``host:port``)."""
+
+    @abstractmethod
+    def get(self, key: str) -> bytes | None:
+        """Return the value of ``key`` or None when absent. Never blocks."""
+
+    @abstractmethod
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Return the values of ``keys`` in order (None for absent ones), in one trip."""
+
+    @abstractmethod
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``."""
+
+    @abstractmethod
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        """Store several values in one trip."""
+
+    @abstractmethod
+    def add(self, key: str, delta: int) -> int:
+        """Atomically add ``delta`` to the integer at ``key`` (0 when absent); return the result."""
+
+    @abstractmethod
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> tuple[bytes, bool]:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (None: absent).
+
+        Returns:
+            The value stored after the call, and whether this call wrote it.
+        """
+
+    @abstractmethod
+    def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
+        """Block until all ``keys`` exist or ``timeout_s`` passes; return whether they exist."""
+
+    @abstractmethod
+    def heartbeat(self, node_id: str) -> None:
+        """Show that ``node_id`` is alive (a counter bump, a lease refresh)."""
+
+    @abstractmethod
+    def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
+        """Return each node's heartbeat counter, None where the node is known gone."""
+
+    def forget_node(self, node_id: str) -> None:  # noqa: B027 - optional hook
+        """Drop what the backend keeps alive for ``node_id`` (a lease) when it leaves."""
+
+    @abstractmethod
+    def round_store(self, prefix: str) -> Store:
+        """Return a torch ``Store`` view of the backend under ``prefix``, private to a round."""
+
+    def exists(self) -> bool:
+        """Return whether anything was ever written for this run id."""
+        return self.get("round") is not None
+
+    def close(self) -> None:  # noqa: B027 - optional hook
+        """Release connections and threads. Idempotent."""

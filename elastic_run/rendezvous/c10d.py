@@ -1,0 +1,322 @@
+"""C10dRendezvousBackend: the rendezvous key-value seam on a c10d TCPStore.
+
+The embedded default. One agent hosts the TCPStore at ``--rdzv-endpoint`` (the first to
+bind the port when ``is_host`` is left to chance); the others connect as clients. Keys
+live under ``elastic-run/<run id>/`` so several jobs can share one store.
+
+Two client connections per agent: TCPStore serialises the calls of one client, so the
+blocking waits (``wait_for`` and the round store the agent blocks on) use their own
+connection and never hold up the heartbeat thread.
+"""
+
+from __future__ import annotations
+
+import errno
+import ipaddress
+import socket
+import threading
+from collections.abc import Callable, Mapping, Sequence
+from datetime import timedelta
+from typing import TYPE_CHECKING, TypeVar
+
+from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import RendezvousConnectionError
+from elastic_run.rendezvous.records import decode_int
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "create_c10d_backend", "parse_endpoint"]
+
+DEFAULT_PORT = 29400
+_T = TypeVar("_T")
+
+
+def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
+    """Split ``host[:port]`` (``[v6]:port`` too).
+
+    Raises:
+        ConfigurationError: the port is not a number in 0..65535 or the host is empty.
+    """
+    text = endpoint.strip()
+    host, port_text = text, ""
+    if text.startswith("["):
+        end = text.find("]")
+        if end < 0:
+            raise ConfigurationError(f"bad rendezvous endpoint '{endpoint}': unclosed '['")
+        host, rest = text[1:end], text[end + 1 :]
+        port_text = rest[1:] if rest.startswith(":") else ""
+    elif text.count(":") == 1:
+        host, port_text = text.split(":")
+    if not host:
+        raise ConfigurationError(f"bad rendezvous endpoint '{endpoint}': no host")
+    if not port_text:
+        return host, default_port
+    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
+        raise ConfigurationError(
+            f"bad rendezvous endpoint '{endpoint}': port '{port_text}' is not in 0..65535"
+        )
+    return host, int(port_text)
+
+
+def is_local_host(host: str) -> bool:
+    """Return whether ``host`` names this machine (loopback, its name, or one of its addresses)."""
+    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
+        return True
+    try:
+        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
+    except OSError:
+        return False
+    for addr in addrs:
+        if ipaddress.ip_address(addr.split("%")[0]).is_loopback:
+            return True
+        try:
+            with socket.socket(
+                socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM
+            ) as probe:
+                probe.bind((addr, 0))
+            return True
+        except OSError:
+            continue
+    return False
+
+
+def _translate(endpoint: str) -> Callable[[Callable[[], _T]], _T]:
+    def call(fn: Callable[[], _T]) -> _T:
+        try:
+            return fn()
+        except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+            raise RendezvousConnectionError(
+                f"the c10d rendezvous store at {endpoint} failed: {first}"
+            ) from exc
+
+    return call
+
+
+class C10dRendezvousBackend(RendezvousBackend):
+    """The rendezvous backend on a c10d store (TCPStore).
+
+    Args:
+        store: a client (or the server's own store) for short calls.
+        run_id: the job id; keys live under ``elastic-run/<run_id>/``.
+        endpoint: ``host:port`` for messages.
+        waiter: a second client for blocking waits, or a factory for one (made on first use).
+        read_timeout_s: how long one store call may take.
+        server: the TCPStore object this agent hosts, kept alive with the backend.
+    """
+
+    def __init__(
+        self,
+        store: Store,
+        run_id: str,
+        endpoint: str,
+        *,
+        waiter: Store | Callable[[], Store] | None = None,
+        read_timeout_s: float = 60.0,
+        server: Store | None = None,
+    ) -> None:
+        from torch.distributed import PrefixStore
+
+        if not run_id:
+            raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
+        self._prefix = f"elastic-run/{run_id}/"
+        self._store = PrefixStore(self._prefix, store)
+        self._waiter_source = waiter
+        self._waiter: Store | None = None
+        self._waiter_lock = threading.Lock()
+        self._endpoint = endpoint
+        self._read_timeout_s = read_timeout_s
+        self._server = server
+        self._call = _translate(endpoint)
+
+    @property
+    def name(self) -> str:
+        return "c10d"
+
+    @property
+    def endpoint(self) -> str:
+        return self._endpoint
+
+    @property
+    def is_hosting(self) -> bool:
+        """Whether this process hosts the TCPStore (it must outlive the job's other agents)."""
+        return self._server is not None
+
+    def _waiting_store(self) -> Store:
+        from torch.distributed import PrefixStore
+
+        with self._waiter_lock:
+            if self._waiter is None:
+                source = self._waiter_source
+                if source is None:
+                    self._waiter = self._store
+                else:
+                    raw = self._call(source) if callable(source) else source
+                    self._waiter = PrefixStore(self._prefix, raw)
+            return self._waiter
+
+    def get(self, key: str) -> bytes | None:
+        def read() -> bytes | None:
+            if not self._store.check([key]):
+                return None
+            return bytes(self._store.get(key))
+
+        return self._call(read)
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        if not keys:
+            return []
+
+        def read() -> list[bytes | None]:
+            if self._store.check(list(keys)):
+                return [bytes(v) for v in self._store.multi_get(list(keys))]
+            present = [k for k in keys if self._store.check([k])]
+            values = dict(zip(present, self._store.multi_get(present))) if present else {}
+            return [bytes(values[k]) if k in values else None for k in keys]
+
+        return self._call(read)
+
+    def set(self, key: str, value: bytes) -> None:
+        self._call(lambda: self._store.set(key, value))
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        if items:
+            self._call(lambda: self._store.multi_set(list(items), list(items.values())))
+
+    def add(self, key: str, delta: int) -> int:
+        return int(self._call(lambda: self._store.add(key, delta)))
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> tuple[bytes, bool]:
+        # TCPStore's compare_set treats an empty expected value as "absent". It returns the
+        # value stored after the call, so "did I write it" reads as "is it what I wrote";
+        # every caller writes values that name their writer, so two writers never collide.
+        stored = bytes(self._call(lambda: self._store.compare_set(key, expected or b"", desired)))
+        if expected is not None and stored == expected and expected != desired:
+            return stored, False
+        return stored, stored == desired
+
+    def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
+        from torch.distributed import DistStoreError
+
+        waiter = self._waiting_store()
+
+        def wait() -> bool:
+            try:
+                waiter.wait(list(keys), timedelta(seconds=max(timeout_s, 0.001)))
+            except DistStoreError as exc:
+                if "timeout" in str(exc).lower():
+                    return False
+                raise
+            return True
+
+        return self._call(wait)
+
+    def heartbeat(self, node_id: str) -> None:
+        self.add(f"hb/{node_id}", 1)
+
+    def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
+        values = self.get_many([f"hb/{n}" for n in node_ids])
+        return [decode_int("hb", v) if v is not None else None for v in values]
+
+    def forget_node(self, node_id: str) -> None:
+        self._call(lambda: self._store.delete_key(f"hb/{node_id}"))
+
+    def round_store(self, prefix: str) -> Store:
+        from torch.distributed import PrefixStore
+
+        return PrefixStore(prefix, self._waiting_store())
+
+    def close(self) -> None:
+        # TCPStore objects close their sockets when collected; drop our references.
+        self._waiter = None
+        self._waiter_source = None
+
+
+def _connect(host: str, port: int, timeout_s: float, *, master: bool) -> Store:
+    from torch.distributed import TCPStore
+
+    return TCPStore(
+        host,
+        port,
+        is_master=master,
+        timeout=timedelta(seconds=timeout_s),
+        wait_for_workers=False,
+    )
+
+
+def _port_in_use(exc: BaseException) -> bool:
+    text = str(exc)
+    return "EADDRINUSE" in text or "address already in use" in text.lower() or (
+        isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+    )
+
+
+def create_c10d_backend(
+    params: RendezvousParameters, *, allow_hosting: bool = True
+) -> C10dRendezvousBackend:
+    """Build a ``C10dRendezvousBackend`` from ``--rdzv-endpoint`` and ``--rdzv-conf``.
+
+    Config keys: ``is_host`` (true: host the store, fail if the port is taken; false:
+    connect only; unset: host when the endpoint is this machine and its port is free),
+    ``read_timeout`` (s, default 60), ``store_type`` (only ``tcp``).
+
+    Args:
+        params: the rendezvous parameters.
+        allow_hosting: False for readers such as ``elastic-run status``.
+
+    Raises:
+        ConfigurationError: a bad endpoint or config value.
+        RendezvousConnectionError: the store cannot be hosted or reached.
+    """
+    store_type = str(params.get("store_type", "tcp")).lower()
+    if store_type != "tcp":
+        raise ConfigurationError(f"the c10d rendezvous supports store_type=tcp, not '{store_type}'")
+    if not params.endpoint:
+        raise ConfigurationError("the c10d backend needs --rdzv-endpoint host[:port]")
+    host, port = parse_endpoint(params.endpoint)
+    timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
+    is_host = params.get_as_bool("is_host") if allow_hosting else False
+    if port == 0 and is_host is not True:
+        if is_host is False or not allow_hosting:
+            raise ConfigurationError("--rdzv-endpoint port 0 (pick a free port) needs to host")
+        is_host = True
+    want_host = is_host if is_host is not None else is_local_host(host)
+
+    server: Store | None = None
+    if want_host:
+        try:
+            server = _connect(host, port, timeout_s, master=True)
+        except (RuntimeError, OSError) as exc:
+            if not _port_in_use(exc):
+                raise RendezvousConnectionError(
+                    f"cannot host the c10d rendezvous store on {host}:{port}: {exc}"
+                ) from exc
+            if is_host is True:
+                raise RendezvousConnectionError(
+                    f"cannot host the c10d rendezvous store on {host}:{port}: "
+                    "the port is in use (is_host=true)"
+                ) from exc
+    if server is not None:
+        port = server.port
+        endpoint = f"{host}:{port}"
+        client = server
+    else:
+        endpoint = f"{host}:{port}"
+        try:
+            client = _connect(host, port, timeout_s, master=False)
+        except (RuntimeError, OSError) as exc:
+            raise RendezvousConnectionError(
+                f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
+                " (is the first node up, and is that port a rendezvous store?)"
+            ) from exc
+    return C10dRendezvousBackend(
+        client,
+        params.run_id,
+        endpoint,
+        waiter=lambda: _connect(host, port, timeout_s, master=False),
+        read_timeout_s=timeout_s,
+        server=server,
+    )

@@ -1,0 +1,783 @@
+"""The dynamic rendezvous handler: the O(N) protocol of ``protocol.py`` applied to a backend.
+
+Keys, relative to the job (the backend adds its prefix and the run id):
+
+    round               the current round r (ASCII digits); advanced by compare-set r -> r+1
+    closed              a JSON ClosedRecord once the job is closed (nothing else writes it)
+    r<r>/arrivals       atomic counter: each joiner takes arrival index = add(1) - 1
+    r<r>/node/<i>       the NodeRecord of arrival i
+    r<r>/seal           the SealRecord, written once (compare-set from absent); each member
+                        computes its ranks from it alone
+    r<r>/lost           why the round ended (LostRecord), written once
+    hb/<node id>        each node's heartbeat counter (a lease-bound key on etcd)
+
+Per round each node does O(1) operations of O(1) size; the one node that seals reads
+the arrivals' records in one batch call.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from elastic_run.rendezvous import protocol as proto
+from elastic_run.rendezvous.api import (
+    MemberSnapshot,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousSnapshot,
+)
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from elastic_run.rendezvous.records import (
+    LostRecord,
+    NodeRecord,
+    SealRecord,
+    decode,
+    decode_int,
+    encode,
+    ranges,
+    runs,
+)
+
+__all__ = ["ClosedRecord", "DynamicRendezvousHandler", "RendezvousSettings", "create_handler"]
+
+log = logging.getLogger(__name__)
+
+_KNOWN_CONF_KEYS = {
+    "join_timeout",
+    "last_call_timeout",
+    "close_timeout",
+    "heartbeat_timeout",
+    "keep_alive_interval",
+    "keep_alive_max_attempt",
+    "read_timeout",
+    "is_host",
+    "store_type",
+    "use_libuv",
+    "timeout",
+    # etcd
+    "protocol",
+    "ca_cert",
+    "cacert",
+    "ssl_cert",
+    "cert",
+    "ssl_cert_key",
+    "key",
+    "user",
+    "password",
+    "key_prefix",
+}
+
+
+@dataclass(frozen=True)
+class RendezvousSettings:
+    """Timing of the rendezvous, from --rdzv-conf (torch's names, ``_s`` for seconds)."""
+
+    join_timeout_s: float = 600.0
+    last_call_timeout_s: float = 30.0
+    close_timeout_s: float = 30.0
+    heartbeat_timeout_s: float = 5.0
+    keep_alive_interval_s: float = 1.0
+    keep_alive_max_attempt: int = 3
+
+    @property
+    def stale_after_s(self) -> float:
+        """How long a heartbeat may stand still before its node is judged gone."""
+        return self.keep_alive_interval_s * self.keep_alive_max_attempt
+
+    @classmethod
+    def from_params(cls, params: RendezvousParameters) -> RendezvousSettings:
+        """Read the timing keys of ``params``; reject keys nobody knows.
+
+        Raises:
+            ConfigurationError: an unknown key or a bad value.
+        """
+        from elastic_run.errors import ConfigurationError
+
+        unknown = sorted(set(params.config) - _KNOWN_CONF_KEYS)
+        if unknown:
+            raise ConfigurationError(
+                f"unknown --rdzv-conf key{'s' if len(unknown) > 1 else ''}: {', '.join(unknown)}"
+                f" (known: {', '.join(sorted(_KNOWN_CONF_KEYS))})"
+            )
+
+        def seconds(key: str, default: float) -> float:
+            value = params.get_as_float(key, default)
+            assert value is not None
+            return value
+
+        attempts = params.get_as_int("keep_alive_max_attempt", 3)
+        assert attempts is not None
+        if attempts < 1:
+            raise ConfigurationError("the rendezvous config 'keep_alive_max_attempt' must be >= 1")
+        interval = seconds("keep_alive_interval", 1.0)
+        if interval <= 0:
+            raise ConfigurationError("the rendezvous config 'keep_alive_interval' must be > 0")
+        return cls(
+            join_timeout_s=seconds("join_timeout", seconds("timeout", 600.0)),
+            last_call_timeout_s=seconds("last_call_timeout", 30.0),
+            close_timeout_s=seconds("close_timeout", 30.0),
+            heartbeat_timeout_s=seconds("heartbeat_timeout", 5.0),
+            keep_alive_interval_s=interval,
+            keep_alive_max_attempt=attempts,
+        )
+
+
+@dataclass(frozen=True)
+class ClosedRecord:
+    """Why the job is closed: ``closed`` (by a user), ``succeeded`` or ``failed``."""
+
+    reason: str
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class _Membership:
+    round: int
+    index: int
+    seal: SealRecord
+    assign: proto.Assignment
+    successor: str
+
+
+def _round_key(r: int, name: str) -> str:
+    return f"r{r}/{name}"
+
+
+class DynamicRendezvousHandler(RendezvousHandler):
+    """A rendezvous handler running the O(N) protocol on any ``RendezvousBackend``.
+
+    Args:
+        run_id: the job id.
+        backend: the store the protocol runs on.
+        min_nodes: the fewest nodes a round completes with.
+        max_nodes: the most nodes a round admits.
+        local_addr: the address this node advertises (default: its FQDN).
+        settings: the timing.
+        clock: the monotonic clock (seconds); injectable for tests.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        settings: RendezvousSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        self._run_id = run_id
+        self._backend = backend
+        self._settings = settings or RendezvousSettings()
+        self._round_settings = proto.RoundSettings(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            last_call_timeout_s=self._settings.last_call_timeout_s,
+            stale_after_s=self._settings.stale_after_s,
+        )
+        self._clock = clock
+        host = socket.gethostname()
+        self._host = host
+        self._addr = local_addr or socket.getfqdn()
+        self.node_id = f"{host}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._local_world_size = 1
+        self._role = "default"
+        self._lock = threading.Lock()
+        self._member: _Membership | None = None
+        self._last_round = -1
+        self._round_over = False
+        self._lost = False
+        self._stop = threading.Event()
+        self._beat_thread: threading.Thread | None = None
+        self._heartbeat_error: RendezvousError | None = None
+
+    # -- construction, as torch's -------------------------------------------------
+
+    @classmethod
+    def from_backend(
+        cls,
+        run_id: str,
+        store: Any,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        timeout: Any = None,
+        keep_alive_interval: float = 1.0,
+        keep_alive_max_attempt: int = 3,
+    ) -> DynamicRendezvousHandler:
+        """Build a handler as torch's ``from_backend`` does (``store`` is kept for shape only).
+
+        Args:
+            timeout: an object with ``join``, ``last_call``, ``close``, ``heartbeat``
+                timedeltas (torch's RendezvousTimeout), or None for the defaults.
+        """
+        settings = RendezvousSettings(
+            keep_alive_interval_s=keep_alive_interval,
+            keep_alive_max_attempt=keep_alive_max_attempt,
+        )
+        if timeout is not None:
+            settings = RendezvousSettings(
+                join_timeout_s=timeout.join.total_seconds(),
+                last_call_timeout_s=timeout.last_call.total_seconds(),
+                close_timeout_s=timeout.close.total_seconds(),
+                heartbeat_timeout_s=timeout.heartbeat.total_seconds(),
+                keep_alive_interval_s=keep_alive_interval,
+                keep_alive_max_attempt=keep_alive_max_attempt,
+            )
+        return cls(run_id, backend, min_nodes, max_nodes, local_addr, settings)
+
+    # -- what the agent tells us --------------------------------------------------
+
+    def set_local_info(self, local_world_size: int, role: str = "default") -> None:
+        """Tell the handler how many workers this node runs and their role (before joining)."""
+        self._local_world_size = local_world_size
+        self._role = role
+
+    # -- RendezvousHandler ----------------------------------------------------------
+
+    def get_backend(self) -> str:
+        """Return the backend name."""
+        return self._backend.name
+
+    def get_run_id(self) -> str:
+        """Return the run id."""
+        return self._run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Workers connect to a store their agents host."""
+        return True
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        """The timing in force."""
+        return self._settings
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        """The backend the protocol runs on."""
+        return self._backend
+
+    def is_closed(self) -> bool:
+        """Return whether the job's rendezvous is closed."""
+        return self._backend.get("closed") is not None
+
+    def closed_reason(self) -> ClosedRecord | None:
+        """Return why the job is closed, or None while it is open."""
+        raw = self._backend.get("closed")
+        if raw is None:
+            return None
+        return decode(ClosedRecord, "closed", raw)
+
+    def set_closed(self, reason: str = "closed") -> None:
+        """Close the rendezvous: no round forms any more, every node sees it."""
+        self._backend.compare_set("closed", None, encode(ClosedRecord(reason, self.node_id)))
+
+    def num_nodes_waiting(self) -> int:
+        """Return how many nodes wait at the door of this node's round (one store trip).
+
+        Also notices a round that ended (see ``is_round_over``).
+        """
+        member = self._member
+        if member is None:
+            return 0
+        r = member.round
+        raw_round, raw_arrivals = self._backend.get_many(["round", _round_key(r, "arrivals")])
+        if raw_round is not None and decode_int("round", raw_round) != r:
+            self._round_over = True
+        arrivals = decode_int("arrivals", raw_arrivals) if raw_arrivals is not None else 0
+        return max(0, arrivals - member.seal.sealed_arrivals)
+
+    def is_round_over(self) -> bool:
+        """Return whether this node's round ended (a member lost, failed or left). No I/O."""
+        return self._round_over or self._lost
+
+    def has_lost_member(self) -> bool:
+        """Return whether this node saw a member of its round die. No I/O."""
+        return self._lost
+
+    def report_failure(self, reason: str = "worker_failure") -> bool:
+        """End the current round because this node's workers failed.
+
+        Returns:
+            True when this node ended the round first (its failure is the cause and
+            counts against its restarts), False when the round had already ended.
+        """
+        member = self._member
+        if member is None:
+            return True
+        first = self._end_round(member.round, LostRecord(member.round, reason, (), self.node_id))
+        return first
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and block until it completes. See RendezvousHandler."""
+        self._start_heartbeat()
+        deadline = self._clock() + self._settings.join_timeout_s
+        previous = self._member
+        self._member = None
+        self._round_over = False
+        self._lost = False
+        if previous is not None:
+            self._last_round = previous.round
+            self._end_round(previous.round, LostRecord(previous.round, "rejoin", (), self.node_id))
+        while True:
+            self._raise_if_closed()
+            r = self._current_round()
+            seal_raw = self._backend.get(_round_key(r, "seal"))
+            if seal_raw is not None:
+                # The round is complete without us: wait at the door for the next one.
+                self._wait_at_door(r, decode(SealRecord, _round_key(r, "seal"), seal_raw), deadline)
+                continue
+            member = self._join_round(r, deadline)
+            if member is None:
+                continue
+            self._member = member
+            self._last_round = member.round
+            store = self._backend.round_store(f"r{member.round}/shared/")
+            return RendezvousInfo(
+                store=store,
+                rank=member.assign.rank,
+                world_size=member.assign.world_size,
+                bootstrap_store_info=None,
+                round=member.round,
+            )
+
+    @property
+    def assignment(self) -> proto.Assignment | None:
+        """This node's place in its current round (worker rank offsets), or None."""
+        member = self._member
+        return member.assign if member is not None else None
+
+    @property
+    def round(self) -> int | None:
+        """This node's current round, or None before the first."""
+        member = self._member
+        return member.round if member is not None else None
+
+    def shutdown(self) -> bool:
+        """Leave without closing the job: stop heartbeating and drop this node's liveness key."""
+        self._stop.set()
+        thread = self._beat_thread
+        if thread is not None:
+            thread.join(timeout=self._settings.keep_alive_interval_s + 5)
+        try:
+            self._backend.forget_node(self.node_id)
+        except RendezvousError as exc:
+            log.warning("could not drop this node's heartbeat: %s", exc)
+            return False
+        return True
+
+    # -- the protocol ---------------------------------------------------------------
+
+    def _raise_if_closed(self) -> None:
+        record = self.closed_reason()
+        if record is not None:
+            raise RendezvousClosedError(
+                f"rendezvous '{self._run_id}' is closed ({record.reason})"
+            )
+
+    def _current_round(self) -> int:
+        raw = self._backend.get("round")
+        if raw is None:
+            raw, _ = self._backend.compare_set("round", None, b"0")
+        return decode_int("round", raw)
+
+    def _end_round(self, r: int, why: LostRecord) -> bool:
+        """Record why round r ended (first writer wins) and advance the round past it."""
+        _, first = self._backend.compare_set(_round_key(r, "lost"), None, encode(why))
+        self._backend.compare_set("round", str(r).encode(), str(r + 1).encode())
+        return first
+
+    def _my_record(self) -> NodeRecord:
+        return NodeRecord(
+            node_id=self.node_id,
+            addr=self._addr,
+            host=self._host,
+            pid=os.getpid(),
+            local_world_size=self._local_world_size,
+            role=self._role,
+            prev_round=self._last_round,
+        )
+
+    def _timeout_error(self, present: int) -> RendezvousTimeoutError:
+        rs = self._round_settings
+        needed = rs.min_nodes if rs.min_nodes == rs.max_nodes else f"{rs.min_nodes}..{rs.max_nodes}"
+        return RendezvousTimeoutError(
+            f"rendezvous '{self._run_id}' timed out after {self._settings.join_timeout_s:g} s "
+            f"with {present} of {needed} nodes ({self._backend.name} {self._backend.endpoint})"
+        )
+
+    def _wait_at_door(self, r: int, seal: SealRecord, deadline: float) -> None:
+        """Be counted as waiting on round r; return once round r ended (or was ended by us)."""
+        index = self._backend.add(_round_key(r, "arrivals"), 1) - 1
+        self._backend.set(_round_key(r, f"node/{index}"), encode(self._my_record()))
+        self._last_round = r
+        # Watch a few members so a job whose members all died does not keep us out.
+        members = seal.admitted_indices()
+        watch_idx = sorted({members[(index + k) % len(members)] for k in range(2)}) if members else []
+        watched: dict[str, int] = {}
+        for i, raw in zip(
+            watch_idx, self._backend.get_many([_round_key(r, f"node/{i}") for i in watch_idx])
+        ):
+            if raw is not None:
+                watched[decode(NodeRecord, _round_key(r, f"node/{i}"), raw).node_id] = i
+        beats = proto.Heartbeats()
+        tick = self._settings.keep_alive_interval_s
+        while True:
+            if self._backend.wait_for([_round_key(r + 1, "arrivals")], tick):
+                return
+            self._raise_if_closed()
+            if self._current_round() != r:
+                return
+            now = self._clock()
+            if now >= deadline:
+                raise self._timeout_error(0)
+            ids = list(watched)
+            beats = beats.observe(dict(zip(ids, self._backend.read_heartbeats(ids))), now)
+            gone = [n for n in ids if beats.is_gone(n, now, self._settings.stale_after_s)]
+            if gone:
+                self._end_round(r, LostRecord(r, "member_lost", tuple(gone), self.node_id))
+                return
+
+    def _join_round(self, r: int, deadline: float) -> _Membership | None:
+        """Arrive in the forming round r and block until it is sealed.
+
+        Returns:
+            The membership, or None when this node was left out (it then waits at the door).
+        """
+        index = self._backend.add(_round_key(r, "arrivals"), 1) - 1
+        self._backend.set(_round_key(r, f"node/{index}"), encode(self._my_record()))
+        seal_key = _round_key(r, "seal")
+        if index + 1 == self._round_settings.max_nodes:
+            # We brought the round to max: complete it at once.
+            self._seal(r, tuple(range(index + 1)), "max", index + 1)
+        coordinator = _Coordinator(self, r, index)
+        while True:
+            now = self._clock()
+            wait_s = coordinator.next_wait(now)
+            if self._backend.wait_for([seal_key], wait_s):
+                break
+            self._raise_if_closed()
+            now = self._clock()
+            if now >= deadline:
+                raise self._timeout_error(coordinator.present())
+            coordinator.step(now)
+        raw = self._backend.get(seal_key)
+        if raw is None:
+            raise RendezvousStateError(f"rendezvous key '{seal_key}' vanished after it was written")
+        seal = decode(SealRecord, seal_key, raw)
+        assign = proto.assignment_for(seal, index)
+        if assign is None:
+            self._last_round = r
+            return None
+        successor = ""
+        if assign.successor_index >= 0:
+            succ_key = _round_key(r, f"node/{assign.successor_index}")
+            raw_succ = self._backend.get(succ_key)
+            if raw_succ is None:
+                raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
+            successor = decode(NodeRecord, succ_key, raw_succ).node_id
+        return _Membership(r, index, seal, assign, successor)
+
+    def _seal(self, r: int, admitted: tuple[int, ...], reason: str, sealed_arrivals: int) -> None:
+        """Complete round r with ``admitted`` (first sealer wins; the seal is one record)."""
+        keys = [_round_key(r, f"node/{i}") for i in admitted]
+        records = self._read_records(r, admitted, keys)
+        live = [i for i in admitted if i in records]
+        if len(live) < self._round_settings.min_nodes:
+            return
+        workers = runs([(records[i].local_world_size, records[i].role) for i in live])
+        seal = SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers)
+        self._backend.compare_set(_round_key(r, "seal"), None, encode(seal))
+
+    def _read_records(self, r: int, indices: tuple[int, ...], keys: list[str]) -> dict[int, NodeRecord]:
+        values = self._backend.get_many(keys)
+        missing = [k for k, v in zip(keys, values) if v is None]
+        if missing:
+            # An arrival between its add and its set: give it a moment, then leave it out.
+            self._backend.wait_for(missing, self._settings.stale_after_s)
+            values = self._backend.get_many(keys)
+        return {
+            i: decode(NodeRecord, k, v) for i, k, v in zip(indices, keys, values) if v is not None
+        }
+
+    # -- heartbeats and the ring --------------------------------------------------------
+
+    def _start_heartbeat(self) -> None:
+        if self._beat_thread is not None:
+            return
+        self._backend.heartbeat(self.node_id)
+        self._beat_thread = threading.Thread(
+            target=self._beat_loop, name="elastic-run-heartbeat", daemon=True
+        )
+        self._beat_thread.start()
+
+    def _beat_loop(self) -> None:
+        beats = proto.Heartbeats()
+        watched_round = -1
+        while not self._stop.wait(self._settings.keep_alive_interval_s):
+            try:
+                self._backend.heartbeat(self.node_id)
+                member = self._member
+                if member is None or not member.successor:
+                    continue
+                if member.round != watched_round:
+                    beats, watched_round = proto.Heartbeats(), member.round
+                successor = member.successor
+                raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
+                if raw_round is not None and decode_int("round", raw_round) != member.round:
+                    self._round_over = True
+                    continue
+                now = self._clock()
+                beats = beats.observe(
+                    {successor: decode_int("hb", beat) if beat is not None else None}, now
+                )
+                if beats.is_gone(successor, now, self._settings.stale_after_s) and not self._lost:
+                    log.warning(
+                        "rendezvous '%s': member %s stopped heartbeating; ending round %d",
+                        self._run_id,
+                        successor,
+                        member.round,
+                    )
+                    self._lost = True
+                    self._end_round(
+                        member.round,
+                        LostRecord(member.round, "member_lost", (successor,), self.node_id),
+                    )
+            except RendezvousError as exc:
+                self._heartbeat_error = exc
+                log.warning("rendezvous heartbeat failed: %s", exc)
+
+    # -- the status view -------------------------------------------------------------
+
+    def snapshot(self) -> RendezvousSnapshot | None:
+        """Return a read-only picture of the rendezvous (see ``read_snapshot``)."""
+        return read_snapshot(
+            self._backend,
+            self._run_id,
+            self._round_settings.min_nodes,
+            self._round_settings.max_nodes,
+        )
+
+
+class _Coordinator:
+    """The barrier duties of one arrival: watch its predecessor; seal when it is the lowest live."""
+
+    def __init__(self, handler: DynamicRendezvousHandler, r: int, index: int) -> None:
+        self._h = handler
+        self._r = r
+        self._index = index
+        self._records: dict[int, NodeRecord] = {}
+        self._beats = proto.Heartbeats()
+        self._arrivals = index + 1
+        self._last_arrival_at = handler._clock()
+        self._expected: set[str] | None = None
+        self._next_at: float | None = None
+
+    def present(self) -> int:
+        return self._arrivals
+
+    def next_wait(self, now: float) -> float:
+        tick = self._h._settings.keep_alive_interval_s
+        if self._next_at is None:
+            return tick
+        return max(0.01, min(tick, self._next_at - now))
+
+    def _load_records(self, upto: int) -> None:
+        want = [i for i in range(upto) if i not in self._records]
+        if not want:
+            return
+        keys = [_round_key(self._r, f"node/{i}") for i in want]
+        for i, k, v in zip(want, keys, self._h._backend.get_many(keys)):
+            if v is not None:
+                self._records[i] = decode(NodeRecord, k, v)
+
+    def step(self, now: float) -> None:
+        h, r, backend = self._h, self._r, self._h._backend
+        stale = h._settings.stale_after_s
+        # Am I the lowest live arrival? Walk down my predecessors (usually one read).
+        self._load_records(self._index)
+        pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
+        chain = [
+            self._records[j].node_id
+            for j in range(pred if pred is not None else 0, self._index)
+            if j in self._records
+        ]
+        if pred is not None:
+            self._beats = self._beats.observe(dict(zip(chain, backend.read_heartbeats(chain))), now)
+            self._next_at = None
+            return
+        # Coordinator: read the arrivals and every arrival's heartbeat.
+        raw = backend.get(_round_key(r, "arrivals"))
+        arrivals = decode_int("arrivals", raw) if raw is not None else self._arrivals
+        if arrivals > self._arrivals:
+            self._arrivals, self._last_arrival_at = arrivals, now
+        self._load_records(arrivals)
+        ids = [rec.node_id for i, rec in sorted(self._records.items()) if i != self._index]
+        expected = self._expected_nodes()
+        watch = sorted(set(ids) | (expected - {h.node_id}))
+        self._beats = self._beats.observe(dict(zip(watch, backend.read_heartbeats(watch))), now)
+        live = proto.live_arrivals(self._records, arrivals, self._beats, now, stale)
+        pending = proto.expected_pending(
+            expected, (rec.node_id for rec in self._records.values()), self._beats, now, stale
+        )
+        reading = proto.BarrierReading(
+            live=live,
+            last_arrival_at=self._last_arrival_at,
+            expected_pending=pending,
+            is_reform=bool(expected),
+        )
+        action = proto.decide_barrier(reading, h._round_settings, now)
+        if isinstance(action, proto.Seal):
+            h._seal(r, action.admitted, action.reason, arrivals)
+            self._next_at = None
+        else:
+            self._next_at = action.until
+
+    def _expected_nodes(self) -> set[str]:
+        """The nodes of the previous round (members and waiters) not already known lost."""
+        if self._expected is not None:
+            return self._expected
+        backend, prev = self._h._backend, self._r - 1
+        expected: set[str] = set()
+        if prev >= 0:
+            raw_arrivals = backend.get(_round_key(prev, "arrivals"))
+            n = decode_int("arrivals", raw_arrivals) if raw_arrivals is not None else 0
+            raw_seal = backend.get(_round_key(prev, "seal"))
+            if n and raw_seal is not None:
+                seal = decode(SealRecord, _round_key(prev, "seal"), raw_seal)
+                admitted = set(seal.admitted_indices())
+                keys = [_round_key(prev, f"node/{i}") for i in range(n)]
+                for i, k, v in zip(range(n), keys, backend.get_many(keys)):
+                    if v is not None and (i in admitted or i >= seal.sealed_arrivals):
+                        expected.add(decode(NodeRecord, k, v).node_id)
+                raw_lost = backend.get(_round_key(prev, "lost"))
+                if raw_lost is not None:
+                    expected -= set(decode(LostRecord, _round_key(prev, "lost"), raw_lost).node_ids)
+        self._expected = expected
+        return expected
+
+
+def read_snapshot(
+    backend: RendezvousBackend, run_id: str, min_nodes: int = 0, max_nodes: int = 0
+) -> RendezvousSnapshot | None:
+    """Read a picture of a rendezvous without writing anything; None when it does not exist."""
+    raw_round = backend.get("round")
+    if raw_round is None:
+        return None
+    r = decode_int("round", raw_round)
+    raw_closed = backend.get("closed")
+    closed = decode(ClosedRecord, "closed", raw_closed) if raw_closed is not None else None
+    # The latest sealed round is r, or r-1 while r forms.
+    seal: SealRecord | None = None
+    shown = r
+    for candidate in (r, r - 1):
+        if candidate < 0:
+            continue
+        raw = backend.get(_round_key(candidate, "seal"))
+        if raw is not None:
+            seal, shown = decode(SealRecord, _round_key(candidate, "seal"), raw), candidate
+            break
+    raw_arr = backend.get(_round_key(r, "arrivals"))
+    arrivals = decode_int("arrivals", raw_arr) if raw_arr is not None else 0
+    members: list[MemberSnapshot] = []
+    waiting: list[MemberSnapshot] = []
+    lost: tuple[str, ...] = ()
+
+    def snaps(rr: int, indices: list[int], ranks: list[int]) -> list[MemberSnapshot]:
+        keys = [_round_key(rr, f"node/{i}") for i in indices]
+        recs = [decode(NodeRecord, k, v) for k, v in zip(keys, backend.get_many(keys)) if v]
+        beats = backend.read_heartbeats([rec.node_id for rec in recs])
+        return [
+            MemberSnapshot(
+                rank=rank,
+                node_id=rec.node_id,
+                addr=rec.addr,
+                host=rec.host,
+                pid=rec.pid,
+                local_world_size=rec.local_world_size,
+                heartbeat=beat,
+            )
+            for rank, rec, beat in zip(ranks, recs, beats)
+        ]
+
+    if seal is not None:
+        admitted = seal.admitted_indices()
+        members = snaps(shown, admitted, list(range(len(admitted))))
+        raw_shown_arr = backend.get(_round_key(shown, "arrivals"))
+        shown_arrivals = decode_int("arrivals", raw_shown_arr) if raw_shown_arr else 0
+        late = list(range(seal.sealed_arrivals, shown_arrivals))
+        waiting = snaps(shown, late, [-1] * len(late))
+        raw_lost = backend.get(_round_key(shown, "lost"))
+        if raw_lost is not None:
+            lost = decode(LostRecord, _round_key(shown, "lost"), raw_lost).node_ids
+    if shown != r:
+        joining = list(range(arrivals))
+        waiting += snaps(r, joining, [-1] * len(joining))
+    if closed is not None:
+        state = "closed"
+    elif seal is not None and shown == r:
+        state = "complete"
+    elif arrivals >= min_nodes > 0:
+        state = "last call"
+    else:
+        state = "waiting for nodes"
+    events_raw = backend.get("events")
+    events: tuple[dict[str, Any], ...] = ()
+    if events_raw is not None:
+        try:
+            loaded = json.loads(events_raw)
+            if isinstance(loaded, list):
+                events = tuple(e for e in loaded if isinstance(e, dict))
+        except ValueError:
+            raise RendezvousStateError("the value under rendezvous key 'events' is not JSON") from None
+    return RendezvousSnapshot(
+        run_id=run_id,
+        backend=backend.name,
+        endpoint=backend.endpoint,
+        round=shown,
+        state=state,
+        min_nodes=min_nodes,
+        max_nodes=max_nodes,
+        closed=closed is not None,
+        members=tuple(members),
+        waiting=tuple(waiting),
+        arrivals=arrivals,
+        lost=lost,
+        events=events,
+    )
+
+
+def create_handler(
+    backend: RendezvousBackend, params: RendezvousParameters
+) -> DynamicRendezvousHandler:
+    """Build a dynamic handler over ``backend`` from ``params`` (as torch's ``create_handler``).
+
+    Raises:
+        ConfigurationError: an unknown or bad --rdzv-conf key.
+    """
+    return DynamicRendezvousHandler(
+        run_id=params.run_id,
+        backend=backend,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        local_addr=params.local_addr,
+        settings=RendezvousSettings.from_params(params),
+    )

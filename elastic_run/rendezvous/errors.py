@@ -1,0 +1,37 @@
+"""Rendezvous errors, named as torch.distributed.elastic names them."""
+
+from __future__ import annotations
+
+from elastic_run.errors import ElasticRunError
+
+
+class RendezvousError(ElasticRunError):
+    """Base of every rendezvous error."""
+
+    exit_code = 3
+
+
+class RendezvousClosedError(RendezvousError):
+    """The rendezvous is closed: no new round can form."""
+
+
+class RendezvousTimeoutError(RendezvousError):
+    """The rendezvous did not complete within its time limit."""
+
+
+class RendezvousConnectionError(RendezvousError):
+    """The rendezvous backend cannot be reached."""
+
+    exit_code = 4
+
+
+class RendezvousStateError(RendezvousError):
+    """The state under the job's keys is not what elastic-run wrote (garbage or a foreign value)."""
+
+
+class RendezvousGracefulExitError(RendezvousError):
+    """This node is leaving on purpose (not an error of the job)."""
+
+
+class RendezvousNotFoundError(RendezvousError):
+    """No rendezvous with this run id exists on the backend."""

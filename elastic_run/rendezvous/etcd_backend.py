@@ -1,0 +1,256 @@
+"""EtcdRendezvousBackend: the rendezvous key-value seam on etcd v3.
+
+Keys live under ``<key_prefix><run_id>/`` (default prefix ``/elastic-run/``). Values
+are what the protocol writes (JSON records, ASCII integers); this module never
+pickles. ``wait_for`` blocks on etcd watches. Each node's heartbeat key
+``hb/<node id>`` holds an ASCII counter bound to a lease of
+``keep_alive_interval x keep_alive_max_attempt`` seconds, refreshed by the client's
+keeper thread: when a node dies its lease expires and the key disappears, which
+``read_heartbeats`` reports as None.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING
+
+from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
+from elastic_run.rendezvous.etcd_client import EtcdClient, parse_endpoints
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = ["DEFAULT_KEY_PREFIX", "EtcdRendezvousBackend", "create_etcd_backend"]
+
+DEFAULT_KEY_PREFIX = "/elastic-run/"
+_MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases with its default election timing
+
+
+class EtcdRendezvousBackend(RendezvousBackend):
+    """The rendezvous backend on etcd v3.
+
+    Args:
+        client: the etcd client (closed by ``close()``).
+        run_id: the job's id.
+        key_prefix: the prefix every job's keys live under.
+        lease_ttl_s: the heartbeat lease TTL in seconds (at least 2).
+    """
+
+    def __init__(
+        self,
+        client: EtcdClient,
+        run_id: str,
+        key_prefix: str = DEFAULT_KEY_PREFIX,
+        lease_ttl_s: int = 3,
+    ) -> None:
+        if not run_id:
+            raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
+        prefix = key_prefix if key_prefix.endswith("/") else key_prefix + "/"
+        self._client = client
+        self._run_id = run_id
+        self._base = f"{prefix}{run_id}/"
+        self._lease_ttl_s = max(_MIN_LEASE_TTL_S, int(lease_ttl_s))
+        self._leases: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @property
+    def name(self) -> str:
+        """``etcd``."""
+        return "etcd"
+
+    @property
+    def endpoint(self) -> str:
+        """The configured endpoints, comma-separated."""
+        return ",".join(self._client.endpoints)
+
+    @property
+    def key_base(self) -> str:
+        """The full prefix of this job's keys (``/elastic-run/<run id>/``)."""
+        return self._base
+
+    @property
+    def client(self) -> EtcdClient:
+        """The etcd client this backend uses."""
+        return self._client
+
+    def _key(self, key: str) -> str:
+        return self._base + key
+
+    def get(self, key: str) -> bytes | None:
+        """Return the value of ``key`` or None when absent. Never blocks."""
+        kv = self._client.get(self._key(key))
+        return kv.value if kv is not None else None
+
+    def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Return the values of ``keys`` in order (None for absent ones), in one transaction."""
+        found, _ = self._client.get_many([self._key(k) for k in keys])
+        return [kv.value if kv is not None else None for kv in found]
+
+    def set(self, key: str, value: bytes) -> None:
+        """Store ``value`` under ``key``."""
+        self._client.put(self._key(key), value)
+
+    def set_many(self, items: Mapping[str, bytes]) -> None:
+        """Store several values in one transaction."""
+        self._client.put_many([(self._key(k), v) for k, v in items.items()])
+
+    def add(self, key: str, delta: int) -> int:
+        """Atomically add ``delta`` to the integer at ``key`` (0 when absent); return the result."""
+        return self._client.atomic_add(self._key(key), delta)
+
+    def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> tuple[bytes, bool]:
+        """Set ``key`` to ``desired`` if it holds ``expected`` (None: absent), in one transaction.
+
+        Returns:
+            The value stored after the call (``b""`` when the key is absent) and whether
+            this call wrote it.
+        """
+        written, current = self._client.compare_and_swap(self._key(key), expected, desired)
+        if written:
+            return desired, True
+        return (current.value if current is not None else b""), False
+
+    def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
+        """Block until every key exists or ``timeout_s`` passes; return whether they exist."""
+        full = [self._key(k) for k in keys]
+        deadline = time.monotonic() + max(0.0, timeout_s)
+        while True:
+            found, revision = self._client.get_many(full)
+            missing = [k for k, kv in zip(full, found, strict=True) if kv is None]
+            if not missing:
+                return True
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._client.watch(missing[0], start_revision=revision + 1, timeout_s=remaining)
+
+    def _lease_for(self, node_id: str, fresh: bool) -> int:
+        with self._lock:
+            lease = self._leases.get(node_id)
+            if lease is not None and not fresh:
+                return lease
+        if lease is not None:
+            self._client.stop_keep_alive(lease)
+        lease = self._client.grant_lease(self._lease_ttl_s)
+        self._client.keep_alive(lease, self._lease_ttl_s)
+        with self._lock:
+            self._leases[node_id] = lease
+        return lease
+
+    def heartbeat(self, node_id: str) -> None:
+        """Bump ``node_id``'s heartbeat counter, bound to its lease (granted on first use)."""
+        key = self._key(f"hb/{node_id}")
+        lease = self._lease_for(node_id, fresh=False)
+        try:
+            self._client.atomic_add(key, 1, lease_id=lease)
+        except RendezvousError as exc:
+            if "lease not found" not in str(exc):
+                raise
+            # The lease expired (this process stalled past its TTL): take a new one.
+            self._client.atomic_add(key, 1, lease_id=self._lease_for(node_id, fresh=True))
+
+    def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
+        """Return each node's heartbeat counter, None where its key is gone (lease expired).
+
+        Raises:
+            RendezvousStateError: when a heartbeat key holds something other than an integer.
+        """
+        values = self.get_many([f"hb/{n}" for n in node_ids])
+        result: list[int | None] = []
+        for node_id, raw in zip(node_ids, values, strict=True):
+            if raw is None:
+                result.append(None)
+                continue
+            try:
+                result.append(int(raw.decode()))
+            except (UnicodeDecodeError, ValueError):
+                raise RendezvousStateError(
+                    f"the heartbeat of node '{node_id}' under {self._base} holds "
+                    f"{raw[:40]!r}, not an integer"
+                ) from None
+        return result
+
+    def forget_node(self, node_id: str) -> None:
+        """Revoke ``node_id``'s lease: its heartbeat key disappears at once."""
+        with self._lock:
+            lease = self._leases.pop(node_id, None)
+        if lease is not None:
+            self._client.stop_keep_alive(lease)
+            self._client.revoke_lease(lease)
+
+    def round_store(self, prefix: str) -> Store:
+        """Return an ``EtcdStore`` under ``<job prefix><prefix>`` sharing this backend's client."""
+        from elastic_run.rendezvous.etcd_store import EtcdStore
+
+        return EtcdStore(self._client, self._key(prefix))
+
+    def delete_all(self) -> int:
+        """Delete every key of this job (for tests and cleanup); return how many."""
+        return self._client.delete_prefix(self._base)
+
+    def close(self) -> None:
+        """Stop refreshing leases and close the connection. Idempotent.
+
+        Leases are not revoked: the keys of a node that closes without ``forget_node``
+        expire after their TTL, as a crashed node's would.
+        """
+        self._client.close()
+
+
+def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
+    """Build an ``EtcdRendezvousBackend`` from ``--rdzv-endpoint`` and ``--rdzv-conf``.
+
+    Config keys: ``protocol`` (http|https), ``ca_cert`` (or ``cacert``), ``ssl_cert``
+    (or ``cert``), ``ssl_cert_key`` (or ``key``), ``read_timeout`` (s, default 60),
+    ``user``, ``password``, ``key_prefix`` (default ``/elastic-run/``),
+    ``keep_alive_interval`` (s, default 1) and ``keep_alive_max_attempt`` (default 3),
+    whose product is the heartbeat lease TTL.
+
+    Args:
+        params: the rendezvous parameters.
+
+    Returns:
+        The backend (not yet connected: the first call connects).
+
+    Raises:
+        ConfigurationError: when the endpoint or a config value is invalid.
+    """
+    if not params.endpoint:
+        raise ConfigurationError("the etcd backend needs --rdzv-endpoint host:port[,host:port]")
+    endpoints = [f"{h}:{p}" for h, p in parse_endpoints(params.endpoint)]
+    protocol = str(params.get("protocol", "http")).lower()
+    if protocol not in ("http", "https"):
+        raise ConfigurationError(
+            f"the rendezvous config 'protocol={protocol}' must be http or https"
+        )
+    ca_cert = params.get("ca_cert", params.get("cacert"))
+    cert = params.get("ssl_cert", params.get("cert"))
+    key = params.get("ssl_cert_key", params.get("key"))
+    read_timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
+    interval_s = params.get_as_float("keep_alive_interval", 1.0) or 1.0
+    attempts = params.get_as_int("keep_alive_max_attempt", 3) or 3
+    user = params.get("user")
+    password = params.get("password")
+    client = EtcdClient(
+        endpoints,
+        protocol=protocol,
+        ca_cert=str(ca_cert) if ca_cert else None,
+        cert=str(cert) if cert else None,
+        key=str(key) if key else None,
+        user=str(user) if user is not None else None,
+        password=str(password) if password is not None else None,
+        timeout_s=read_timeout_s,
+        retry_window_s=min(read_timeout_s, 15.0),
+    )
+    return EtcdRendezvousBackend(
+        client,
+        params.run_id,
+        key_prefix=str(params.get("key_prefix", DEFAULT_KEY_PREFIX)),
+        lease_ttl_s=math.ceil(interval_s * attempts),
+    )

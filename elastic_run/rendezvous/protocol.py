@@ -1,0 +1,265 @@
+"""The pure decisions of the O(N) rendezvous protocol: (what was read, now) -> action.
+
+No store, no clock, no threads here: the handler (``dynamic.py``) reads, passes the
+reading and ``now`` in, and applies what comes back. Times are monotonic seconds of
+the reading node; no two nodes' clocks are ever compared.
+
+Liveness (``Heartbeats``): a node is alive while its heartbeat counter keeps moving.
+A counter that has not moved for ``stale_after_s`` of the reader's own time, or that
+vanished after being seen (an expired lease), marks the node as gone.
+
+The barrier (``decide_barrier``), evaluated by the round's coordinator (the lowest
+live arrival):
+
+    live >= max                                         -> seal the first max live, "max"
+    live >= min and every expected node of the previous
+        round has arrived or is gone                    -> seal all live, "reform"
+    live >= min and now >= last arrival + last_call     -> seal all live, "last_call"
+    live >= min                                         -> wait until last arrival + last_call
+    otherwise                                           -> wait for arrivals
+
+Ranks (``assignment_for``): position in the admitted list; worker rank offsets are the
+prefix sums of the members' local world sizes (carried run-length encoded in the seal,
+so a member computes its place from the one seal record), per job and per role; each
+member watches its successor in rank order (a ring), so any death is seen by someone
+alive.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field, replace
+
+from elastic_run.rendezvous.records import NodeRecord, SealRecord
+
+__all__ = [
+    "Heartbeats",
+    "RoundSettings",
+    "Seal",
+    "Wait",
+    "Assignment",
+    "assignment_for",
+    "decide_barrier",
+]
+
+
+@dataclass(frozen=True)
+class RoundSettings:
+    """The numbers a barrier decision depends on."""
+
+    min_nodes: int
+    max_nodes: int
+    last_call_timeout_s: float
+    stale_after_s: float
+
+
+@dataclass(frozen=True)
+class _Beat:
+    value: int | None
+    changed_at: float
+    ever_seen: bool
+
+
+@dataclass(frozen=True)
+class Heartbeats:
+    """What one reader has seen of other nodes' heartbeat counters."""
+
+    beats: Mapping[str, _Beat] = field(default_factory=dict)
+
+    def observe(self, values: Mapping[str, int | None], now: float) -> Heartbeats:
+        """Return the view after reading ``values`` (node id -> counter or None) at ``now``."""
+        beats = dict(self.beats)
+        for node_id, value in values.items():
+            old = beats.get(node_id)
+            if old is None:
+                beats[node_id] = _Beat(value, now, value is not None)
+            elif value != old.value:
+                if value is None:
+                    # Seen before and now absent: the backend dropped it (a lease expired).
+                    beats[node_id] = _Beat(None, old.changed_at, old.ever_seen)
+                else:
+                    beats[node_id] = _Beat(value, now, True)
+        return Heartbeats(beats)
+
+    def is_gone(self, node_id: str, now: float, stale_after_s: float) -> bool:
+        """Return whether ``node_id`` is judged dead at ``now``.
+
+        A node never read is not judged at all (False).
+        """
+        beat = self.beats.get(node_id)
+        if beat is None:
+            return False
+        if beat.value is None and beat.ever_seen:
+            return True
+        return now - beat.changed_at >= stale_after_s
+
+    def forget(self, node_ids: Iterable[str]) -> Heartbeats:
+        """Return the view without ``node_ids``."""
+        drop = set(node_ids)
+        return Heartbeats({k: v for k, v in self.beats.items() if k not in drop})
+
+
+@dataclass(frozen=True)
+class Seal:
+    """Complete the round with ``admitted`` (arrival indices in rank order)."""
+
+    admitted: tuple[int, ...]
+    reason: str
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do yet; look again by ``until`` (None: at the next tick)."""
+
+    until: float | None = None
+
+
+@dataclass(frozen=True)
+class BarrierReading:
+    """What the coordinator read of the forming round.
+
+    Attributes:
+        live: the arrival indices judged alive, ascending.
+        last_arrival_at: when (reader's clock) the arrival count last grew.
+        expected_pending: nodes of the previous round that neither arrived nor are gone.
+        is_reform: whether this round follows a completed one (so there are expected nodes).
+    """
+
+    live: tuple[int, ...]
+    last_arrival_at: float
+    expected_pending: int = 0
+    is_reform: bool = False
+
+
+def decide_barrier(reading: BarrierReading, settings: RoundSettings, now: float) -> Seal | Wait:
+    """Decide whether the round completes now. See the module docstring for the table."""
+    live = reading.live
+    if len(live) >= settings.max_nodes:
+        return Seal(tuple(live[: settings.max_nodes]), "max")
+    if len(live) < settings.min_nodes:
+        return Wait()
+    if reading.is_reform and reading.expected_pending == 0:
+        return Seal(tuple(live), "reform")
+    deadline = reading.last_arrival_at + settings.last_call_timeout_s
+    if now >= deadline:
+        return Seal(tuple(live), "last_call")
+    return Wait(until=deadline)
+
+
+def live_arrivals(
+    records: Mapping[int, NodeRecord],
+    arrivals: int,
+    heartbeats: Heartbeats,
+    now: float,
+    stale_after_s: float,
+) -> tuple[int, ...]:
+    """Return the arrival indices below ``arrivals`` whose node wrote its record and is alive."""
+    return tuple(
+        i
+        for i in range(arrivals)
+        if i in records and not heartbeats.is_gone(records[i].node_id, now, stale_after_s)
+    )
+
+
+def expected_pending(
+    expected: Iterable[str],
+    arrived: Iterable[str],
+    heartbeats: Heartbeats,
+    now: float,
+    stale_after_s: float,
+) -> int:
+    """Count the previous round's nodes that neither arrived nor are judged gone."""
+    here = set(arrived)
+    return sum(
+        1
+        for node_id in expected
+        if node_id not in here and not heartbeats.is_gone(node_id, now, stale_after_s)
+    )
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One member's place in a completed round, computed from the seal alone.
+
+    Attributes:
+        rank: the node's rank (GROUP_RANK).
+        world_size: the number of nodes.
+        rank_offset: the global rank of this node's first worker.
+        total_workers: WORLD_SIZE, the sum of every node's local world size.
+        role_offset: the role rank of this node's first worker.
+        role_total: ROLE_WORLD_SIZE.
+        successor_index: the arrival index this member watches (a ring); -1 alone.
+    """
+
+    rank: int
+    world_size: int
+    rank_offset: int
+    total_workers: int
+    role_offset: int
+    role_total: int
+    successor_index: int
+
+
+def _spans(seal: SealRecord) -> list[tuple[tuple[int, int], int, str]]:
+    """The seal's worker runs as ((first rank, end rank), local_world_size, role)."""
+    spans = []
+    node = 0
+    for count, lws, role in seal.workers:
+        spans.append(((node, node + count), lws, role))
+        node += count
+    return spans
+
+
+def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
+    """Return the assignment of arrival ``index`` in ``seal``, or None when not admitted.
+
+    Global ranks follow node rank; role ranks count only the nodes of the same role.
+    """
+    admitted = seal.admitted_indices()
+    try:
+        rank = admitted.index(index)
+    except ValueError:
+        return None
+    total = offset = role_offset = 0
+    role_totals: dict[str, int] = {}
+    my_role = next(role for span, _, role in _spans(seal) if span[0] <= rank < span[1])
+    for (first, end), lws, role in _spans(seal):
+        below = max(0, min(end, rank) - first)
+        total += (end - first) * lws
+        role_totals[role] = role_totals.get(role, 0) + (end - first) * lws
+        offset += below * lws
+        if role == my_role:
+            role_offset += below * lws
+    n = len(admitted)
+    return Assignment(
+        rank=rank,
+        world_size=n,
+        rank_offset=offset,
+        total_workers=total,
+        role_offset=role_offset,
+        role_total=role_totals.get(my_role, 0),
+        successor_index=admitted[(rank + 1) % n] if n > 1 else -1,
+    )
+
+
+def first_live_predecessor(
+    index: int,
+    records: Mapping[int, NodeRecord],
+    heartbeats: Heartbeats,
+    now: float,
+    stale_after_s: float,
+) -> int | None:
+    """Return the highest arrival below ``index`` not judged gone, or None (``index`` coordinates).
+
+    An arrival whose record is not yet readable counts as alive: it just took its index.
+    """
+    for j in range(index - 1, -1, -1):
+        rec = records.get(j)
+        if rec is None or not heartbeats.is_gone(rec.node_id, now, stale_after_s):
+            return j
+    return None
+
+
+def with_round(record: NodeRecord, prev_round: int) -> NodeRecord:
+    """Return ``record`` remembering the last round the node took part in."""
+    return replace(record, prev_round=prev_round)

@@ -1,0 +1,177 @@
+"""The records the rendezvous keeps in a store: versioned JSON, never pickle.
+
+Every record is a JSON object with ``"v": 1``. Decoding checks the version and the
+shape and raises ``RendezvousStateError`` naming the key, so a garbage or foreign
+value under the job's keys is reported, not executed or crashed on.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from typing import Any, TypeVar
+
+from elastic_run.rendezvous.errors import RendezvousStateError
+
+__all__ = [
+    "SCHEMA_VERSION",
+    "LostRecord",
+    "NodeRecord",
+    "SealRecord",
+    "decode",
+    "decode_int",
+    "encode",
+]
+
+SCHEMA_VERSION = 1
+
+T = TypeVar("T")
+
+
+@dataclass(frozen=True)
+class NodeRecord:
+    """One arrival in a round: who the node is and what it brings.
+
+    Attributes:
+        node_id: unique per agent process (host, pid and a random part).
+        addr: the address other nodes and workers reach this node at.
+        host: the host name, for people.
+        pid: the agent's pid.
+        local_world_size: how many workers this node runs.
+        role: the workers' role name.
+        prev_round: the last round this node completed as a member or waited in (-1: none).
+    """
+
+    node_id: str
+    addr: str
+    host: str
+    pid: int
+    local_world_size: int
+    role: str = "default"
+    prev_round: int = -1
+
+
+@dataclass(frozen=True)
+class SealRecord:
+    """The completed membership of a round, written once.
+
+    Attributes:
+        round: the round number.
+        sealed_arrivals: arrival indices below this were considered; higher ones wait.
+        admitted: the admitted arrival indices in rank order, as inclusive ranges.
+        world_size: the number of member nodes.
+        reason: why the round completed (max, last_call, reform).
+        workers: the members' (local world size, role) in rank order, run-length
+            encoded as (count, local_world_size, role): O(1) for a uniform job.
+    """
+
+    round: int
+    sealed_arrivals: int
+    admitted: tuple[tuple[int, int], ...]
+    world_size: int
+    reason: str
+    workers: tuple[tuple[int, int, str], ...] = ()
+
+    def admitted_indices(self) -> list[int]:
+        """Return the admitted arrival indices in rank order."""
+        return [i for lo, hi in self.admitted for i in range(lo, hi + 1)]
+
+
+@dataclass(frozen=True)
+class LostRecord:
+    """Why a round ended: a member was lost, or members re-rendezvous on purpose."""
+
+    round: int
+    reason: str
+    node_ids: tuple[str, ...] = ()
+    by: str = ""
+
+
+def encode(record: Any) -> bytes:
+    """Encode a record dataclass as versioned JSON bytes."""
+    body = asdict(record)
+    body["v"] = SCHEMA_VERSION
+    return json.dumps(body, separators=(",", ":"), sort_keys=True).encode()
+
+
+def _tuplify(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuplify(v) for v in value)
+    return value
+
+
+def decode(cls: type[T], key: str, raw: bytes) -> T:
+    """Decode ``raw`` (read under ``key``) as a record of ``cls``.
+
+    Raises:
+        RendezvousStateError: the value is not JSON, not version 1, or not of this shape.
+    """
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, json.JSONDecodeError):
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' is not an elastic-run record "
+            f"(not JSON: {raw[:40]!r})"
+        ) from None
+    if not isinstance(body, dict) or body.get("v") != SCHEMA_VERSION:
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' has an unknown schema version "
+            f"(expected v={SCHEMA_VERSION})"
+        )
+    del body["v"]
+    try:
+        record = cls(**{k: _tuplify(v) for k, v in body.items()})
+    except TypeError as exc:
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' is not a valid {cls.__name__}: {exc}"
+        ) from None
+    _check_types(record, key)
+    return record
+
+
+def _check_types(record: Any, key: str) -> None:
+    for name, annotation in record.__dataclass_fields__.items():
+        value = getattr(record, name)
+        expected = {"int": int, "str": str}.get(str(annotation.type))
+        if expected is not None and (
+            not isinstance(value, expected) or isinstance(value, bool)
+        ):
+            raise RendezvousStateError(
+                f"the value under rendezvous key '{key}' has a bad field '{name}': {value!r}"
+            )
+
+
+def decode_int(key: str, raw: bytes) -> int:
+    """Decode a counter or round number stored as ASCII digits.
+
+    Raises:
+        RendezvousStateError: the value is not an integer.
+    """
+    try:
+        return int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' is not an integer ({raw[:40]!r})"
+        ) from None
+
+
+def ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:
+    """Compress sorted-by-rank indices into inclusive runs of consecutive numbers."""
+    runs: list[tuple[int, int]] = []
+    for i in indices:
+        if runs and runs[-1][1] + 1 == i:
+            runs[-1] = (runs[-1][0], i)
+        else:
+            runs.append((i, i))
+    return tuple(runs)
+
+
+def runs(items: list[tuple[int, str]]) -> tuple[tuple[int, int, str], ...]:
+    """Run-length encode (local_world_size, role) pairs as (count, local_world_size, role)."""
+    out: list[tuple[int, int, str]] = []
+    for lws, role in items:
+        if out and out[-1][1] == lws and out[-1][2] == role:
+            out[-1] = (out[-1][0] + 1, lws, role)
+        else:
+            out.append((1, lws, role))
+    return tuple(out)

@@ -1,0 +1,356 @@
+"""What a training script may import: error recording, the watchdog client, the env contract.
+
+This module is the worker's side of the agent's contracts and nothing else: it imports no part
+of the agent, the CLI or the rendezvous, and no torch, so that importing it costs nothing.
+
+- :func:`record` writes ``TORCHELASTIC_ERROR_FILE`` in torch's format when the wrapped main
+  raises, so the agent can name the root cause of a failure.
+- :func:`expires` and :class:`FileTimerClient` arm timers on the agent's file-timer watchdog
+  (``TORCHELASTIC_TIMER_FILE``), speaking torch's ``FileTimerClient`` protocol: one JSON line of
+  at most ``PIPE_BUF`` bytes per request, written with a single ``write`` so it is atomic.
+- :class:`WorkerEnv` gives typed access to the environment the agent sets for each worker.
+"""
+
+from __future__ import annotations
+
+import errno
+import functools
+import json
+import os
+import select
+import signal as signal_module
+import sys
+import tempfile
+import time
+import traceback
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import AbstractContextManager, contextmanager
+from dataclasses import dataclass
+from typing import ParamSpec, TypeVar
+
+from elastic_run.errors import ConfigurationError, ElasticRunError
+
+__all__ = [
+    "ERROR_FILE_ENV",
+    "TIMER_FILE_ENV",
+    "FileTimerClient",
+    "TimerClientError",
+    "WorkerEnv",
+    "WorkerEnvError",
+    "expires",
+    "record",
+    "write_error_file",
+]
+
+ERROR_FILE_ENV = "TORCHELASTIC_ERROR_FILE"
+TIMER_FILE_ENV = "TORCHELASTIC_TIMER_FILE"
+
+_P = ParamSpec("_P")
+_R = TypeVar("_R")
+
+
+class TimerClientError(ElasticRunError):
+    """A timer request could not be delivered to the watchdog."""
+
+
+class WorkerEnvError(ConfigurationError):
+    """The worker's environment lacks a variable of the launcher contract or has a bad value."""
+
+
+# --------------------------------------------------------------------------- error file
+
+
+def _error_record(exc: BaseException, callstack: str) -> dict[str, object]:
+    return {
+        "message": {
+            "message": f"{type(exc).__name__}: {exc}",
+            "extraInfo": {"py_callstack": callstack, "timestamp": str(int(time.time()))},
+        }
+    }
+
+
+def write_error_file(path: str, exc: BaseException, callstack: str | None = None) -> None:
+    """Write ``exc`` to ``path`` in torch's error-file format, atomically.
+
+    The file is written to a temporary name in the same directory and renamed into place, so
+    the agent never reads half a file.
+
+    Args:
+        path: the error file (usually the value of ``TORCHELASTIC_ERROR_FILE``).
+        exc: the exception to record.
+        callstack: the formatted traceback; by default the one of ``exc``.
+
+    Raises:
+        OSError: the file could not be written.
+    """
+    if callstack is None:
+        callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    directory = os.path.dirname(os.path.abspath(path))
+    os.makedirs(directory, exist_ok=True)
+    fd, tmp_path = tempfile.mkstemp(prefix=".error-", suffix=".json.tmp", dir=directory)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as tmp:
+            json.dump(_error_record(exc, callstack), tmp)
+        os.replace(tmp_path, path)
+    except BaseException:
+        try:
+            os.unlink(tmp_path)
+        except FileNotFoundError:
+            pass
+        raise
+
+
+def _is_failure(exc: BaseException) -> bool:
+    if isinstance(exc, SystemExit):
+        return exc.code not in (0, None)
+    return isinstance(exc, Exception)
+
+
+def record(fn: Callable[_P, _R]) -> Callable[_P, _R]:
+    """Decorate a worker's main so an uncaught exception is written to the error file.
+
+    Like torch's ``torch.distributed.elastic.multiprocessing.errors.record``: when ``fn``
+    raises, the exception is written to ``TORCHELASTIC_ERROR_FILE`` (when that variable is set)
+    and re-raised. ``SystemExit`` with code 0 or None and ``KeyboardInterrupt`` are not errors.
+
+    Args:
+        fn: the function to wrap, usually ``main``.
+
+    Returns:
+        The wrapped function, with the same signature.
+    """
+
+    @functools.wraps(fn)
+    def wrapper(*args: _P.args, **kwargs: _P.kwargs) -> _R:
+        try:
+            return fn(*args, **kwargs)
+        except BaseException as exc:
+            path = os.environ.get(ERROR_FILE_ENV)
+            if path and _is_failure(exc):
+                try:
+                    write_error_file(path, exc, traceback.format_exc())
+                except OSError as write_exc:
+                    print(
+                        f"elastic_run.worker.record: cannot write the error file {path}: "
+                        f"{write_exc}",
+                        file=sys.stderr,
+                    )
+            raise
+
+    return wrapper
+
+
+# --------------------------------------------------------------------------- file timers
+
+
+class FileTimerClient:
+    """Client of the agent's file-timer watchdog, wire-compatible with torch's.
+
+    Each request is one JSON line written with a single ``os.write`` to the FIFO opened
+    ``O_WRONLY | O_NONBLOCK``; lines are at most ``PIPE_BUF`` bytes so that writes from many
+    workers never interleave.
+
+    Args:
+        file_path: the FIFO the watchdog serves (``TORCHELASTIC_TIMER_FILE``).
+        signal: the signal the watchdog sends when a timer expires (0 or negative: none).
+    """
+
+    def __init__(self, file_path: str, signal: int = signal_module.SIGKILL) -> None:
+        self.file_path = file_path
+        self.signal = int(signal)
+
+    def acquire(self, scope_id: str, expiration_time: float) -> None:
+        """Arm (or re-arm) the timer ``scope_id`` of this process.
+
+        Args:
+            scope_id: the timer's name, unique within this process.
+            expiration_time: when it expires, epoch seconds (``time.time()`` based).
+
+        Raises:
+            TimerClientError: no watchdog reads the pipe, or the request is too long.
+        """
+        self._send(scope_id, float(expiration_time), self.signal)
+
+    def release(self, scope_id: str) -> None:
+        """Disarm the timer ``scope_id`` of this process.
+
+        Args:
+            scope_id: the timer's name.
+
+        Raises:
+            TimerClientError: no watchdog reads the pipe, or the request is too long.
+        """
+        self._send(scope_id, -1, 0)
+
+    def _send(self, scope_id: str, expiration_time: float, signo: int) -> None:
+        request = {
+            "version": 1,
+            "pid": os.getpid(),
+            "scope_id": scope_id,
+            "expiration_time": expiration_time,
+            "signal": signo,
+        }
+        line = (json.dumps(request) + "\n").encode("utf-8")
+        if len(line) > select.PIPE_BUF:
+            raise TimerClientError(
+                f"timer request for scope {scope_id[:64]!r} is {len(line)} bytes, over the "
+                f"{select.PIPE_BUF}-byte limit of an atomic pipe write; use a shorter scope id"
+            )
+        try:
+            fd = os.open(self.file_path, os.O_WRONLY | os.O_NONBLOCK)
+        except FileNotFoundError as exc:
+            raise TimerClientError(
+                f"the watchdog pipe {self.file_path} does not exist; is the agent's file timer "
+                f"enabled (TORCHELASTIC_ENABLE_FILE_TIMER=1)?"
+            ) from exc
+        except OSError as exc:
+            if exc.errno == errno.ENXIO:  # a FIFO that no process reads
+                raise TimerClientError(
+                    f"no watchdog is reading the timer pipe {self.file_path}"
+                ) from exc
+            raise TimerClientError(
+                f"cannot open the watchdog pipe {self.file_path}: {exc.strerror}"
+            ) from exc
+        try:
+            written = os.write(fd, line)
+        except BlockingIOError as exc:
+            raise TimerClientError(
+                f"the watchdog pipe {self.file_path} is full; the watchdog is not keeping up"
+            ) from exc
+        except OSError as exc:
+            raise TimerClientError(
+                f"cannot write to the watchdog pipe {self.file_path}: {exc.strerror}"
+            ) from exc
+        finally:
+            os.close(fd)
+        if written != len(line):  # cannot happen for writes <= PIPE_BUF, but never be silent
+            raise TimerClientError(
+                f"short write to the watchdog pipe {self.file_path} ({written} of {len(line)})"
+            )
+
+
+def _caller_scope(depth: int) -> str:
+    frame = sys._getframe(depth + 1)
+    return f"{frame.f_code.co_filename}#{frame.f_lineno}"
+
+
+@contextmanager
+def _armed(client: FileTimerClient, scope: str, after: float) -> Iterator[None]:
+    client.acquire(scope, time.time() + after)
+    try:
+        yield
+    finally:
+        client.release(scope)
+
+
+def expires(
+    after: float, scope: str | None = None, client: FileTimerClient | None = None
+) -> AbstractContextManager[None]:
+    """Arm a watchdog timer for the ``with`` block: the worker is killed if it overruns.
+
+    Usage::
+
+        with expires(after=60, scope="train_step"):
+            train_step()
+
+    Args:
+        after: seconds from now after which the watchdog kills this process.
+        scope: the timer's name; by default ``"<file>#<line>"`` of the caller.
+        client: the client to use; by default one on ``TORCHELASTIC_TIMER_FILE``.
+
+    Returns:
+        A context manager that arms the timer on entry and releases it on exit.
+
+    Raises:
+        TimerClientError: ``client`` is None and ``TORCHELASTIC_TIMER_FILE`` is not set
+            (raised here), or the watchdog cannot be reached (raised on entry or exit).
+    """
+    if scope is None:
+        scope = _caller_scope(1)
+    if client is None:
+        path = os.environ.get(TIMER_FILE_ENV)
+        if not path:
+            raise TimerClientError(
+                f"{TIMER_FILE_ENV} is not set: the agent's file-timer watchdog is not enabled "
+                f"(run with TORCHELASTIC_ENABLE_FILE_TIMER=1) and no client was given"
+            )
+        client = FileTimerClient(path)
+    return _armed(client, scope, after)
+
+
+# --------------------------------------------------------------------------- env contract
+
+
+@dataclass(frozen=True)
+class WorkerEnv:
+    """The launcher's environment contract for one worker, typed.
+
+    Attributes mirror torchrun's variables: RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE,
+    GROUP_RANK, GROUP_WORLD_SIZE, ROLE_RANK, ROLE_WORLD_SIZE, ROLE_NAME, MASTER_ADDR,
+    MASTER_PORT, TORCHELASTIC_RESTART_COUNT, TORCHELASTIC_MAX_RESTARTS, TORCHELASTIC_RUN_ID.
+    """
+
+    rank: int
+    local_rank: int
+    world_size: int
+    local_world_size: int
+    group_rank: int
+    group_world_size: int
+    role_rank: int
+    role_world_size: int
+    role_name: str
+    master_addr: str
+    master_port: int
+    restart_count: int
+    max_restarts: int
+    run_id: str
+
+    @classmethod
+    def from_environ(cls, environ: Mapping[str, str] | None = None) -> WorkerEnv:
+        """Read the contract from ``environ`` (default: ``os.environ``).
+
+        Args:
+            environ: the environment to read.
+
+        Returns:
+            The typed environment.
+
+        Raises:
+            WorkerEnvError: a variable is missing or is not an integer where one is required.
+        """
+        env: Mapping[str, str] = os.environ if environ is None else environ
+
+        def text(name: str) -> str:
+            try:
+                return env[name]
+            except KeyError:
+                raise WorkerEnvError(
+                    f"environment variable {name} is not set; is this process started by "
+                    f"elastic-run or torchrun?"
+                ) from None
+
+        def number(name: str) -> int:
+            value = text(name)
+            try:
+                return int(value)
+            except ValueError:
+                raise WorkerEnvError(
+                    f"environment variable {name} must be an integer, got {value!r}"
+                ) from None
+
+        return cls(
+            rank=number("RANK"),
+            local_rank=number("LOCAL_RANK"),
+            world_size=number("WORLD_SIZE"),
+            local_world_size=number("LOCAL_WORLD_SIZE"),
+            group_rank=number("GROUP_RANK"),
+            group_world_size=number("GROUP_WORLD_SIZE"),
+            role_rank=number("ROLE_RANK"),
+            role_world_size=number("ROLE_WORLD_SIZE"),
+            role_name=text("ROLE_NAME"),
+            master_addr=text("MASTER_ADDR"),
+            master_port=number("MASTER_PORT"),
+            restart_count=number("TORCHELASTIC_RESTART_COUNT"),
+            max_restarts=number("TORCHELASTIC_MAX_RESTARTS"),
+            run_id=text("TORCHELASTIC_RUN_ID"),
+        )

@@ -1,0 +1,104 @@
+#!/usr/bin/env bash
+# Set up a development checkout: the .venv with the package installed editable (with its dev
+# extras), then the system programs the tests start for real (etcd, Slurm, munge, tmux).
+#
+# Idempotent and fast the second time: the pip step is skipped while the stamp in .venv matches
+# a hash of pyproject.toml, constraints.txt and the interpreter; system packages are installed
+# only when their programs are missing, and only as root (otherwise a one-line notice).
+#
+# Environment: PYTHON (default python3) builds the venv. Output: one line per step; the full
+# logs go to .cache/setup/ and are printed when a step fails.
+set -euo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+root=$(pwd)
+venv="$root/.venv"
+logs="$root/.cache/setup"
+stamp="$venv/.elastic-run-setup-stamp"
+python=${PYTHON:-python3}
+mkdir -p "$logs"
+
+say() { printf 'setup: %s\n' "$*"; }
+
+# run LOG CMD...: run CMD quietly into LOG; on failure show the log's tail and stop.
+run() {
+    local log=$1
+    shift
+    if ! "$@" >"$log" 2>&1; then
+        say "FAILED: $* (log: $log)"
+        tail -n 40 "$log" >&2
+        exit 1
+    fi
+}
+
+# --- 1. the virtual environment --------------------------------------------------------------
+if [[ ! -x "$venv/bin/python" ]]; then
+    command -v "$python" >/dev/null || { say "FAILED: '$python' not found (set PYTHON)"; exit 1; }
+    run "$logs/venv.log" "$python" -m venv "$venv"
+    say "created .venv with $("$venv/bin/python" --version 2>&1)"
+else
+    say ".venv present ($("$venv/bin/python" --version 2>&1))"
+fi
+
+# --- 2. the package and its Python dependencies ------------------------------------------------
+key=$(cat pyproject.toml constraints.txt <("$venv/bin/python" -c 'import sys; print(sys.version)') \
+    | sha256sum | cut -d' ' -f1)
+if [[ -f "$stamp" && "$(cat "$stamp")" == "$key" ]]; then
+    say "python dependencies up to date"
+else
+    run "$logs/pip.log" "$venv/bin/python" -m pip install --quiet -c constraints.txt -e '.[dev]'
+    printf '%s\n' "$key" >"$stamp"
+    say "installed elastic-run -e '.[dev]' (torch $("$venv/bin/python" -c \
+        'import importlib.metadata as m; print(m.version("torch"))'))"
+fi
+
+# --- 3. system programs the tests use -----------------------------------------------------------
+# program -> Debian package. sbin is searched too: a non-root PATH often lacks it.
+programs=(etcd:etcd-server etcdctl:etcd-client slurmctld:slurmctld slurmd:slurmd
+    sinfo:slurm-client munged:munge tmux:tmux)
+have() { PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin" command -v "$1" >/dev/null 2>&1; }
+
+missing=()
+for entry in "${programs[@]}"; do
+    have "${entry%%:*}" || missing+=("${entry#*:}")
+done
+if ((${#missing[@]} == 0)); then
+    say "system programs present (etcd, etcdctl, slurmctld, slurmd, sinfo, munged, tmux)"
+    exit 0
+fi
+if [[ $(id -u) -ne 0 ]]; then
+    say "NOTICE: missing ${missing[*]}; run scripts/setup.sh as root (or apt-get install them)"
+    exit 0
+fi
+
+# Packages such as slurmctld and munge start their services on install. A policy-rc.d that
+# answers 101 ("action forbidden") stops invoke-rc.d from doing so; it is removed afterwards
+# unless one was already there. Without a running systemd, deb-systemd-invoke starts nothing.
+policy=/usr/sbin/policy-rc.d
+own_policy=0
+if [[ ! -e "$policy" ]]; then
+    printf '#!/bin/sh\nexit 101\n' >"$policy"
+    chmod 755 "$policy"
+    own_policy=1
+fi
+cleanup_policy() { if ((own_policy)); then rm -f "$policy"; fi; }
+trap cleanup_policy EXIT
+
+export DEBIAN_FRONTEND=noninteractive
+daemons=(slurmctld slurmd munged etcd)
+daemon_pids() { for d in "${daemons[@]}"; do pgrep -x "$d" || true; done | sort; }
+before=$(daemon_pids)
+apt_install() {
+    apt-get install -y -q --no-install-recommends "${missing[@]}"
+}
+# Refresh the package lists only when the install cannot proceed without it.
+if ! apt_install >"$logs/apt.log" 2>&1; then
+    run "$logs/apt-update.log" apt-get update -q
+    run "$logs/apt.log" apt_install
+fi
+# Should a service have started anyway, stop it: only daemons (parent: init) that were not
+# running before the install, so a test's own etcd is never touched.
+for pid in $(comm -13 <(printf '%s\n' "$before") <(daemon_pids)); do
+    [[ "$(ps -o ppid= -p "$pid" | tr -d ' ')" == 1 ]] && kill "$pid" 2>/dev/null || true
+done
+say "installed ${missing[*]}"

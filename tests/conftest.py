@@ -1,0 +1,115 @@
+"""Test-suite set-up: the repository on sys.path, and a guard that makes process leaks loud.
+
+Nothing here starts a process. The autouse ``no_leaked_processes`` fixture fails a test that
+leaves a process of its own running, and kills that process. A test's processes are the
+descendants of pytest that appeared during the test, plus any process that carries the test's
+marker variable (set in ``os.environ`` for the test's duration and inherited by what it
+starts), so workers orphaned by a dead agent are caught too. Processes that fixtures of a wider
+scope (module, session) started before the test are not the test's.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+import uuid
+from collections.abc import Iterator
+from pathlib import Path
+
+import psutil
+import pytest
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+from tests.helpers import is_alive, wait_until  # noqa: E402  (needs the path above)
+
+TEST_MARKER_VARIABLE = "ELASTIC_RUN_TEST_ID"
+# A process that is on its way out (signalled as the test ended) gets this long to go.
+_EXIT_GRACE_S = 3.0
+
+ProcessKey = tuple[int, float]  # (pid, create_time): a pid alone may be reused
+
+
+def _key(proc: psutil.Process) -> ProcessKey | None:
+    try:
+        return (proc.pid, proc.create_time())
+    except psutil.Error:
+        return None
+
+
+def _descendants() -> dict[ProcessKey, psutil.Process]:
+    found: dict[ProcessKey, psutil.Process] = {}
+    for proc in psutil.Process().children(recursive=True):
+        key = _key(proc)
+        if key is not None and is_alive(proc.pid):
+            found[key] = proc
+    return found
+
+
+def _marked(marker: str, since: float) -> dict[ProcessKey, psutil.Process]:
+    found: dict[ProcessKey, psutil.Process] = {}
+    me = os.getpid()
+    for proc in psutil.process_iter(["create_time"]):
+        try:
+            if proc.pid == me or proc.info["create_time"] < since:
+                continue
+            if proc.environ().get(TEST_MARKER_VARIABLE) == marker and is_alive(proc.pid):
+                key = _key(proc)
+                if key is not None:
+                    found[key] = proc
+        except psutil.Error:
+            continue  # gone, a zombie, or not ours to read
+    return found
+
+
+def _describe(proc: psutil.Process) -> str:
+    try:
+        return f"pid {proc.pid}: {' '.join(proc.cmdline())[:200]}"
+    except psutil.Error:
+        return f"pid {proc.pid}: (exited)"
+
+
+@pytest.fixture(autouse=True)
+def no_leaked_processes() -> Iterator[None]:
+    """Fail the test if a process it started is still running after it, and kill that process.
+
+    Yields:
+        Nothing; the check runs after the test and its function-scoped fixtures.
+    """
+    before = set(_descendants())
+    marker = uuid.uuid4().hex
+    since = time.time() - 1.0  # create_time has coarse resolution
+    previous = os.environ.get(TEST_MARKER_VARIABLE)
+    os.environ[TEST_MARKER_VARIABLE] = marker
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(TEST_MARKER_VARIABLE, None)
+        else:
+            os.environ[TEST_MARKER_VARIABLE] = previous
+
+    def leaked() -> dict[ProcessKey, psutil.Process]:
+        found = {k: p for k, p in _descendants().items() if k not in before}
+        found.update(_marked(marker, since))
+        return {k: p for k, p in found.items() if is_alive(p.pid)}
+
+    try:
+        wait_until(lambda: not leaked(), _EXIT_GRACE_S)
+    except AssertionError:
+        survivors = list(leaked().values())
+        lines = [_describe(proc) for proc in survivors]
+        for proc in survivors:
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+        psutil.wait_procs(survivors, timeout=10)
+        if survivors:
+            pytest.fail(
+                "the test left processes running (now killed):\n  " + "\n  ".join(lines),
+                pytrace=False,
+            )

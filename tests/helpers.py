@@ -1,0 +1,177 @@
+"""What tests share: waiting for a condition, free ports, process accounting, the CLI.
+
+``wait_until`` is the one place in the tests that sleeps between polls: every wait for another
+thread or process goes through it, and it raises when the condition does not come true in time.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import psutil
+
+__all__ = [
+    "REPO_ROOT",
+    "alive_descendants",
+    "free_port",
+    "is_alive",
+    "no_process_left",
+    "run_cli",
+    "wait_until",
+]
+
+REPO_ROOT = Path(__file__).resolve().parent.parent
+
+
+def wait_until(
+    predicate: Callable[[], object],
+    timeout_s: float,
+    *,
+    interval_s: float = 0.02,
+    message: str | Callable[[], str] = "condition not met",
+) -> None:
+    """Poll ``predicate`` until it returns a truthy value.
+
+    Args:
+        predicate: checked first at once, then every ``interval_s``.
+        timeout_s: how long to wait in all.
+        interval_s: the pause between two checks.
+        message: the failure text, or a callable that builds it (to show the state at the
+            deadline, e.g. a server's log).
+
+    Raises:
+        AssertionError: ``predicate`` stayed falsy for ``timeout_s`` seconds.
+    """
+    deadline = time.monotonic() + timeout_s
+    while True:
+        if predicate():
+            return
+        if time.monotonic() >= deadline:
+            text = message() if callable(message) else message
+            raise AssertionError(f"timed out after {timeout_s} s: {text}")
+        time.sleep(interval_s)
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago.
+
+    Returns:
+        The port number. Another process may take it before the caller binds it: prefer port 0
+        where the server reports the port it got.
+    """
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        port: int = sock.getsockname()[1]
+        return port
+
+
+def is_alive(pid: int) -> bool:
+    """Whether ``pid`` names a running process (a zombie counts as gone).
+
+    Args:
+        pid: the process id.
+
+    Returns:
+        True while the process exists and is not a zombie.
+    """
+    try:
+        return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
+    except psutil.NoSuchProcess:
+        return False
+
+
+def alive_descendants(pid: int) -> list[psutil.Process]:
+    """The living descendants of ``pid`` (children, grandchildren, ...), zombies excluded.
+
+    Args:
+        pid: the root process.
+
+    Returns:
+        The descendants still running; empty when ``pid`` itself is gone.
+    """
+    try:
+        children = psutil.Process(pid).children(recursive=True)
+    except psutil.NoSuchProcess:
+        return []
+    return [child for child in children if is_alive(child.pid)]
+
+
+def no_process_left(pids: Iterable[int]) -> bool:
+    """Whether every process in ``pids`` has exited (zombies count as exited).
+
+    Args:
+        pids: process ids.
+
+    Returns:
+        True when none of them is running.
+    """
+    return not any(is_alive(pid) for pid in pids)
+
+
+def _kill_tree(pid: int) -> None:
+    try:
+        root = psutil.Process(pid)
+        procs = [*root.children(recursive=True), root]
+    except psutil.NoSuchProcess:
+        return
+    for proc in procs:
+        try:
+            proc.kill()
+        except psutil.NoSuchProcess:
+            pass
+    psutil.wait_procs(procs, timeout=10)
+
+
+def run_cli(
+    args: Sequence[str],
+    *,
+    env: Mapping[str, str] | None = None,
+    timeout_s: float = 60.0,
+    cwd: str | os.PathLike[str] | None = None,
+) -> subprocess.CompletedProcess[str]:
+    """Run ``python -m elastic_run ARGS`` to completion and capture its output.
+
+    Args:
+        args: the command-line arguments.
+        env: variables set on top of this process's environment. PYTHONPATH gets the repository
+            root in front.
+        timeout_s: how long the command may run; then it and its descendants are killed.
+        cwd: the working directory (default: the current one).
+
+    Returns:
+        The finished process with ``stdout`` and ``stderr`` as text.
+
+    Raises:
+        AssertionError: the command ran past ``timeout_s`` (the message holds its output).
+    """
+    full_env = dict(os.environ)
+    full_env.update(env or {})
+    python_path = full_env.get("PYTHONPATH")
+    full_env["PYTHONPATH"] = os.pathsep.join(
+        [str(REPO_ROOT), *([python_path] if python_path else [])]
+    )
+    command = [sys.executable, "-m", "elastic_run", *args]
+    with subprocess.Popen(
+        command,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=full_env,
+        cwd=cwd,
+    ) as proc:
+        try:
+            stdout, stderr = proc.communicate(timeout=timeout_s)
+        except subprocess.TimeoutExpired:
+            _kill_tree(proc.pid)
+            stdout, stderr = proc.communicate()
+            raise AssertionError(
+                f"{' '.join(command)} ran past {timeout_s} s\n"
+                f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
+            ) from None
+    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)

@@ -1,0 +1,76 @@
+"""Pytest fixtures starting real etcd servers, for any test module to import.
+
+    from etcd_fixtures import etcd_cluster3_fixture, etcd_server_fixture  # noqa: F401
+
+The fixtures are named ``etcd_server`` and ``etcd_cluster3``. ``etcd_server`` is one member shared by a test module; ``etcd_cluster3`` is a fresh
+3-member cluster per test. When a test using them fails, the servers' logs are
+written to the terminal.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+
+import pytest
+
+from elastic_run.rendezvous.etcd_server import EtcdServer
+
+__all__ = ["etcd_cluster3_fixture", "etcd_server_fixture", "requires_etcd", "wait_until"]
+
+requires_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed")
+
+
+def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
+    """Wait until ``predicate()`` is true; raise ``AssertionError`` after ``timeout_s``."""
+    deadline = time.monotonic() + timeout_s
+    pause = threading.Event()
+    while not predicate():
+        if time.monotonic() >= deadline:
+            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
+        pause.wait(0.05)
+
+
+def _dump_logs_if_failed(
+    request: pytest.FixtureRequest, failed_before: int, server: EtcdServer
+) -> None:
+    if request.session.testsfailed > failed_before:
+        reporter = request.config.pluginmanager.get_plugin("terminalreporter")
+        text = server.read_logs(8000)
+        if reporter is not None:
+            reporter.write_line("")
+            reporter.write_line(text)
+        else:
+            print(text)
+
+
+@pytest.fixture(scope="module", name="etcd_server")
+def etcd_server_fixture(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
+    """A started single-member etcd, shared by the tests of one module."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed")
+    failed_before = request.session.testsfailed
+    server = EtcdServer(members=1)
+    server.start(timeout_s=30)
+    try:
+        yield server
+    finally:
+        _dump_logs_if_failed(request, failed_before, server)
+        server.stop()
+
+
+@pytest.fixture(name="etcd_cluster3")
+def etcd_cluster3_fixture(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
+    """A fresh, started 3-member etcd cluster."""
+    if shutil.which("etcd") is None:
+        pytest.skip("etcd is not installed")
+    failed_before = request.session.testsfailed
+    server = EtcdServer(members=3)
+    server.start(timeout_s=60)
+    try:
+        yield server
+    finally:
+        _dump_logs_if_failed(request, failed_before, server)
+        server.stop()
