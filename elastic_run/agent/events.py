@@ -1,0 +1,83 @@
+"""Agent events: every state change of the agent, as a small immutable record.
+
+The agent emits events through an ``EventSink``; the CLI turns them into the live view or
+plain lines, ``EventLog`` writes them as JSON lines to ``<log dir>/events.jsonl``, and the
+agent publishes a few to the rendezvous backend for ``elastic-run status``.
+
+Kinds (stable, documented in the README):
+    agent.started        the agent is up (fields: run_id, nproc_per_node, backend, endpoint)
+    rendezvous.joining   joining round (fields: attempt)
+    rendezvous.complete  a round completed (fields: round, group_rank, group_world_size,
+                         world_size, master_addr, master_port)
+    workers.started      the local workers run (fields: pids, ranks, attempt)
+    worker.exited        one worker exited (fields: local_rank, rank, pid, exitcode)
+    worker.failed        the local group failed (fields: local_rank, rank, exitcode, reason)
+    watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)
+    membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting)
+    restart              restarting the workers (fields: restarts, max_restarts, counted)
+    workers.stopped      the local workers were stopped (fields: signal, reason)
+    succeeded            every worker of this node exited 0
+    failed               the job failed (fields: reason, exit_code)
+    signal               the agent received a signal (fields: signal)
+    closed               the rendezvous was closed (fields: reason)
+    agent.exited         the agent leaves (fields: exit_code)
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import IO, Any
+
+__all__ = ["AgentEvent", "EventLog", "EventSink"]
+
+
+@dataclass(frozen=True)
+class AgentEvent:
+    """One state change. ``timestamp`` is wall-clock seconds (for people and logs only)."""
+
+    kind: str
+    message: str
+    fields: dict[str, Any] = field(default_factory=dict)
+    timestamp: float = field(default_factory=time.time)
+
+    def to_dict(self) -> dict[str, Any]:
+        """Return the JSON object written to events.jsonl (keys: v, ts, kind, message, fields)."""
+        return {
+            "v": 1,
+            "ts": round(self.timestamp, 6),
+            "kind": self.kind,
+            "message": self.message,
+            "fields": self.fields,
+        }
+
+
+EventSink = Callable[[AgentEvent], None]
+
+
+class EventLog:
+    """Appends events as JSON lines to a file, one flushed line per event (thread-safe)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._file: IO[str] | None = path.open("a", encoding="utf-8")
+        self._lock = threading.Lock()
+
+    def __call__(self, event: AgentEvent) -> None:
+        line = json.dumps(event.to_dict(), default=str, separators=(",", ":"))
+        with self._lock:
+            if self._file is not None:
+                self._file.write(line + "\n")
+                self._file.flush()
+
+    def close(self) -> None:
+        """Close the file. Idempotent."""
+        with self._lock:
+            if self._file is not None:
+                self._file.close()
+                self._file = None
