@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from elastic_run.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from torch.distributed import Store
+    from torch._C._distributed_c10d import Store
 
 __all__ = [
     "MemberSnapshot",

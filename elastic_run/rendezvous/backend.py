@@ -24,7 +24,7 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from torch.distributed import Store
+    from torch._C._distributed_c10d import Store
 
 __all__ = ["RendezvousBackend"]
 

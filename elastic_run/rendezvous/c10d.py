@@ -1,4 +1,4 @@
-"""C10dRendezvousBackend: the rendezvous key-value seam on a c10d TCPStore.
+"""C10dRendezvousBackend: the rendezvous key-value seam on a c10d TCPStore (or FileStore).
 
 The embedded default. One agent hosts the TCPStore at ``--rdzv-endpoint`` (the first to
 bind the port when ``is_host`` is left to chance); the others connect as clients. Keys
@@ -7,17 +7,21 @@ live under ``elastic-run/<run id>/`` so several jobs can share one store.
 Two client connections per agent: TCPStore serialises the calls of one client, so the
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
 connection and never hold up the heartbeat thread.
+
+``store_type=file`` (as torch allows) puts the store in a torch FileStore at the path
+given as the endpoint (a shared file system for several hosts); nobody hosts anything.
 """
 
 from __future__ import annotations
 
 import errno
 import ipaddress
+import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, TypeVar
+from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
@@ -26,12 +30,36 @@ from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.records import decode_int
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch._C._distributed_c10d import Store, TCPStore
 
 __all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "create_c10d_backend", "parse_endpoint"]
 
 DEFAULT_PORT = 29400
 _T = TypeVar("_T")
+
+
+class _KeyValueStore(Protocol):
+    """The c10d Store calls this backend makes, typed as the bindings accept them.
+
+    torch's stubs type values as ``str``; the bindings take and return bytes.
+    """
+
+    def check(self, keys: list[str]) -> bool: ...
+    def get(self, key: str) -> bytes: ...
+    def multi_get(self, keys: list[str]) -> list[bytes]: ...
+    def set(self, key: str, value: bytes) -> None: ...
+    def multi_set(self, keys: list[str], values: list[bytes]) -> None: ...
+    def add(self, key: str, delta: int) -> int: ...
+    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
+    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
+    def delete_key(self, key: str) -> bool: ...
+
+
+def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
+    from torch._C._distributed_c10d import PrefixStore
+
+    view = PrefixStore(prefix, store)
+    return view, cast(_KeyValueStore, view)
 
 
 def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
@@ -69,7 +97,7 @@ def is_local_host(host: str) -> bool:
         addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
     except OSError:
         return False
-    for addr in addrs:
+    for addr in (str(a) for a in addrs):
         if ipaddress.ip_address(addr.split("%")[0]).is_loopback:
             return True
         try:
@@ -118,14 +146,12 @@ class C10dRendezvousBackend(RendezvousBackend):
         read_timeout_s: float = 60.0,
         server: Store | None = None,
     ) -> None:
-        from torch.distributed import PrefixStore
-
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
         self._prefix = f"elastic-run/{run_id}/"
-        self._store = PrefixStore(self._prefix, store)
+        self._store_view, self._store = _prefixed(self._prefix, store)
         self._waiter_source = waiter
-        self._waiter: Store | None = None
+        self._waiter: tuple[Store, _KeyValueStore] | None = None
         self._waiter_lock = threading.Lock()
         self._endpoint = endpoint
         self._read_timeout_s = read_timeout_s
@@ -145,17 +171,15 @@ class C10dRendezvousBackend(RendezvousBackend):
         """Whether this process hosts the TCPStore (it must outlive the job's other agents)."""
         return self._server is not None
 
-    def _waiting_store(self) -> Store:
-        from torch.distributed import PrefixStore
-
+    def _waiting_store(self) -> tuple[Store, _KeyValueStore]:
         with self._waiter_lock:
             if self._waiter is None:
                 source = self._waiter_source
                 if source is None:
-                    self._waiter = self._store
+                    self._waiter = (self._store_view, self._store)
                 else:
                     raw = self._call(source) if callable(source) else source
-                    self._waiter = PrefixStore(self._prefix, raw)
+                    self._waiter = _prefixed(self._prefix, raw)
             return self._waiter
 
     def get(self, key: str) -> bytes | None:
@@ -174,7 +198,9 @@ class C10dRendezvousBackend(RendezvousBackend):
             if self._store.check(list(keys)):
                 return [bytes(v) for v in self._store.multi_get(list(keys))]
             present = [k for k in keys if self._store.check([k])]
-            values = dict(zip(present, self._store.multi_get(present))) if present else {}
+            values = (
+                dict(zip(present, self._store.multi_get(present), strict=True)) if present else {}
+            )
             return [bytes(values[k]) if k in values else None for k in keys]
 
         return self._call(read)
@@ -199,15 +225,14 @@ class C10dRendezvousBackend(RendezvousBackend):
         return stored, stored == desired
 
     def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
-        from torch.distributed import DistStoreError
-
-        waiter = self._waiting_store()
+        _, waiter = self._waiting_store()
 
         def wait() -> bool:
             try:
                 waiter.wait(list(keys), timedelta(seconds=max(timeout_s, 0.001)))
-            except DistStoreError as exc:
-                if "timeout" in str(exc).lower():
+            except RuntimeError as exc:
+                # TCPStore raises DistStoreError, FileStore a RuntimeError ("Wait timeout").
+                if "timeout" in str(exc).lower() and "socket" not in str(exc).lower():
                     return False
                 raise
             return True
@@ -225,9 +250,8 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._call(lambda: self._store.delete_key(f"hb/{node_id}"))
 
     def round_store(self, prefix: str) -> Store:
-        from torch.distributed import PrefixStore
-
-        return PrefixStore(prefix, self._waiting_store())
+        view, _ = self._waiting_store()
+        return _prefixed(prefix, view)[0]
 
     def close(self) -> None:
         # TCPStore objects close their sockets when collected; drop our references.
@@ -235,22 +259,67 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._waiter_source = None
 
 
-def _connect(host: str, port: int, timeout_s: float, *, master: bool) -> Store:
-    from torch.distributed import TCPStore
+def _connect(
+    host: str, port: int, timeout_s: float, *, master: bool, use_libuv: bool | None = None
+) -> TCPStore:
+    from torch._C._distributed_c10d import TCPStore
 
+    if use_libuv is None:
+        return TCPStore(
+            host,
+            port,
+            is_master=master,
+            timeout=timedelta(seconds=timeout_s),
+            wait_for_workers=False,
+        )
     return TCPStore(
         host,
         port,
         is_master=master,
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
+        use_libuv=use_libuv,
+    )
+
+
+def _create_file_backend(params: RendezvousParameters, timeout_s: float) -> C10dRendezvousBackend:
+    """A backend on a torch FileStore at the endpoint path (torch's ``store_type=file``)."""
+    import tempfile
+
+    from torch._C._distributed_c10d import FileStore
+
+    path = params.endpoint
+    if not path:
+        try:
+            handle, path = tempfile.mkstemp(prefix="elastic-run-rdzv-")
+        except OSError as exc:
+            raise RendezvousConnectionError(
+                f"cannot create a file for the c10d file store: {exc}"
+            ) from exc
+        os.close(handle)
+    try:
+        # -1: no fixed number of users, so the file is never deleted under a late joiner.
+        store = FileStore(path, -1)
+        store.set_timeout(timedelta(seconds=timeout_s))
+    except (RuntimeError, OSError) as exc:
+        raise RendezvousConnectionError(
+            f"cannot open the c10d file store at {path}: {exc}"
+        ) from exc
+    return C10dRendezvousBackend(
+        store,
+        params.run_id,
+        f"file:{path}",
+        waiter=lambda: FileStore(path, -1),
+        read_timeout_s=timeout_s,
     )
 
 
 def _port_in_use(exc: BaseException) -> bool:
     text = str(exc)
-    return "EADDRINUSE" in text or "address already in use" in text.lower() or (
-        isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE
+    return (
+        "EADDRINUSE" in text
+        or "address already in use" in text.lower()
+        or (isinstance(exc, OSError) and exc.errno == errno.EADDRINUSE)
     )
 
 
@@ -261,7 +330,9 @@ def create_c10d_backend(
 
     Config keys: ``is_host`` (true: host the store, fail if the port is taken; false:
     connect only; unset: host when the endpoint is this machine and its port is free),
-    ``read_timeout`` (s, default 60), ``store_type`` (only ``tcp``).
+    ``read_timeout`` (s, default 60), ``use_libuv`` (the TCPStore's server loop, default
+    torch's), ``store_type`` (``tcp``, or ``file``: a FileStore at the path given as
+    the endpoint, or at a new temporary file when the endpoint is empty).
 
     Args:
         params: the rendezvous parameters.
@@ -272,12 +343,17 @@ def create_c10d_backend(
         RendezvousConnectionError: the store cannot be hosted or reached.
     """
     store_type = str(params.get("store_type", "tcp")).lower()
+    timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
+    if store_type == "file":
+        return _create_file_backend(params, timeout_s)
     if store_type != "tcp":
-        raise ConfigurationError(f"the c10d rendezvous supports store_type=tcp, not '{store_type}'")
+        raise ConfigurationError(
+            f"the c10d rendezvous supports store_type=tcp or file, not '{store_type}'"
+        )
     if not params.endpoint:
         raise ConfigurationError("the c10d backend needs --rdzv-endpoint host[:port]")
     host, port = parse_endpoint(params.endpoint)
-    timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
+    use_libuv = params.get_as_bool("use_libuv")
     is_host = params.get_as_bool("is_host") if allow_hosting else False
     if port == 0 and is_host is not True:
         if is_host is False or not allow_hosting:
@@ -285,10 +361,10 @@ def create_c10d_backend(
         is_host = True
     want_host = is_host if is_host is not None else is_local_host(host)
 
-    server: Store | None = None
+    server: TCPStore | None = None
     if want_host:
         try:
-            server = _connect(host, port, timeout_s, master=True)
+            server = _connect(host, port, timeout_s, master=True, use_libuv=use_libuv)
         except (RuntimeError, OSError) as exc:
             if not _port_in_use(exc):
                 raise RendezvousConnectionError(
@@ -306,7 +382,7 @@ def create_c10d_backend(
     else:
         endpoint = f"{host}:{port}"
         try:
-            client = _connect(host, port, timeout_s, master=False)
+            client = _connect(host, port, timeout_s, master=False, use_libuv=use_libuv)
         except (RuntimeError, OSError) as exc:
             raise RendezvousConnectionError(
                 f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
@@ -316,7 +392,7 @@ def create_c10d_backend(
         client,
         params.run_id,
         endpoint,
-        waiter=lambda: _connect(host, port, timeout_s, master=False),
+        waiter=lambda: _connect(host, port, timeout_s, master=False, use_libuv=use_libuv),
         read_timeout_s=timeout_s,
         server=server,
     )

@@ -10,6 +10,8 @@ Keys, relative to the job (the backend adds its prefix and the run id):
                         computes its ranks from it alone
     r<r>/lost           why the round ended (LostRecord), written once
     hb/<node id>        each node's heartbeat counter (a lease-bound key on etcd)
+    st/<node id>        the agent's published state (JSON, best-effort, for ``status``)
+    ev/count, ev/<k>    a ring of the last 64 events: seq = add(ev/count, 1), slot (seq-1) % 64
 
 Per round each node does O(1) operations of O(1) size; the one node that seals reads
 the arrivals' records in one batch call.
@@ -44,6 +46,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from elastic_run.rendezvous.records import (
+    SCHEMA_VERSION,
     LostRecord,
     NodeRecord,
     SealRecord,
@@ -54,9 +57,21 @@ from elastic_run.rendezvous.records import (
     runs,
 )
 
-__all__ = ["ClosedRecord", "DynamicRendezvousHandler", "RendezvousSettings", "create_handler"]
+__all__ = [
+    "CLOSED_REASONS",
+    "EVENT_RING_SIZE",
+    "ClosedRecord",
+    "DynamicRendezvousHandler",
+    "RendezvousSettings",
+    "create_handler",
+    "read_snapshot",
+]
 
 log = logging.getLogger(__name__)
+
+CLOSED_REASONS = ("closed", "succeeded", "failed")
+EVENT_RING_SIZE = 64
+SNAPSHOT_EVENTS = 20
 
 _KNOWN_CONF_KEYS = {
     "join_timeout",
@@ -159,6 +174,32 @@ def _round_key(r: int, name: str) -> str:
     return f"r{r}/{name}"
 
 
+def _json_bytes(body: dict[str, Any]) -> bytes:
+    # default=str: a field the caller could not serialise is shown, not lost or raised.
+    return json.dumps(body, separators=(",", ":"), default=str).encode()
+
+
+def _json_record(key: str, raw: bytes) -> dict[str, Any]:
+    """Decode a free-form JSON record (state, event) of schema version 1.
+
+    Raises:
+        RendezvousStateError: the value is not a JSON object of version 1.
+    """
+    try:
+        body = json.loads(raw.decode("utf-8"))
+    except (UnicodeDecodeError, ValueError):
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' is not an elastic-run record "
+            f"(not JSON: {raw[:40]!r})"
+        ) from None
+    if not isinstance(body, dict) or body.get("v") != SCHEMA_VERSION:
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' has an unknown schema version "
+            f"(expected v={SCHEMA_VERSION})"
+        )
+    return body
+
+
 class DynamicRendezvousHandler(RendezvousHandler):
     """A rendezvous handler running the O(N) protocol on any ``RendezvousBackend``.
 
@@ -206,6 +247,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._stop = threading.Event()
         self._beat_thread: threading.Thread | None = None
         self._heartbeat_error: RendezvousError | None = None
+        self._shut_down = False
 
     # -- construction, as torch's -------------------------------------------------
 
@@ -287,8 +329,72 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return decode(ClosedRecord, "closed", raw)
 
     def set_closed(self, reason: str = "closed") -> None:
-        """Close the rendezvous: no round forms any more, every node sees it."""
+        """Close the rendezvous: no round forms any more, every node sees it.
+
+        The first close wins; closing a closed rendezvous again changes nothing.
+
+        Args:
+            reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
+
+        Raises:
+            ValueError: ``reason`` is none of those.
+            RendezvousConnectionError: the backend cannot be reached.
+        """
+        if reason not in CLOSED_REASONS:
+            raise ValueError(
+                f"set_closed reason must be one of {', '.join(CLOSED_REASONS)}, not {reason!r}"
+            )
         self._backend.compare_set("closed", None, encode(ClosedRecord(reason, self.node_id)))
+
+    def publish_state(self, state: str, restarts: int, message: str = "") -> None:
+        """Publish this agent's state for ``elastic-run status``: one O(1) write of ``st/<node id>``.
+
+        Best-effort: a backend error is logged as a warning, never raised.
+
+        Args:
+            state: the agent's worker-group state (``HEALTHY``, ``FAILED``...).
+            restarts: how many restarts this agent has used.
+            message: a short note for people.
+        """
+        member = self._member
+        body = {
+            "v": SCHEMA_VERSION,
+            "state": state,
+            "restarts": restarts,
+            "round": member.round if member is not None else self._last_round,
+            "message": message,
+            "ts": time.time(),
+        }
+        try:
+            self._backend.set(f"st/{self.node_id}", _json_bytes(body))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish the agent state: %s", self._run_id, exc)
+
+    def publish_event(self, kind: str, message: str, fields: dict[str, Any] | None = None) -> None:
+        """Publish an event into the job's ring of the last 64 (two O(1) store operations).
+
+        Best-effort: a backend error is logged as a warning, never raised.
+
+        Args:
+            kind: the event kind (``worker_failed``, ``rendezvous_complete``...).
+            message: one line for people.
+            fields: small JSON-able details.
+        """
+        try:
+            seq = self._backend.add("ev/count", 1)
+            body = {
+                "v": SCHEMA_VERSION,
+                "seq": seq,
+                "ts": time.time(),
+                "node": self.node_id,
+                "host": self._host,
+                "kind": kind,
+                "message": message,
+                "fields": dict(fields or {}),
+            }
+            self._backend.set(f"ev/{(seq - 1) % EVENT_RING_SIZE}", _json_bytes(body))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish an event: %s", self._run_id, exc)
 
     def num_nodes_waiting(self) -> int:
         """Return how many nodes wait at the door of this node's round (one store trip).
@@ -372,10 +478,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return member.round if member is not None else None
 
     def shutdown(self) -> bool:
-        """Leave without closing the job: stop heartbeating and drop this node's liveness key."""
+        """Leave without closing the job: stop heartbeating and drop this node's liveness key.
+
+        Idempotent: a second call does nothing and returns True.
+
+        Returns:
+            True when this node's liveness key was dropped (or already was), False when
+            the backend could not be reached (a warning is logged).
+        """
+        with self._lock:
+            if self._shut_down:
+                return True
+            self._shut_down = True
         self._stop.set()
         thread = self._beat_thread
-        if thread is not None:
+        if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self._settings.keep_alive_interval_s + 5)
         try:
             self._backend.forget_node(self.node_id)
@@ -389,9 +506,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _raise_if_closed(self) -> None:
         record = self.closed_reason()
         if record is not None:
-            raise RendezvousClosedError(
-                f"rendezvous '{self._run_id}' is closed ({record.reason})"
-            )
+            raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({record.reason})")
 
     def _current_round(self) -> int:
         raw = self._backend.get("round")
@@ -416,6 +531,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             prev_round=self._last_round,
         )
 
+    def _arrivals_of(self, r: int) -> int:
+        raw = self._backend.get(_round_key(r, "arrivals"))
+        return decode_int(_round_key(r, "arrivals"), raw) if raw is not None else 0
+
     def _timeout_error(self, present: int) -> RendezvousTimeoutError:
         rs = self._round_settings
         needed = rs.min_nodes if rs.min_nodes == rs.max_nodes else f"{rs.min_nodes}..{rs.max_nodes}"
@@ -424,17 +543,29 @@ class DynamicRendezvousHandler(RendezvousHandler):
             f"with {present} of {needed} nodes ({self._backend.name} {self._backend.endpoint})"
         )
 
-    def _wait_at_door(self, r: int, seal: SealRecord, deadline: float) -> None:
-        """Be counted as waiting on round r; return once round r ended (or was ended by us)."""
-        index = self._backend.add(_round_key(r, "arrivals"), 1) - 1
-        self._backend.set(_round_key(r, f"node/{index}"), encode(self._my_record()))
+    def _wait_at_door(
+        self, r: int, seal: SealRecord, deadline: float, index: int | None = None
+    ) -> None:
+        """Be counted as waiting on round r; return once round r ended (or was ended by us).
+
+        Args:
+            index: this node's arrival index in round r when it arrived already (it came
+                too late for the seal); None to arrive now.
+        """
+        if index is None:
+            index = self._backend.add(_round_key(r, "arrivals"), 1) - 1
+            self._backend.set(_round_key(r, f"node/{index}"), encode(self._my_record()))
         self._last_round = r
         # Watch a few members so a job whose members all died does not keep us out.
         members = seal.admitted_indices()
-        watch_idx = sorted({members[(index + k) % len(members)] for k in range(2)}) if members else []
+        watch_idx = (
+            sorted({members[(index + k) % len(members)] for k in range(2)}) if members else []
+        )
         watched: dict[str, int] = {}
         for i, raw in zip(
-            watch_idx, self._backend.get_many([_round_key(r, f"node/{i}") for i in watch_idx])
+            watch_idx,
+            self._backend.get_many([_round_key(r, f"node/{i}") for i in watch_idx]),
+            strict=True,
         ):
             if raw is not None:
                 watched[decode(NodeRecord, _round_key(r, f"node/{i}"), raw).node_id] = i
@@ -448,9 +579,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return
             now = self._clock()
             if now >= deadline:
-                raise self._timeout_error(0)
+                raise self._timeout_error(self._arrivals_of(r) - seal.sealed_arrivals)
             ids = list(watched)
-            beats = beats.observe(dict(zip(ids, self._backend.read_heartbeats(ids))), now)
+            beats = beats.observe(
+                dict(zip(ids, self._backend.read_heartbeats(ids), strict=True)), now
+            )
             gone = [n for n in ids if beats.is_gone(n, now, self._settings.stale_after_s)]
             if gone:
                 self._end_round(r, LostRecord(r, "member_lost", tuple(gone), self.node_id))
@@ -477,7 +610,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._raise_if_closed()
             now = self._clock()
             if now >= deadline:
-                raise self._timeout_error(coordinator.present())
+                raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
         raw = self._backend.get(seal_key)
         if raw is None:
@@ -485,7 +618,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         seal = decode(SealRecord, seal_key, raw)
         assign = proto.assignment_for(seal, index)
         if assign is None:
-            self._last_round = r
+            # Too late for this round (or judged gone): wait at the door with this arrival.
+            self._wait_at_door(r, seal, deadline, index)
             return None
         successor = ""
         if assign.successor_index >= 0:
@@ -507,15 +641,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         seal = SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers)
         self._backend.compare_set(_round_key(r, "seal"), None, encode(seal))
 
-    def _read_records(self, r: int, indices: tuple[int, ...], keys: list[str]) -> dict[int, NodeRecord]:
+    def _read_records(
+        self, r: int, indices: tuple[int, ...], keys: list[str]
+    ) -> dict[int, NodeRecord]:
         values = self._backend.get_many(keys)
-        missing = [k for k, v in zip(keys, values) if v is None]
+        missing = [k for k, v in zip(keys, values, strict=True) if v is None]
         if missing:
             # An arrival between its add and its set: give it a moment, then leave it out.
             self._backend.wait_for(missing, self._settings.stale_after_s)
             values = self._backend.get_many(keys)
         return {
-            i: decode(NodeRecord, k, v) for i, k, v in zip(indices, keys, values) if v is not None
+            i: decode(NodeRecord, k, v)
+            for i, k, v in zip(indices, keys, values, strict=True)
+            if v is not None
         }
 
     # -- heartbeats and the ring --------------------------------------------------------
@@ -543,7 +681,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 successor = member.successor
                 raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
                 if raw_round is not None and decode_int("round", raw_round) != member.round:
-                    self._round_over = True
+                    if not self._round_over:
+                        self._note_round_end(member.round)
                     continue
                 now = self._clock()
                 beats = beats.observe(
@@ -564,6 +703,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
             except RendezvousError as exc:
                 self._heartbeat_error = exc
                 log.warning("rendezvous heartbeat failed: %s", exc)
+
+    def _note_round_end(self, r: int) -> None:
+        """Mark round r over; a member lost (by whoever saw it) counts as lost here too."""
+        lost_key = _round_key(r, "lost")
+        raw = self._backend.get(lost_key)
+        if raw is not None and decode(LostRecord, lost_key, raw).reason == "member_lost":
+            self._lost = True
+        self._round_over = True
 
     # -- the status view -------------------------------------------------------------
 
@@ -605,7 +752,7 @@ class _Coordinator:
         if not want:
             return
         keys = [_round_key(self._r, f"node/{i}") for i in want]
-        for i, k, v in zip(want, keys, self._h._backend.get_many(keys)):
+        for i, k, v in zip(want, keys, self._h._backend.get_many(keys), strict=True):
             if v is not None:
                 self._records[i] = decode(NodeRecord, k, v)
 
@@ -621,7 +768,9 @@ class _Coordinator:
             if j in self._records
         ]
         if pred is not None:
-            self._beats = self._beats.observe(dict(zip(chain, backend.read_heartbeats(chain))), now)
+            self._beats = self._beats.observe(
+                dict(zip(chain, backend.read_heartbeats(chain), strict=True)), now
+            )
             self._next_at = None
             return
         # Coordinator: read the arrivals and every arrival's heartbeat.
@@ -633,7 +782,9 @@ class _Coordinator:
         ids = [rec.node_id for i, rec in sorted(self._records.items()) if i != self._index]
         expected = self._expected_nodes()
         watch = sorted(set(ids) | (expected - {h.node_id}))
-        self._beats = self._beats.observe(dict(zip(watch, backend.read_heartbeats(watch))), now)
+        self._beats = self._beats.observe(
+            dict(zip(watch, backend.read_heartbeats(watch), strict=True)), now
+        )
         live = proto.live_arrivals(self._records, arrivals, self._beats, now, stale)
         pending = proto.expected_pending(
             expected, (rec.node_id for rec in self._records.values()), self._beats, now, stale
@@ -665,7 +816,7 @@ class _Coordinator:
                 seal = decode(SealRecord, _round_key(prev, "seal"), raw_seal)
                 admitted = set(seal.admitted_indices())
                 keys = [_round_key(prev, f"node/{i}") for i in range(n)]
-                for i, k, v in zip(range(n), keys, backend.get_many(keys)):
+                for i, k, v in zip(range(n), keys, backend.get_many(keys), strict=True):
                     if v is not None and (i in admitted or i >= seal.sealed_arrivals):
                         expected.add(decode(NodeRecord, k, v).node_id)
                 raw_lost = backend.get(_round_key(prev, "lost"))
@@ -678,33 +829,60 @@ class _Coordinator:
 def read_snapshot(
     backend: RendezvousBackend, run_id: str, min_nodes: int = 0, max_nodes: int = 0
 ) -> RendezvousSnapshot | None:
-    """Read a picture of a rendezvous without writing anything; None when it does not exist."""
-    raw_round = backend.get("round")
+    """Read a picture of a rendezvous without writing anything.
+
+    A handful of batch reads, whatever N: the round, the latest seal, the shown members'
+    records, heartbeats and published states, and the last events of the ring.
+
+    Args:
+        backend: the job's backend.
+        run_id: the job id (for the picture).
+        min_nodes: the job's minimum, when the reader knows it (0: unknown).
+        max_nodes: the job's maximum, when the reader knows it (0: unknown).
+
+    Returns:
+        The snapshot, or None when nothing was ever written for ``run_id``.
+
+    Raises:
+        RendezvousStateError: a value under the job's keys is not ours (the key is named).
+        RendezvousConnectionError: the backend cannot be reached.
+    """
+    raw_round, raw_closed = backend.get_many(["round", "closed"])
     if raw_round is None:
         return None
     r = decode_int("round", raw_round)
-    raw_closed = backend.get("closed")
     closed = decode(ClosedRecord, "closed", raw_closed) if raw_closed is not None else None
     # The latest sealed round is r, or r-1 while r forms.
+    candidates = [c for c in (r, r - 1) if c >= 0]
+    raw_seals = backend.get_many([_round_key(c, "seal") for c in candidates])
     seal: SealRecord | None = None
     shown = r
-    for candidate in (r, r - 1):
-        if candidate < 0:
-            continue
-        raw = backend.get(_round_key(candidate, "seal"))
+    for candidate, raw in zip(candidates, raw_seals, strict=True):
         if raw is not None:
             seal, shown = decode(SealRecord, _round_key(candidate, "seal"), raw), candidate
             break
-    raw_arr = backend.get(_round_key(r, "arrivals"))
-    arrivals = decode_int("arrivals", raw_arr) if raw_arr is not None else 0
+    raw_arr, raw_shown_arr, raw_lost = backend.get_many(
+        [_round_key(r, "arrivals"), _round_key(shown, "arrivals"), _round_key(shown, "lost")]
+    )
+    arrivals = decode_int(_round_key(r, "arrivals"), raw_arr) if raw_arr is not None else 0
     members: list[MemberSnapshot] = []
     waiting: list[MemberSnapshot] = []
     lost: tuple[str, ...] = ()
 
     def snaps(rr: int, indices: list[int], ranks: list[int]) -> list[MemberSnapshot]:
         keys = [_round_key(rr, f"node/{i}") for i in indices]
-        recs = [decode(NodeRecord, k, v) for k, v in zip(keys, backend.get_many(keys)) if v]
-        beats = backend.read_heartbeats([rec.node_id for rec in recs])
+        found = [
+            (rank, decode(NodeRecord, k, v))
+            for rank, k, v in zip(ranks, keys, backend.get_many(keys), strict=True)
+            if v is not None
+        ]
+        ids = [rec.node_id for _, rec in found]
+        beats = backend.read_heartbeats(ids)
+        state_keys = [f"st/{node_id}" for node_id in ids]
+        states = [
+            _json_record(k, v) if v is not None else {}
+            for k, v in zip(state_keys, backend.get_many(state_keys), strict=True)
+        ]
         return [
             MemberSnapshot(
                 rank=rank,
@@ -714,18 +892,20 @@ def read_snapshot(
                 pid=rec.pid,
                 local_world_size=rec.local_world_size,
                 heartbeat=beat,
+                state=str(state.get("state", "")),
+                restarts=state["restarts"] if isinstance(state.get("restarts"), int) else 0,
             )
-            for rank, rec, beat in zip(ranks, recs, beats)
+            for (rank, rec), beat, state in zip(found, beats, states, strict=True)
         ]
 
     if seal is not None:
         admitted = seal.admitted_indices()
         members = snaps(shown, admitted, list(range(len(admitted))))
-        raw_shown_arr = backend.get(_round_key(shown, "arrivals"))
-        shown_arrivals = decode_int("arrivals", raw_shown_arr) if raw_shown_arr else 0
+        shown_arrivals = (
+            decode_int(_round_key(shown, "arrivals"), raw_shown_arr) if raw_shown_arr else 0
+        )
         late = list(range(seal.sealed_arrivals, shown_arrivals))
         waiting = snaps(shown, late, [-1] * len(late))
-        raw_lost = backend.get(_round_key(shown, "lost"))
         if raw_lost is not None:
             lost = decode(LostRecord, _round_key(shown, "lost"), raw_lost).node_ids
     if shown != r:
@@ -739,15 +919,6 @@ def read_snapshot(
         state = "last call"
     else:
         state = "waiting for nodes"
-    events_raw = backend.get("events")
-    events: tuple[dict[str, Any], ...] = ()
-    if events_raw is not None:
-        try:
-            loaded = json.loads(events_raw)
-            if isinstance(loaded, list):
-                events = tuple(e for e in loaded if isinstance(e, dict))
-        except ValueError:
-            raise RendezvousStateError("the value under rendezvous key 'events' is not JSON") from None
     return RendezvousSnapshot(
         run_id=run_id,
         backend=backend.name,
@@ -761,8 +932,35 @@ def read_snapshot(
         waiting=tuple(waiting),
         arrivals=arrivals,
         lost=lost,
-        events=events,
+        events=read_events(backend),
     )
+
+
+def read_events(
+    backend: RendezvousBackend, limit: int = SNAPSHOT_EVENTS
+) -> tuple[dict[str, Any], ...]:
+    """Return the last up to ``limit`` events of the job's ring, oldest first (two reads).
+
+    A slot whose event is being written (counted, not yet set) or was overwritten by a
+    newer one is skipped.
+
+    Raises:
+        RendezvousStateError: a ring key holds something that is not ours.
+    """
+    raw_count = backend.get("ev/count")
+    if raw_count is None:
+        return ()
+    count = decode_int("ev/count", raw_count)
+    seqs = list(range(max(1, count - min(limit, EVENT_RING_SIZE) + 1), count + 1))
+    keys = [f"ev/{(seq - 1) % EVENT_RING_SIZE}" for seq in seqs]
+    events: dict[int, dict[str, Any]] = {}
+    for seq, key, raw in zip(seqs, keys, backend.get_many(keys), strict=True):
+        if raw is None:
+            continue
+        body = _json_record(key, raw)
+        if body.get("seq") == seq:
+            events[seq] = body
+    return tuple(events[seq] for seq in sorted(events))
 
 
 def create_handler(

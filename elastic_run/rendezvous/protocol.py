@@ -27,7 +27,7 @@ alive.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 
 from elastic_run.rendezvous.records import NodeRecord, SealRecord

@@ -133,9 +133,7 @@ def _check_types(record: Any, key: str) -> None:
     for name, annotation in record.__dataclass_fields__.items():
         value = getattr(record, name)
         expected = {"int": int, "str": str}.get(str(annotation.type))
-        if expected is not None and (
-            not isinstance(value, expected) or isinstance(value, bool)
-        ):
+        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
             raise RendezvousStateError(
                 f"the value under rendezvous key '{key}' has a bad field '{name}': {value!r}"
             )

@@ -28,7 +28,9 @@ ENTRY_POINT_GROUP = "elastic_run.rendezvous"
 RendezvousHandlerCreator = Callable[[RendezvousParameters], RendezvousHandler]
 
 
-def create_backend(params: RendezvousParameters, *, allow_hosting: bool = True) -> RendezvousBackend:
+def create_backend(
+    params: RendezvousParameters, *, allow_hosting: bool = True
+) -> RendezvousBackend:
     """Build the key-value backend named by ``params.backend`` (c10d or etcd).
 
     Args:
@@ -46,7 +48,9 @@ def create_backend(params: RendezvousParameters, *, allow_hosting: bool = True) 
         from elastic_run.rendezvous.etcd_backend import create_etcd_backend
 
         return create_etcd_backend(params)
-    raise ConfigurationError(f"the rendezvous backend '{name}' has no store to read (use c10d or etcd)")
+    raise ConfigurationError(
+        f"the rendezvous backend '{name}' has no store to read (use c10d or etcd)"
+    )
 
 
 def _dynamic(params: RendezvousParameters) -> RendezvousHandler:

@@ -65,7 +65,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         return True
 
     def _connect(self) -> Store:
-        from torch.distributed import PrefixStore, TCPStore
+        from torch._C._distributed_c10d import PrefixStore, TCPStore
 
         if self._store is None:
             try:
@@ -87,7 +87,8 @@ class StaticRendezvousHandler(RendezvousHandler):
         return self._store
 
     def next_rendezvous(self) -> RendezvousInfo:
-        from torch.distributed import DistStoreError, PrefixStore
+        from torch._C._distributed_c10d import PrefixStore
+        from torch.distributed import DistStoreError
 
         store = self._connect()
         if self.is_closed():
@@ -96,7 +97,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         round_store = PrefixStore(f"static/r{self._round}/", store)
         try:
             # Every node arrives before any starts its workers.
-            round_store.set(f"node/{self._node_rank}", b"1")
+            round_store.set(f"node/{self._node_rank}", "1")
             round_store.wait(
                 [f"node/{i}" for i in range(self._world_size)],
                 timedelta(seconds=self._timeout_s),
@@ -115,7 +116,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         return bool(store.check(["closed"]))
 
     def set_closed(self) -> None:
-        self._connect().set("closed", b"closed")
+        self._connect().set("closed", "closed")
 
     def num_nodes_waiting(self) -> int:
         return 0

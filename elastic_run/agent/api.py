@@ -1,0 +1,177 @@
+"""The agent's public shapes, named as torch.distributed.elastic.agent.server names them.
+
+``ElasticAgent`` is the interface (``run(role) -> RunResult``, ``get_worker_group``);
+``SimpleElasticAgent`` is the loop every node runs:
+
+    rendezvous -> assign ranks -> start workers -> monitor every monitor_interval
+        -> a local worker failed:    end the round (counts one restart if this node failed
+                                     first), stop workers, rendezvous again
+        -> nodes wait / member lost: stop workers, rendezvous again (counts nothing)
+        -> every local worker ok:    exit barrier, close the rendezvous as succeeded
+        -> the rendezvous closed:    stop workers, leave
+
+``LocalElasticAgent`` (``local.py``) fills in how workers are started and stopped.
+"""
+
+from __future__ import annotations
+
+import enum
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
+
+from elastic_run.agent.failures import FailureRecord
+from elastic_run.rendezvous.api import RendezvousHandler
+
+if TYPE_CHECKING:
+    from torch._C._distributed_c10d import Store
+
+__all__ = [
+    "ElasticAgent",
+    "RunResult",
+    "Worker",
+    "WorkerGroup",
+    "WorkerSpec",
+    "WorkerState",
+]
+
+
+class WorkerState(str, enum.Enum):
+    """The state of a worker group (as torch's)."""
+
+    UNKNOWN = "UNKNOWN"
+    INIT = "INIT"
+    HEALTHY = "HEALTHY"
+    UNHEALTHY = "UNHEALTHY"
+    STOPPED = "STOPPED"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+
+    @staticmethod
+    def is_running(state: WorkerState) -> bool:
+        """Whether workers in ``state`` are (still) running."""
+        return state in (WorkerState.HEALTHY, WorkerState.UNHEALTHY)
+
+
+@dataclass
+class WorkerSpec:
+    """What to run on this node (as torch's WorkerSpec, minus the pickled callables).
+
+    Attributes:
+        role: the workers' role name (ROLE_NAME).
+        local_world_size: how many workers this node runs.
+        rdzv_handler: the rendezvous this node joins.
+        entrypoint: the script, module or program.
+        args: its arguments (``${local_rank}`` is replaced per worker).
+        max_restarts: how many failures of this node's workers are restarted.
+        monitor_interval: seconds between checks of the workers.
+        local_addr: the address this node advertises for the workers' store.
+        master_addr: the static backend's master address (unused by dynamic backends).
+        master_port: the static backend's master port.
+    """
+
+    role: str
+    local_world_size: int
+    rdzv_handler: RendezvousHandler
+    entrypoint: str
+    args: tuple[str, ...] = ()
+    max_restarts: int = 3
+    monitor_interval: float = 0.1
+    local_addr: str | None = None
+    master_addr: str | None = None
+    master_port: int | None = None
+
+    def __post_init__(self) -> None:
+        if self.local_world_size <= 0:
+            raise ValueError(f"local_world_size must be positive, got {self.local_world_size}")
+        if self.max_restarts < 0:
+            raise ValueError(f"max_restarts must not be negative, got {self.max_restarts}")
+        if self.monitor_interval <= 0:
+            raise ValueError(f"monitor_interval must be positive, got {self.monitor_interval}")
+
+
+@dataclass
+class Worker:
+    """One worker of this node (ranks are -1 until a round assigns them).
+
+    Attributes:
+        local_rank: its rank on this node.
+        global_rank: its rank in the job (RANK).
+        role_rank: its rank among the workers of its role (ROLE_RANK).
+        world_size: the number of workers in the job (WORLD_SIZE).
+        role_world_size: the number of workers of its role (ROLE_WORLD_SIZE).
+        id: its pid once started.
+    """
+
+    local_rank: int
+    global_rank: int = -1
+    role_rank: int = -1
+    world_size: int = -1
+    role_world_size: int = -1
+    id: int | None = None
+
+
+@dataclass
+class WorkerGroup:
+    """This node's workers for one spec, and where they stand in the current round.
+
+    Attributes:
+        spec: what they run.
+        workers: one Worker per local rank.
+        store: the round's private store (None before the first round).
+        group_rank: this node's rank in the round (GROUP_RANK).
+        group_world_size: the number of nodes in the round.
+        state: the group's state.
+        master_addr: where the workers' store runs.
+        master_port: its port.
+        round: the rendezvous round.
+    """
+
+    spec: WorkerSpec
+    workers: list[Worker] = field(default_factory=list)
+    store: Store | None = None
+    group_rank: int = -1
+    group_world_size: int = -1
+    state: WorkerState = WorkerState.INIT
+    master_addr: str | None = None
+    master_port: int | None = None
+    round: int = -1
+
+    def __post_init__(self) -> None:
+        if not self.workers:
+            self.workers = [Worker(local_rank=i) for i in range(self.spec.local_world_size)]
+
+
+@dataclass
+class RunResult:
+    """How a run ended (as torch's).
+
+    Attributes:
+        state: SUCCEEDED, FAILED or STOPPED.
+        return_values: each succeeded worker's exit code, by global rank.
+        failures: each failed worker, by global rank.
+        exit_code: the process exit code the CLI uses (0, 1, 3, 4, 128+N).
+        reason: one line saying why the run ended, when it did not succeed.
+    """
+
+    state: WorkerState
+    return_values: dict[int, Any] = field(default_factory=dict)
+    failures: dict[int, FailureRecord] = field(default_factory=dict)
+    exit_code: int = 0
+    reason: str = ""
+
+    def is_failed(self) -> bool:
+        """Whether the run failed."""
+        return self.state == WorkerState.FAILED
+
+
+class ElasticAgent(ABC):
+    """An agent that runs one node's workers of an elastic job."""
+
+    @abstractmethod
+    def run(self, role: str = "default") -> RunResult:
+        """Run the job on this node until it succeeds, fails or is stopped."""
+
+    @abstractmethod
+    def get_worker_group(self, role: str = "default") -> WorkerGroup:
+        """Return this node's worker group."""

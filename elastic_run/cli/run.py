@@ -1,0 +1,119 @@
+"""Run one node of a job from a parsed LaunchConfig: the rendezvous, the agent, the view."""
+
+from __future__ import annotations
+
+import logging
+import sys
+from datetime import datetime, timezone
+from typing import Any
+
+from elastic_run.agent.config import LaunchConfig
+from elastic_run.agent.events import AgentEvent, EventSink
+from elastic_run.errors import ElasticRunError
+
+__all__ = ["PlainLines", "run_job"]
+
+
+class PlainLines:
+    """One timestamped line per event on stderr (the view where there is no terminal)."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+
+    def __call__(self, event: AgentEvent) -> None:
+        stamp = datetime.fromtimestamp(event.timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        from elastic_run.agent.output import StreamName, write_console
+
+        write_console(
+            StreamName.STDERR,
+            f"{stamp} elastic-run[{self._run_id}] {event.kind}: {event.message}\n",
+        )
+
+
+def _make_view(config: LaunchConfig, run_id: str, agent: Any) -> tuple[EventSink, Any]:
+    """The live panel on a terminal (or when --live), plain lines otherwise."""
+    try:
+        from elastic_run.cli import views
+    except ImportError:
+        return PlainLines(run_id), None
+    make_view = getattr(views, "make_view", None)
+    if make_view is None:
+        return PlainLines(run_id), None
+    view = make_view(config=config, run_id=run_id, agent=agent)
+    return view, view
+
+
+def _report_failures(run_id: str, failures: Any) -> None:
+    try:
+        from elastic_run.cli.views import render_failure_summary
+    except ImportError:
+        from elastic_run.agent.failures import format_failure_summary
+
+        sys.stderr.write(format_failure_summary(run_id, list(failures)))
+        sys.stderr.flush()
+        return
+    from rich.console import Console
+
+    render_failure_summary(run_id, list(failures), Console(stderr=True))
+
+
+def run_job(config: LaunchConfig) -> int:
+    """Run this node's part of the job; return the process exit code."""
+    from elastic_run.agent.api import WorkerSpec
+    from elastic_run.agent.local import LocalElasticAgent
+    from elastic_run.rendezvous.api import RendezvousParameters
+    from elastic_run.rendezvous.registry import create_rendezvous_handler
+
+    logging.basicConfig(
+        level=logging.WARNING, format="elastic-run: %(levelname)s: %(message)s", stream=sys.stderr
+    )
+    params = RendezvousParameters(
+        backend=config.rdzv_backend,
+        endpoint=config.rdzv_endpoint,
+        run_id=config.run_id,
+        min_nodes=config.min_nodes,
+        max_nodes=config.max_nodes,
+        local_addr=config.local_addr,
+        **dict(config.rdzv_configs),
+    )
+    handler = create_rendezvous_handler(params)
+    spec = WorkerSpec(
+        role=config.role,
+        local_world_size=config.nproc_per_node,
+        rdzv_handler=handler,
+        entrypoint=config.entrypoint,
+        args=config.args,
+        max_restarts=config.max_restarts,
+        monitor_interval=config.monitor_interval_s,
+        local_addr=config.local_addr,
+        master_addr=config.master_addr,
+        master_port=config.master_port,
+    )
+    try:
+        agent = LocalElasticAgent(spec, config)
+    except ElasticRunError:
+        _close_backend(handler)
+        raise
+    sink, view = _make_view(config, config.run_id, agent)
+    agent.add_event_sink(sink)
+    if view is not None and hasattr(view, "start"):
+        view.start()
+    try:
+        result = agent.run(config.role)
+    finally:
+        if view is not None and hasattr(view, "stop"):
+            view.stop()
+        _close_backend(handler)
+    if result.failures:
+        _report_failures(config.run_id, result.failures.values())
+        sys.stderr.write(f"elastic-run: logs in {agent.run_log_dir}\n")
+    elif result.exit_code != 0 and result.reason:
+        sys.stderr.write(f"Error: {result.reason}\n")
+    return result.exit_code
+
+
+def _close_backend(handler: Any) -> None:
+    backend = getattr(handler, "backend", None)
+    close = getattr(backend, "close", None)
+    if callable(close):
+        close()

@@ -1,0 +1,420 @@
+"""Benchmark one rendezvous round of N nodes: ours against torch's DynamicRendezvousHandler.
+
+N simulated nodes (threads spread over ``--procs`` processes, each thread with its own
+handler and its own store connections) complete one round with min = max = N on one
+TCPStore. For each N it prints the seconds from "go" to the last node's return, the store
+operations per node during that window, and the ratio of the two times.
+
+- ours: ``elastic_run.rendezvous.dynamic.create_handler`` over ``create_c10d_backend``
+  (or over etcd with ``--backend etcd``); operations counted by wrapping our backend
+  (every call of the RendezvousBackend seam is one store operation; ``get_many`` and
+  ``set_many`` are one trip each).
+- torch: ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.create_handler`` over
+  torch's ``C10dRendezvousBackend``; operations counted by wrapping its ``_call_store``
+  (the store calls of its state blob). Its bootstrap-store exchange on the round's store is
+  not counted. Torch runs up to ``--torch-max-n`` nodes.
+
+A TCPStore client's reverse DNS lookup stalls for about 5 s under many concurrent
+connects, so the script runs itself in a fresh network namespace with only loopback
+(``unshare -n``) when it is root and ``unshare`` exists; pass ``--no-unshare`` to skip.
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_rendezvous.py
+    PYTHONPATH=. .venv/bin/python scripts/bench_rendezvous.py --n 8,128 --backend etcd
+
+No assertions: figures only.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from datetime import timedelta
+from pathlib import Path
+from typing import Any
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+if str(REPO_ROOT) not in sys.path:
+    sys.path.insert(0, str(REPO_ROOT))
+
+_NETNS_MARK = "ELASTIC_RUN_BENCH_NETNS"
+
+
+# -- counting wrappers ---------------------------------------------------------------------
+
+
+def _counting_backend(inner: Any) -> Any:
+    """Wrap one of our RendezvousBackends so that every call of the seam is counted."""
+    from elastic_run.rendezvous.backend import RendezvousBackend
+
+    class CountingBackend(RendezvousBackend):
+        def __init__(self) -> None:
+            self.ops = 0
+            self.bytes = 0
+            self._lock = threading.Lock()
+
+        def _count(self, nbytes: int = 0) -> None:
+            with self._lock:
+                self.ops += 1
+                self.bytes += nbytes
+
+        @property
+        def name(self) -> str:
+            return str(inner.name)
+
+        @property
+        def endpoint(self) -> str:
+            return str(inner.endpoint)
+
+        def get(self, key: str) -> bytes | None:
+            value: bytes | None = inner.get(key)
+            self._count(len(key) + len(value or b""))
+            return value
+
+        def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
+            values: list[bytes | None] = inner.get_many(keys)
+            self._count(sum(map(len, keys)) + sum(len(v or b"") for v in values))
+            return values
+
+        def set(self, key: str, value: bytes) -> None:
+            self._count(len(key) + len(value))
+            inner.set(key, value)
+
+        def set_many(self, items: Mapping[str, bytes]) -> None:
+            self._count(sum(len(k) + len(v) for k, v in items.items()))
+            inner.set_many(items)
+
+        def add(self, key: str, delta: int) -> int:
+            self._count(len(key))
+            return int(inner.add(key, delta))
+
+        def compare_set(
+            self, key: str, expected: bytes | None, desired: bytes
+        ) -> tuple[bytes, bool]:
+            stored, written = inner.compare_set(key, expected, desired)
+            self._count(len(key) + len(expected or b"") + len(desired) + len(stored))
+            return stored, written
+
+        def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
+            self._count(sum(map(len, keys)))
+            return bool(inner.wait_for(keys, timeout_s))
+
+        def heartbeat(self, node_id: str) -> None:
+            self._count(len(node_id))
+            inner.heartbeat(node_id)
+
+        def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
+            self._count(sum(map(len, node_ids)))
+            result: list[int | None] = inner.read_heartbeats(node_ids)
+            return result
+
+        def forget_node(self, node_id: str) -> None:
+            self._count(len(node_id))
+            inner.forget_node(node_id)
+
+        def round_store(self, prefix: str) -> Any:
+            return inner.round_store(prefix)
+
+        def close(self) -> None:
+            inner.close()
+
+    return CountingBackend()
+
+
+def _counting_torch_backend(store: Any, run_id: str) -> Any:
+    """torch's C10dRendezvousBackend with its store calls counted."""
+    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
+        C10dRendezvousBackend,
+    )
+
+    class CountingTorchBackend(C10dRendezvousBackend):  # type: ignore[misc]
+        ops = 0
+        bytes = 0
+
+        def _call_store(self, store_op: str, *args: Any, **kwargs: Any) -> Any:
+            result = super()._call_store(store_op, *args, **kwargs)
+            self.ops += 1
+            sizes = [len(a) for a in (*args, result) if isinstance(a, (bytes, str))]
+            self.bytes += sum(sizes)
+            return result
+
+    return CountingTorchBackend(store, run_id)
+
+
+# -- one child process: k simulated nodes --------------------------------------------------
+
+
+def _child(args: argparse.Namespace) -> None:
+    from torch.distributed import TCPStore
+
+    from elastic_run.rendezvous.api import RendezvousParameters
+
+    control = TCPStore(
+        "127.0.0.1", args.control_port, is_master=False, timeout=timedelta(seconds=600)
+    )
+    n, count = args.n, args.count
+    conf = {"join_timeout": str(args.timeout), "last_call_timeout": "30"}
+    handlers: list[Any] = []
+    counters: list[Any] = []
+
+    def build(_: int) -> tuple[Any, Any]:
+        if args.impl == "ours":
+            from elastic_run.rendezvous.dynamic import create_handler
+            from elastic_run.rendezvous.registry import create_backend
+
+            params = RendezvousParameters(
+                args.backend,
+                args.endpoint,
+                args.run_id,
+                n,
+                n,
+                local_addr="127.0.0.1",
+                is_host="false",
+                **conf,
+            )
+            backend = _counting_backend(create_backend(params))
+            return create_handler(backend, params), backend
+        from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParams
+        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
+            create_handler as torch_create_handler,
+        )
+
+        host, port = args.endpoint.rsplit(":", 1)
+        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=600))
+        backend = _counting_torch_backend(store, args.run_id)
+        params = TorchParams("c10d", args.endpoint, args.run_id, n, n, "127.0.0.1", **conf)
+        return torch_create_handler(store, backend, params), backend
+
+    built: list[tuple[Any, Any] | None] = [None] * count
+
+    def build_into(i: int) -> None:
+        built[i] = build(i)
+
+    # Connecting is not part of the figure: build every handler before "go".
+    builders = [threading.Thread(target=build_into, args=(i,)) for i in range(count)]
+    for t in builders:
+        t.start()
+    for t in builders:
+        t.join()
+    for pair in built:
+        assert pair is not None
+        handlers.append(pair[0])
+        counters.append(pair[1])
+
+    go = threading.Event()
+    ends: list[float] = [0.0] * count
+    ops: list[int] = [0] * count
+    nbytes: list[int] = [0] * count
+    ranks: list[int] = [-1] * count
+    errors: list[str] = []
+    start_ops: list[tuple[int, int]] = []
+
+    def node(i: int) -> None:
+        go.wait()
+        try:
+            info = handlers[i].next_rendezvous()
+            ranks[i] = info.rank
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            errors.append(f"{type(exc).__name__}: {exc}")
+        ends[i] = time.monotonic()
+        ops[i] = counters[i].ops - start_ops[i][0]
+        nbytes[i] = counters[i].bytes - start_ops[i][1]
+
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
+    for t in threads:
+        t.start()
+    control.set(f"ready/{args.child_index}", "1")
+    control.wait(["go"])
+    start_ops.extend((c.ops, c.bytes) for c in counters)
+    go.set()
+    for t in threads:
+        t.join(args.timeout + 30)
+    result = {"ends": ends, "ops": ops, "bytes": nbytes, "ranks": ranks, "errors": errors[:3]}
+    control.set(f"result/{args.child_index}", json.dumps(result))
+    # Stay in the job until every node returned, so no member leaves a round others still form.
+    control.wait(["finish"])
+    for h in handlers:
+        try:
+            h.shutdown()
+        except Exception:  # noqa: BLE001, S110 - the figure is taken; leave quietly
+            pass
+    os._exit(0)
+
+
+# -- the parent: one trial per (implementation, N) -----------------------------------------
+
+
+def _trial(
+    impl: str, n: int, procs: int, timeout_s: float, backend: str, etcd_endpoint: str
+) -> dict[str, Any]:
+    from torch.distributed import TCPStore
+
+    control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    control.set_timeout(timedelta(seconds=timeout_s + 60))
+    if impl == "torch" or backend == "c10d":
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        endpoint = f"127.0.0.1:{store.port}"
+    else:
+        store = None
+        endpoint = etcd_endpoint
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    procs = max(1, min(procs, n))
+    counts = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
+    children = []
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")
+    for i, count in enumerate(counts):
+        command = [
+            sys.executable,
+            __file__,
+            "--child",
+            "--impl",
+            impl,
+            "--backend",
+            backend if impl == "ours" else "c10d",
+            "--endpoint",
+            endpoint,
+            "--run-id",
+            run_id,
+            "--n",
+            str(n),
+            "--count",
+            str(count),
+            "--child-index",
+            str(i),
+            "--control-port",
+            str(control.port),
+            "--timeout",
+            str(timeout_s),
+        ]
+        children.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+    try:
+        control.wait([f"ready/{i}" for i in range(procs)])
+        t0 = time.monotonic()
+        control.set("go", "1")
+        keys = [f"result/{i}" for i in range(procs)]
+        try:
+            control.wait(keys, timedelta(seconds=timeout_s + 30))
+        except Exception as exc:  # noqa: BLE001
+            return {"impl": impl, "n": n, "error": f"no result within {timeout_s:g} s ({exc})"}
+        results = [json.loads(control.get(k)) for k in keys]
+    finally:
+        control.set("finish", "1")
+        for child in children:
+            try:
+                child.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                child.kill()
+                child.wait()
+        del store
+    ends = [e for r in results for e in r["ends"]]
+    ops = [o for r in results for o in r["ops"]]
+    nbytes = [b for r in results for b in r["bytes"]]
+    ranks = sorted(x for r in results for x in r["ranks"])
+    errors = [e for r in results for e in r["errors"]]
+    if errors or ranks != list(range(n)):
+        return {"impl": impl, "n": n, "error": (errors or ["ranks are not 0..N-1"])[0][:120]}
+    return {
+        "impl": impl,
+        "n": n,
+        "seconds": max(ends) - t0,
+        "ops_per_node": sum(ops) / n,
+        "kb_per_node": sum(nbytes) / n / 1000,
+    }
+
+
+def _reexec_in_netns() -> None:
+    if os.environ.get(_NETNS_MARK) or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return
+    inner = " ".join(["exec", *(f"'{a}'" for a in [sys.executable, __file__, *sys.argv[1:]])])
+    env = dict(os.environ, **{_NETNS_MARK: "1"})
+    os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
+
+
+def _table(rows: list[dict[str, Any]], ns: list[int]) -> str:
+    by = {(r["impl"], r["n"]): r for r in rows}
+    lines = [
+        "|    N | ours (s) | torch (s) | ours ops/node | torch ops/node | ours KB/node | torch KB/node | torch/ours |",
+        "|-----:|---------:|----------:|--------------:|---------------:|-------------:|--------------:|-----------:|",
+    ]
+
+    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
+        if r is None:
+            return "-"
+        if "error" in r:
+            return "fail"
+        return format(r[key], fmt)
+
+    for n in ns:
+        ours, theirs = by.get(("ours", n)), by.get(("torch", n))
+        ratio = "-"
+        if ours and theirs and "error" not in ours and "error" not in theirs:
+            ratio = f"{theirs['seconds'] / ours['seconds']:.1f}x"
+        lines.append(
+            f"| {n:4d} | {cell(ours, 'seconds', '8.2f')} | {cell(theirs, 'seconds', '9.2f')} "
+            f"| {cell(ours, 'ops_per_node', '13.1f')} | {cell(theirs, 'ops_per_node', '14.1f')} "
+            f"| {cell(ours, 'kb_per_node', '12.1f')} | {cell(theirs, 'kb_per_node', '13.1f')} "
+            f"| {ratio:>10} |"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--n", default="8,32,128,512,1024", help="comma-separated node counts")
+    parser.add_argument("--procs", type=int, default=4, help="processes the nodes spread over")
+    parser.add_argument("--torch-max-n", type=int, default=128, help="largest N torch runs at")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per trial")
+    parser.add_argument("--backend", choices=["c10d", "etcd"], default="c10d")
+    parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
+    parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
+    parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--run-id", default="", help=argparse.SUPPRESS)
+    parser.add_argument("--count", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--child-index", type=int, default=0, help=argparse.SUPPRESS)
+    parser.add_argument("--control-port", type=int, default=0, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.child:
+        args.n = int(args.n)
+        _child(args)
+        return
+    if not args.no_unshare:
+        _reexec_in_netns()
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+    ns = [int(x) for x in args.n.split(",") if x]
+    etcd_endpoint = ""
+    server = None
+    if args.backend == "etcd":
+        from elastic_run.rendezvous.etcd_server import EtcdServer
+
+        server = EtcdServer(members=1)
+        server.start(timeout_s=60)
+        etcd_endpoint = server.endpoint
+    rows: list[dict[str, Any]] = []
+    try:
+        for n in ns:
+            for impl in ("ours", "torch"):
+                if impl == "torch" and n > args.torch_max_n:
+                    continue
+                row = _trial(impl, n, args.procs, args.timeout, args.backend, etcd_endpoint)
+                rows.append(row)
+                shown = row.get("error") or (
+                    f"{row['seconds']:.2f} s, {row['ops_per_node']:.1f} ops/node"
+                )
+                print(f"  {impl:5s} N={n:4d}: {shown}", file=sys.stderr, flush=True)
+    finally:
+        if server is not None:
+            server.stop()
+    print(f"backend: {args.backend} (ours), c10d TCPStore (torch); {os.cpu_count()} CPUs")
+    print(_table(rows, ns))
+
+
+if __name__ == "__main__":
+    main()
