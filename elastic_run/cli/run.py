@@ -3,7 +3,11 @@
 from __future__ import annotations
 
 import logging
+import os
 import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
 from datetime import datetime, timezone
 from typing import Any
 
@@ -94,6 +98,9 @@ def run_job(config: LaunchConfig) -> int:
     except ElasticRunError:
         _close_backend(handler)
         raise
+    hold_file = os.environ.get("ELASTIC_RUN_TEST_HOLD_FILE")
+    if hold_file:
+        agent.set_loop_hold(_hold_while_exists(Path(hold_file)))
     sink, view = _make_view(config, config.run_id, agent)
     agent.add_event_sink(sink)
     if view is not None and hasattr(view, "start"):
@@ -110,6 +117,16 @@ def run_job(config: LaunchConfig) -> int:
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")
     return result.exit_code
+
+
+def _hold_while_exists(path: Path) -> Callable[[], None]:
+    """Test seam (ELASTIC_RUN_TEST_HOLD_FILE): the agent loop stalls while ``path`` exists."""
+
+    def hold() -> None:
+        while path.exists():
+            time.sleep(0.05)
+
+    return hold
 
 
 def _close_backend(handler: Any) -> None:
