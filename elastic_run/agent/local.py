@@ -352,9 +352,12 @@ class LocalElasticAgent(SimpleElasticAgent):
             group.state = WorkerState.STOPPED
 
     def _kill_workers_now(self) -> None:
+        self._signal_workers(signal.SIGKILL)
+
+    def _signal_workers(self, sig: int) -> None:
         procs = self._procs
         if procs is not None:
-            procs.send_signal(signal.SIGKILL)
+            procs.send_signal(sig)
 
     def _monitor_workers(self, group: WorkerGroup) -> RunResult:
         procs = self._procs

@@ -56,6 +56,7 @@ _PUBLISHED = {
     "closed",
     "signal",
 }
+_FORWARD_ONLY = frozenset({signal.SIGUSR1, signal.SIGUSR2})
 _MASTER_KEY = "workers-store"
 _EXIT_KEY = "exit-barrier"
 _LEFT_KEY = "exit-left"
@@ -109,6 +110,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._in_rendezvous = False
         self._last_loop = time.monotonic()
         self._hold: Callable[[], None] | None = None
+        self._forwarded: list[int] = []
 
     # -- the ElasticAgent interface ---------------------------------------------------
 
@@ -178,6 +180,10 @@ class SimpleElasticAgent(ElasticAgent):
     def _kill_workers_now(self) -> None:
         """SIGKILL every running worker at once (a second signal while stopping)."""
 
+    @abstractmethod
+    def _signal_workers(self, sig: int) -> None:
+        """Send ``sig`` to every running worker (safe to call from a signal handler)."""
+
     def _worker_state(self, local_rank: int) -> str:
         return self._group.state.value
 
@@ -211,6 +217,12 @@ class SimpleElasticAgent(ElasticAgent):
     # -- signals -------------------------------------------------------------------------
 
     def _on_signal(self, signum: int, frame: FrameType | None) -> None:
+        if signum in _FORWARD_ONLY:
+            # Preemption notices (SBATCH --signal=USR1@60): the workers checkpoint and go on.
+            self._signal_workers(signum)
+            self._forwarded.append(signum)
+            self._wake.set()
+            return
         if self._stopping:
             # A second signal while stopping: no more grace.
             self._kill_workers_now()
@@ -411,6 +423,9 @@ class SimpleElasticAgent(ElasticAgent):
         if self._hold is not None:
             self._hold()
         self._last_loop = time.monotonic()
+        while self._forwarded:
+            name = signal.Signals(self._forwarded.pop(0)).name
+            self._emit("signal", f"forwarded {name} to the workers", signal=name, forwarded=True)
 
     def _report_failure(self) -> bool:
         report = getattr(self._spec.rdzv_handler, "report_failure", None)
