@@ -20,17 +20,13 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from rich.console import Console, Group
-from rich.panel import Panel
-from rich.table import Table
-from rich.text import Text
-
 __all__ = [
     "FailureRecord",
     "WorkerErrorInfo",
+    "failure_facts",
     "format_failure_summary",
+    "ordered_failures",
     "read_error_file",
-    "render_failure_summary",
     "root_cause",
 ]
 
@@ -187,7 +183,8 @@ def root_cause(failures: Sequence[FailureRecord]) -> FailureRecord | None:
     return min(failures, key=lambda f: (f.timestamp, f.global_rank))
 
 
-def _ordered(failures: Sequence[FailureRecord]) -> list[FailureRecord]:
+def ordered_failures(failures: Sequence[FailureRecord]) -> list[FailureRecord]:
+    """Return the failures root cause first, then the others by time and rank."""
     first = root_cause(failures)
     rest = sorted(
         (f for f in failures if f is not first), key=lambda f: (f.timestamp, f.global_rank)
@@ -201,7 +198,8 @@ def _error_text(failure: FailureRecord) -> str:
     return failure.error.message
 
 
-def _facts(failure: FailureRecord) -> list[tuple[str, str]]:
+def failure_facts(failure: FailureRecord) -> list[tuple[str, str]]:
+    """Return the (label, value) lines that describe one failure, in display order."""
     facts = [
         ("rank", f"{failure.global_rank} (local_rank {failure.local_rank}, role {failure.role})"),
         ("exit", failure.how),
@@ -227,12 +225,12 @@ def format_failure_summary(run_id: str, failures: Sequence[FailureRecord]) -> st
     Returns:
         The summary: the root cause first, then every other failure; ends with a newline.
     """
-    ordered = _ordered(failures)
+    ordered = ordered_failures(failures)
     lines = [f"run {run_id!r} failed: {len(ordered)} worker(s) failed"]
     for index, failure in enumerate(ordered):
         title = "root cause (first failure)" if index == 0 else f"failure {index + 1}"
         lines.append(f"[{title}] rank {failure.global_rank}")
-        for key, value in _facts(failure):
+        for key, value in failure_facts(failure):
             lines.append(f"  {key + ':':<12}{value}")
         if failure.error is not None:
             detail = failure.error.traceback or failure.error.raw
@@ -241,44 +239,3 @@ def format_failure_summary(run_id: str, failures: Sequence[FailureRecord]) -> st
                 lines.append(f"  {label}:")
                 lines.extend(f"    {line}" for line in detail.rstrip("\n").splitlines())
     return "\n".join(lines) + "\n"
-
-
-def render_failure_summary(
-    run_id: str, failures: Sequence[FailureRecord], console: Console
-) -> None:
-    """Print the failure summary with rich.
-
-    Args:
-        run_id: the job's run id.
-        failures: the failed workers (any order).
-        console: where to print (the CLI passes a stderr console).
-    """
-    ordered = _ordered(failures)
-    panels = []
-    for index, failure in enumerate(ordered):
-        is_root = index == 0
-        table = Table.grid(padding=(0, 2))
-        table.add_column(style="bold")
-        table.add_column(overflow="fold")
-        for key, value in _facts(failure):
-            style = "bold red" if key == "error" else ""
-            table.add_row(key, Text(value, style=style))
-        parts: list[Table | Text] = [table]
-        if failure.error is not None:
-            detail = failure.error.traceback or failure.error.raw
-            if detail:
-                parts.append(Text(detail.rstrip("\n"), style="dim"))
-        title = (
-            f"root cause: rank {failure.global_rank}" if is_root else f"rank {failure.global_rank}"
-        )
-        panels.append(
-            Panel(
-                Group(*parts),
-                title=title,
-                title_align="left",
-                border_style="red" if is_root else "yellow",
-            )
-        )
-    console.print(Text(f"run {run_id!r} failed: {len(ordered)} worker(s) failed", style="bold red"))
-    for panel in panels:
-        console.print(panel)

@@ -113,7 +113,9 @@ def open_run_log_dir(base: Path, run_id: str) -> tuple[Path, IO[str]]:
             path.mkdir(parents=True, exist_ok=True)
             lock = (path / ".agent.lock").open("a+", encoding="utf-8")
         except OSError as exc:
-            raise ConfigurationError(f"--log-dir {base} cannot be written: {exc.strerror}") from None
+            raise ConfigurationError(
+                f"--log-dir {base} cannot be written: {exc.strerror}"
+            ) from None
         try:
             fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except OSError:
@@ -300,7 +302,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             try:
                 rank_dir.mkdir(parents=True, exist_ok=True)
             except OSError as exc:
-                raise AgentError(f"cannot create the log directory {rank_dir}: {exc.strerror}") from None
+                raise AgentError(
+                    f"cannot create the log directory {rank_dir}: {exc.strerror}"
+                ) from None
             error_file = rank_dir / "error.json"
             error_file.unlink(missing_ok=True)
             env = build_worker_env(
@@ -367,13 +371,13 @@ class LocalElasticAgent(SimpleElasticAgent):
         failed = {lr: e for lr, e in exits.items() if e.exitcode != 0}
         if failed:
             failures = [self._failure(group, e) for e in failed.values()]
-            return RunResult(
-                WorkerState.FAILED, failures={f.global_rank: f for f in failures}
-            )
+            return RunResult(WorkerState.FAILED, failures={f.global_rank: f for f in failures})
         if len(exits) == len(group.workers):
             return RunResult(
                 WorkerState.SUCCEEDED,
-                return_values={group.workers[lr].global_rank: e.exitcode for lr, e in exits.items()},
+                return_values={
+                    group.workers[lr].global_rank: e.exitcode for lr, e in exits.items()
+                },
             )
         return RunResult(WorkerState.HEALTHY)
 
@@ -420,5 +424,3 @@ class LocalElasticAgent(SimpleElasticAgent):
             return None
         exit_ = procs.poll().get(local_rank)
         return exit_.exitcode if exit_ is not None else None
-
-

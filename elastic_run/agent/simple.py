@@ -289,7 +289,9 @@ class SimpleElasticAgent(ElasticAgent):
             finally:
                 for sig, old in previous.items():
                     signal.signal(sig, old)
-        self._emit("agent.exited", f"agent exits with code {result.exit_code}", exit_code=result.exit_code)
+        self._emit(
+            "agent.exited", f"agent exits with code {result.exit_code}", exit_code=result.exit_code
+        )
         return result
 
     def _stop_all(self, sig: int) -> None:
@@ -308,9 +310,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._group.state = WorkerState.STOPPED
         self._publish_state("STOPPED", f"received {name}")
         self._emit("workers.stopped", f"workers stopped ({name})", signal=name, reason="signal")
-        return RunResult(
-            WorkerState.STOPPED, exit_code=128 + signum, reason=f"stopped by {name}"
-        )
+        return RunResult(WorkerState.STOPPED, exit_code=128 + signum, reason=f"stopped by {name}")
 
     def _closed_result(self, why: str) -> RunResult:
         self._stop_all(signal.SIGTERM)
@@ -377,9 +377,14 @@ class SimpleElasticAgent(ElasticAgent):
                         )
                         self._close_rendezvous("failed")
                         self._publish_state("FAILED", reason)
-                        self._emit("failed", f"the job failed: {reason}", reason=reason, exit_code=1)
+                        self._emit(
+                            "failed", f"the job failed: {reason}", reason=reason, exit_code=1
+                        )
                         return RunResult(
-                            WorkerState.FAILED, failures=outcome.failures, exit_code=1, reason=reason
+                            WorkerState.FAILED,
+                            failures=outcome.failures,
+                            exit_code=1,
+                            reason=reason,
                         )
                     if first:
                         self._restarts += 1
@@ -519,7 +524,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     def _share_workers_store(self, store: Store, group_rank: int) -> tuple[str, int]:
         """Node 0 hosts a fresh TCPStore for this round's workers; every node learns where."""
-        from torch.distributed import TCPStore
+        from torch._C._distributed_c10d import TCPStore
 
         if group_rank == 0:
             addr = self._advertised_addr()
@@ -571,7 +576,7 @@ class SimpleElasticAgent(ElasticAgent):
 
         keys = [f"{_EXIT_KEY}/{i}" for i in range(group.group_world_size)]
         try:
-            store.set(f"{_EXIT_KEY}/{group.group_rank}", b"1")
+            store.set(f"{_EXIT_KEY}/{group.group_rank}", "1")
             if not wait_keys(store, keys, self._exit_barrier_timeout_s):
                 log.warning(
                     "exit barrier: not every node finished within %.0f s",
@@ -584,7 +589,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._close_rendezvous("succeeded")
         # The node that hosts the store leaves last, so nobody's last call finds it gone.
         try:
-            store.set(f"{_LEFT_KEY}/{group.group_rank}", b"1")
+            store.set(f"{_LEFT_KEY}/{group.group_rank}", "1")
             backend = getattr(self._spec.rdzv_handler, "backend", None)
             if getattr(backend, "is_hosting", False):
                 left = [f"{_LEFT_KEY}/{i}" for i in range(group.group_world_size)]
@@ -618,4 +623,3 @@ def _endpoint_of(handler: Any) -> str:
     backend = getattr(handler, "backend", None)
     endpoint = getattr(backend, "endpoint", None)
     return str(endpoint) if endpoint else ""
-

@@ -144,7 +144,9 @@ def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigurationError(f"--rdzv-conf '{text}': expected key=value pairs, got '{item}'")
+            raise ConfigurationError(
+                f"--rdzv-conf '{text}': expected key=value pairs, got '{item}'"
+            )
         pairs.append((key.strip(), value.strip()))
     return tuple(pairs)
 
@@ -236,7 +238,11 @@ def parse_launch_config(
     notices: list[str] = []
     chosen: list[tuple[str, object, str]] = []
     elastic_min = params.get("elastic_min")
-    given = {k: params[k] for k in ("rdzv_id", "rdzv_backend", "rdzv_endpoint", "nproc_per_node") if k in explicit}
+    given: dict[str, object] = {
+        k: params[k]
+        for k in ("rdzv_id", "rdzv_backend", "rdzv_endpoint", "nproc_per_node")
+        if k in explicit
+    }
     if "nnodes" in explicit:
         given["nnodes"] = params["nnodes"]
     for default in slurm_defaults(env, given=given, elastic_min=elastic_min):
@@ -270,7 +276,9 @@ def parse_launch_config(
         try:
             health_port = int(env["TORCHELASTIC_HEALTH_CHECK_PORT"])
         except ValueError:
-            raise ConfigurationError("TORCHELASTIC_HEALTH_CHECK_PORT is not a port number") from None
+            raise ConfigurationError(
+                "TORCHELASTIC_HEALTH_CHECK_PORT is not a port number"
+            ) from None
     _parse_port(health_port, "--health-check-port")
     _check_endpoint_port(params["rdzv_endpoint"])
     log_dir = Path(params["log_dir"]) if params["log_dir"] else None
@@ -369,7 +377,9 @@ def parse_launch_config(
     return ParsedRun(config, tuple(chosen), tuple(notices))
 
 
-def _opt(flag: str, *short: str, **kwargs: Any) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+def _opt(
+    flag: str, *short: str, **kwargs: Any
+) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
     if "/" in flag:
         on, off = flag.split("/")
         kwargs.setdefault("envvar", _env(on))
@@ -385,19 +395,52 @@ def _opt(flag: str, *short: str, **kwargs: Any) -> Callable[[Callable[..., Any]]
 
 
 _RUN_OPTIONS = [
-    _opt("--nnodes", default="1:1", show_default=True, help="Nodes: N or MIN:MAX (MIN: under SLURM)."),
-    _opt("--nproc-per-node", default="1", show_default=True, help="Workers per node: N, cpu, gpu or auto."),
-    _opt("--rdzv-backend", default="static", show_default=True, help="static, c10d, etcd or etcd-v2."),
+    _opt(
+        "--nnodes", default="1:1", show_default=True, help="Nodes: N or MIN:MAX (MIN: under SLURM)."
+    ),
+    _opt(
+        "--nproc-per-node",
+        default="1",
+        show_default=True,
+        help="Workers per node: N, cpu, gpu or auto.",
+    ),
+    _opt(
+        "--rdzv-backend", default="static", show_default=True, help="static, c10d, etcd or etcd-v2."
+    ),
     _opt("--rdzv-endpoint", default="", help="host[:port] of the rendezvous backend."),
     _opt("--rdzv-id", default="none", show_default=True, help="The job id shared by all nodes."),
     _opt("--rdzv-conf", default="", help="Backend config: k1=v1,k2=v2."),
-    _opt("--standalone", is_flag=True, default=False, help="One node, c10d on localhost, free port, random id."),
-    _opt("--max-restarts", type=int, default=0, show_default=True, help="Failures restarted before giving up."),
-    _opt("--monitor-interval", type=float, default=0.1, show_default=True, help="Seconds between worker checks."),
-    _opt("--start-method", type=click.Choice(["spawn", "fork", "forkserver"]), default="spawn", help="Accepted for torchrun compatibility (workers are subprocesses)."),
+    _opt(
+        "--standalone",
+        is_flag=True,
+        default=False,
+        help="One node, c10d on localhost, free port, random id.",
+    ),
+    _opt(
+        "--max-restarts",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Failures restarted before giving up.",
+    ),
+    _opt(
+        "--monitor-interval",
+        type=float,
+        default=0.1,
+        show_default=True,
+        help="Seconds between worker checks.",
+    ),
+    _opt(
+        "--start-method",
+        type=click.Choice(["spawn", "fork", "forkserver"]),
+        default="spawn",
+        help="Accepted for torchrun compatibility (workers are subprocesses).",
+    ),
     _opt("--role", default="default", show_default=True, help="The workers' role name."),
     _opt("--module", "-m", is_flag=True, default=False, help="Run SCRIPT as a module (python -m)."),
-    _opt("--no-python", is_flag=True, default=False, help="Run SCRIPT as a program, without python."),
+    _opt(
+        "--no-python", is_flag=True, default=False, help="Run SCRIPT as a program, without python."
+    ),
     _opt("--run-path", is_flag=True, default=False, help="Accepted for torchrun compatibility."),
     _opt("--log-dir", default=None, help="Base directory of the logs (default: a temporary one)."),
     _opt("--redirects", "-r", default="0", help="Streams to files only: 0-3, or per rank 0:1,1:2."),
@@ -407,16 +450,63 @@ _RUN_OPTIONS = [
     _opt("--master-addr", default="127.0.0.1", show_default=True, help="Master address (static)."),
     _opt("--master-port", type=int, default=29500, show_default=True, help="Master port (static)."),
     _opt("--local-addr", default=None, help="The address this node advertises (default: FQDN)."),
-    _opt("--signals-to-handle", default="SIGTERM,SIGINT,SIGHUP,SIGQUIT", show_default=True, help="Signals forwarded to the workers."),
-    _opt("--shutdown-timeout", type=float, default=None, help="Seconds between the signal and SIGKILL [30]."),
-    _opt("--watchdog/--no-watchdog", default=None, help="File-timer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER)."),
-    _opt("--health-check-port", type=int, default=None, help="Serve /healthz, /status, /metrics here."),
-    _opt("--health-check-addr", default="127.0.0.1", show_default=True, help="Address of the health server."),
-    _opt("--health-check-timeout", type=float, default=60.0, show_default=True, help="Seconds without progress before /healthz fails."),
-    _opt("--live/--no-live", default=None, help="The live panel (default: when stderr is a terminal)."),
-    _opt("--exit-barrier-timeout", type=float, default=300.0, show_default=True, help="Seconds a finished node waits for the others."),
-    _opt("--elastic-min", type=int, default=None, help="Under SLURM: MIN for --nnodes MIN:<nodes>."),
-    _opt("--print-config", is_flag=True, default=False, help="Print the effective options and why, then exit."),
+    _opt(
+        "--signals-to-handle",
+        default="SIGTERM,SIGINT,SIGHUP,SIGQUIT",
+        show_default=True,
+        help="Signals forwarded to the workers.",
+    ),
+    _opt(
+        "--shutdown-timeout",
+        type=float,
+        default=None,
+        help="Seconds between the signal and SIGKILL [30].",
+    ),
+    _opt(
+        "--watchdog/--no-watchdog",
+        default=None,
+        help="File-timer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER).",
+    ),
+    _opt(
+        "--health-check-port",
+        type=int,
+        default=None,
+        help="Serve /healthz, /status, /metrics here.",
+    ),
+    _opt(
+        "--health-check-addr",
+        default="127.0.0.1",
+        show_default=True,
+        help="Address of the health server.",
+    ),
+    _opt(
+        "--health-check-timeout",
+        type=float,
+        default=60.0,
+        show_default=True,
+        help="Seconds without progress before /healthz fails.",
+    ),
+    _opt(
+        "--live/--no-live",
+        default=None,
+        help="The live panel (default: when stderr is a terminal).",
+    ),
+    _opt(
+        "--exit-barrier-timeout",
+        type=float,
+        default=300.0,
+        show_default=True,
+        help="Seconds a finished node waits for the others.",
+    ),
+    _opt(
+        "--elastic-min", type=int, default=None, help="Under SLURM: MIN for --nnodes MIN:<nodes>."
+    ),
+    _opt(
+        "--print-config",
+        is_flag=True,
+        default=False,
+        help="Print the effective options and why, then exit.",
+    ),
 ]
 
 
@@ -426,12 +516,14 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
     return fn
 
 
-@cli.command("run", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False})
+@cli.command(
+    "run", context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False}
+)
 @_run_options
 @click.argument("script", required=False)
 @click.argument("script_args", nargs=-1, type=click.UNPROCESSED)
 @click.pass_context
-def run_command(ctx: click.Context, **params: Any) -> None:
+def run_command(ctx: click.Context, /, **params: Any) -> None:
     """Run SCRIPT on this node as part of an elastic job (the default command)."""
     from elastic_run.cli.slurm import format_print_config, should_exit_as_extra_task
 

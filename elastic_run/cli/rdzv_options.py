@@ -145,7 +145,9 @@ def parse_rdzv_conf(text: str) -> dict[str, str]:
     for item in text.split(","):
         key, sep, value = item.partition("=")
         if not sep or not key.strip():
-            raise ConfigurationError(f"--rdzv-conf '{text}': expected key=value pairs, got '{item}'")
+            raise ConfigurationError(
+                f"--rdzv-conf '{text}': expected key=value pairs, got '{item}'"
+            )
         conf[key.strip()] = value.strip()
     return conf
 
@@ -240,11 +242,9 @@ def resolve_target(
         for default in slurm_defaults(environ, given=given, elastic_min=None):
             if default.name in chosen:
                 chosen[default.name] = default.value
-    run_id = chosen.get("rdzv_id")
-    if not run_id:
-        raise ConfigurationError(
-            "which job? give --rdzv-id (or PET_RDZV_ID, or --slurm-job JOBID)"
-        )
+    chosen_id = chosen.get("rdzv_id")
+    if not chosen_id:
+        raise ConfigurationError("which job? give --rdzv-id (or PET_RDZV_ID, or --slurm-job JOBID)")
     backend = str(chosen.get("rdzv_backend") or "c10d")
     endpoint = str(chosen.get("rdzv_endpoint") or "")
     if not endpoint:
@@ -261,7 +261,7 @@ def resolve_target(
     return RendezvousTarget(
         backend=backend,
         endpoint=endpoint,
-        run_id=str(run_id),
+        run_id=str(chosen_id),
         conf=tuple(conf.items()),
         min_nodes=min_nodes,
         max_nodes=max_nodes,

@@ -8,55 +8,18 @@ import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
-from datetime import datetime, timezone
 from typing import Any
 
 from elastic_run.agent.config import LaunchConfig
-from elastic_run.agent.events import AgentEvent, EventSink
 from elastic_run.errors import ElasticRunError
 
-__all__ = ["PlainLines", "run_job"]
-
-
-class PlainLines:
-    """One timestamped line per event on stderr (the view where there is no terminal)."""
-
-    def __init__(self, run_id: str) -> None:
-        self._run_id = run_id
-
-    def __call__(self, event: AgentEvent) -> None:
-        stamp = datetime.fromtimestamp(event.timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
-        from elastic_run.agent.output import StreamName, write_console
-
-        write_console(
-            StreamName.STDERR,
-            f"{stamp} elastic-run[{self._run_id}] {event.kind}: {event.message}\n",
-        )
-
-
-def _make_view(config: LaunchConfig, run_id: str, agent: Any) -> tuple[EventSink, Any]:
-    """The live panel on a terminal (or when --live), plain lines otherwise."""
-    try:
-        from elastic_run.cli import views
-    except ImportError:
-        return PlainLines(run_id), None
-    make_view = getattr(views, "make_view", None)
-    if make_view is None:
-        return PlainLines(run_id), None
-    view = make_view(config=config, run_id=run_id, agent=agent)
-    return view, view
+__all__ = ["run_job"]
 
 
 def _report_failures(run_id: str, failures: Any) -> None:
-    try:
-        from elastic_run.cli.views import render_failure_summary
-    except ImportError:
-        from elastic_run.agent.failures import format_failure_summary
-
-        sys.stderr.write(format_failure_summary(run_id, list(failures)))
-        sys.stderr.flush()
-        return
     from rich.console import Console
+
+    from elastic_run.cli.views import render_failure_summary
 
     render_failure_summary(run_id, list(failures), Console(stderr=True))
 
@@ -101,14 +64,16 @@ def run_job(config: LaunchConfig) -> int:
     hold_file = os.environ.get("ELASTIC_RUN_TEST_HOLD_FILE")
     if hold_file:
         agent.set_loop_hold(_hold_while_exists(Path(hold_file)))
-    sink, view = _make_view(config, config.run_id, agent)
-    agent.add_event_sink(sink)
-    if view is not None and hasattr(view, "start"):
+    from elastic_run.cli.views import LiveView, make_view
+
+    view = make_view(config=config, run_id=config.run_id, agent=agent)
+    agent.add_event_sink(view)
+    if isinstance(view, LiveView):
         view.start()
     try:
         result = agent.run(config.role)
     finally:
-        if view is not None and hasattr(view, "stop"):
+        if isinstance(view, LiveView):
             view.stop()
         _close_backend(handler)
     if result.failures:

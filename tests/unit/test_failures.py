@@ -14,9 +14,9 @@ from elastic_run.agent.failures import (
     WorkerErrorInfo,
     format_failure_summary,
     read_error_file,
-    render_failure_summary,
     root_cause,
 )
+from elastic_run.cli.views import render_failure_summary
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: bad lr\n'
 

@@ -1,0 +1,245 @@
+"""``elastic-run status`` and ``elastic-run close``: read or end a job's rendezvous from any host.
+
+Both read the backend directly (never hosting a c10d store, so they work from a login node
+with or without a local agent). ``status`` never writes anything; ``close`` writes one record,
+the same one an agent writes when its job ends, so every agent stops its workers and exits 3.
+
+Heartbeat ages: a heartbeat is a counter, not a timestamp, so no two clocks are compared.
+``status`` reads the counters for ``--sample`` seconds and reports, per node, how long ago its
+counter was last seen moving (null when it did not move while sampled: stale, or gone).
+
+Exit codes: 0 shown (or closed); 3 no such rendezvous; 4 the backend cannot be reached.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import click
+
+from elastic_run.cli.rdzv_options import explicit_options, rdzv_options, resolve_target
+from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+
+__all__ = ["close_command", "status_command"]
+
+EXIT_NO_RENDEZVOUS = 3
+EXIT_UNREACHABLE = 4
+_DEFAULT_READ_TIMEOUT_S = "5"
+
+
+class _Exit(Exception):
+    """A one-line error with an exit code (caught at the command's edge)."""
+
+    def __init__(self, message: str, code: int) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[Any, Any]:
+    """Resolve the target and open its backend as a reader: (target, backend)."""
+    # torch's C++ layer logs every failed connect attempt with a stack: one line is enough.
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
+    from elastic_run.rendezvous.registry import create_backend
+
+    target = resolve_target(values, explicit_options(ctx), os.environ)
+    conf = dict(target.conf)
+    conf.setdefault("read_timeout", _DEFAULT_READ_TIMEOUT_S)
+    params = target.parameters()
+    for key, value in conf.items():
+        params.config[key] = value
+    where = f"{target.backend} endpoint {target.endpoint}"
+    try:
+        backend = create_backend(params, allow_hosting=False)
+    except RendezvousConnectionError as exc:
+        raise _Exit(f"cannot reach the {where}: {exc}", EXIT_UNREACHABLE) from exc
+    return target, backend
+
+
+def _closed_reason(backend: Any) -> str | None:
+    from elastic_run.rendezvous.dynamic import ClosedRecord
+    from elastic_run.rendezvous.records import decode
+
+    raw = backend.get("closed")
+    return None if raw is None else decode(ClosedRecord, "closed", raw).reason
+
+
+def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict[str, float | None]:
+    """Seconds since each node's heartbeat counter was seen moving, reading for ``sample_s``."""
+    if not node_ids or sample_s <= 0:
+        return {}
+    start = time.monotonic()
+    first = backend.read_heartbeats(node_ids)
+    moved_at: dict[str, float | None] = dict.fromkeys(node_ids)
+    last = list(first)
+    while True:
+        now = time.monotonic()
+        if now - start >= sample_s:
+            break
+        time.sleep(min(0.1, sample_s - (now - start)))
+        beats = backend.read_heartbeats(node_ids)
+        seen = time.monotonic()
+        for node_id, old, new in zip(node_ids, last, beats, strict=True):
+            if new is not None and new != old:
+                moved_at[node_id] = seen
+        last = beats
+    end = time.monotonic()
+    return {n: (None if t is None else end - t) for n, t in moved_at.items()}
+
+
+def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
+    from elastic_run.rendezvous.dynamic import read_snapshot
+
+    snap = read_snapshot(backend, target.run_id, target.min_nodes or 0, target.max_nodes or 0)
+    if snap is None:
+        raise _Exit(
+            f"no rendezvous '{target.run_id}' at the {target.backend} endpoint {target.endpoint}",
+            EXIT_NO_RENDEZVOUS,
+        )
+    ids = [m.node_id for m in (*snap.members, *snap.waiting)]
+    ages = _sample_ages(backend, ids, sample_s)
+    return snap, ages, _closed_reason(backend)
+
+
+def _run(fn: Any) -> None:
+    """Call ``fn()``; turn our errors into one line on stderr and the documented exit code."""
+    try:
+        fn()
+    except _Exit as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.code)
+    except ConfigurationError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(2)
+    except RendezvousError as exc:
+        click.echo(f"Error: {exc}", err=True)
+        sys.exit(exc.exit_code)
+
+
+@click.command("status")
+@rdzv_options
+@click.option("--json", "as_json", is_flag=True, default=False, help="Print one JSON object.")
+@click.option("--watch", is_flag=True, default=False, help="Refresh live until interrupted.")
+@click.option(
+    "--interval", type=float, default=1.0, show_default=True, help="Seconds between refreshes."
+)
+@click.option(
+    "--sample",
+    type=click.FloatRange(min=0.0),
+    default=1.5,
+    show_default=True,
+    help="Seconds to watch heartbeats for their ages (0: do not).",
+)
+@click.pass_context
+def status_command(
+    ctx: click.Context, /, as_json: bool, watch: bool, interval: float, sample: float, **values: Any
+) -> None:
+    """Show a job's rendezvous: round, state, members, waiting nodes, last events."""
+
+    def show() -> None:
+        from rich.console import Console
+        from rich.live import Live
+
+        from elastic_run.cli.views import render_status, status_to_json
+
+        target, backend = _open(ctx, values)
+        try:
+            if not watch:
+                snap, ages, reason = _read(backend, target, sample)
+                if as_json:
+                    click.echo(json.dumps(status_to_json(snap, ages, reason), sort_keys=True))
+                else:
+                    Console().print(render_status(snap, ages, reason))
+                return
+            snap, ages, reason = _read(backend, target, 0)
+            with Live(render_status(snap, ages, reason), refresh_per_second=4) as live:
+                while True:
+                    snap, ages, reason = _read(backend, target, max(interval, 0.1))
+                    if as_json:
+                        live.console.print_json(json.dumps(status_to_json(snap, ages, reason)))
+                    else:
+                        live.update(render_status(snap, ages, reason))
+        except KeyboardInterrupt:
+            return
+        except RendezvousConnectionError as exc:
+            raise _Exit(
+                f"cannot reach the {target.backend} endpoint {target.endpoint}: {exc}",
+                EXIT_UNREACHABLE,
+            ) from exc
+        finally:
+            backend.close()
+
+    _run(show)
+
+
+@click.command("close")
+@rdzv_options
+@click.option(
+    "--wait", is_flag=True, default=False, help="Return when every agent has left the rendezvous."
+)
+@click.option(
+    "--timeout", type=float, default=120.0, show_default=True, help="Seconds --wait waits."
+)
+@click.pass_context
+def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: Any) -> None:
+    """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
+
+    def close() -> None:
+        from elastic_run.rendezvous.dynamic import ClosedRecord, read_snapshot
+        from elastic_run.rendezvous.records import encode
+
+        target, backend = _open(ctx, values)
+        try:
+            snap = read_snapshot(backend, target.run_id)
+            if snap is None:
+                raise _Exit(
+                    f"no rendezvous '{target.run_id}' at the {target.backend} endpoint "
+                    f"{target.endpoint}",
+                    EXIT_NO_RENDEZVOUS,
+                )
+            stored, wrote = backend.compare_set(
+                "closed", None, encode(ClosedRecord("closed", "elastic-run-close"))
+            )
+            if wrote:
+                click.echo(f"closed rendezvous '{target.run_id}'", err=True)
+            else:
+                reason = _closed_reason(backend)
+                click.echo(f"rendezvous '{target.run_id}' was already closed ({reason})", err=True)
+            if wait:
+                _wait_until_left(backend, target, timeout)
+        except RendezvousConnectionError as exc:
+            if wait:
+                # A c10d store lives in an agent: once that agent left, nobody is there.
+                click.echo(
+                    "the rendezvous store went away with its host: every agent left", err=True
+                )
+                return
+            raise _Exit(
+                f"cannot reach the {target.backend} endpoint {target.endpoint}: {exc}",
+                EXIT_UNREACHABLE,
+            ) from exc
+        finally:
+            backend.close()
+
+    _run(close)
+
+
+def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
+    """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s)."""
+    from elastic_run.rendezvous.dynamic import read_snapshot
+
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        snap = read_snapshot(backend, target.run_id)
+        ids = [m.node_id for m in (*snap.members, *snap.waiting)] if snap is not None else []
+        ages = _sample_ages(backend, ids, 3.0) if ids else {}
+        alive = [n for n, age in ages.items() if age is not None]
+        if not alive:
+            click.echo("every agent left", err=True)
+            return
+    raise _Exit(f"agents still running after {timeout_s:.0f} s", 1)

@@ -1,0 +1,358 @@
+"""What people see: the agent's live panel, its plain event lines, the status and failure views.
+
+Views read state; they never own it. The agent hands out snapshots (``agent.snapshot()``, the
+rendezvous handler's ``snapshot()``) and events; this module turns them into rich renderables or
+plain text. Nothing under ``elastic_run.agent`` imports rich: this module is where it lives.
+
+- :class:`PlainLines`: one timestamped line per event on stderr (SLURM logs, pipes).
+- :class:`LiveView`: one rich live panel on a terminal: job and round, rendezvous members, the
+  local workers (pid, state, CPU %, memory via psutil), the last events. Worker output goes
+  through the console sink of :mod:`elastic_run.agent.output` and is printed above the panel.
+- :func:`render_status` and :func:`status_to_json`: the ``elastic-run status`` view, shared by
+  its one-shot, ``--watch`` and ``--json`` forms.
+- :func:`render_failure_summary`: the failure summary when a job's restarts are used up.
+"""
+
+from __future__ import annotations
+
+import sys
+import threading
+import time
+from collections import deque
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from datetime import datetime, timezone
+from typing import Any, Protocol
+
+from rich.console import Console, Group, RenderableType
+from rich.live import Live
+from rich.panel import Panel
+from rich.table import Table
+from rich.text import Text
+
+from elastic_run.agent.config import LaunchConfig
+from elastic_run.agent.events import AgentEvent
+from elastic_run.agent.failures import FailureRecord, failure_facts, ordered_failures
+from elastic_run.agent.output import StreamName, set_console_sink, write_console
+from elastic_run.agent.snapshot import AgentSnapshot
+from elastic_run.rendezvous.api import MemberSnapshot, RendezvousSnapshot
+
+__all__ = [
+    "STATUS_SCHEMA_VERSION",
+    "LiveView",
+    "PlainLines",
+    "make_view",
+    "render_failure_summary",
+    "render_status",
+    "status_to_json",
+]
+
+STATUS_SCHEMA_VERSION = 1
+_EVENTS_SHOWN = 8
+
+
+def _clock(ts: float) -> str:
+    return datetime.fromtimestamp(ts, timezone.utc).strftime("%H:%M:%S")
+
+
+class PlainLines:
+    """One timestamped line per event on stderr (the view where there is no terminal)."""
+
+    def __init__(self, run_id: str) -> None:
+        self._run_id = run_id
+
+    def __call__(self, event: AgentEvent) -> None:
+        stamp = datetime.fromtimestamp(event.timestamp, timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
+        write_console(
+            StreamName.STDERR,
+            f"{stamp} elastic-run[{self._run_id}] {event.kind}: {event.message}\n",
+        )
+
+
+class _SnapshotSource(Protocol):
+    def snapshot(self) -> AgentSnapshot: ...
+
+
+# -- the status view (also the rendezvous part of the live panel) -------------------------------
+
+
+def _member_row(member: MemberSnapshot, ages: Mapping[str, float | None]) -> list[str]:
+    age = ages.get(member.node_id)
+    return [
+        str(member.rank) if member.rank >= 0 else "-",
+        member.host or member.addr,
+        str(member.local_world_size),
+        member.state or "-",
+        str(member.restarts),
+        "-" if age is None else f"{age:.1f} s",
+        str(member.pid),
+    ]
+
+
+def render_status(
+    snap: RendezvousSnapshot,
+    ages: Mapping[str, float | None] | None = None,
+    closed_reason: str | None = None,
+) -> RenderableType:
+    """The rendezvous as a rich renderable: header, members, waiting nodes, last events.
+
+    Args:
+        snap: what :func:`elastic_run.rendezvous.dynamic.read_snapshot` read.
+        ages: seconds since each node's heartbeat was last seen moving (None: not seen moving).
+        closed_reason: why the job was closed, when it is.
+    """
+    ages = ages or {}
+    nnodes = f"{snap.min_nodes}:{snap.max_nodes}" if snap.min_nodes or snap.max_nodes else "unknown"
+    state = snap.state + (f" ({closed_reason})" if closed_reason else "")
+    header = Text.assemble(
+        ("run ", "dim"),
+        (snap.run_id, "bold"),
+        ("  backend ", "dim"),
+        f"{snap.backend} {snap.endpoint}",
+        ("  round ", "dim"),
+        str(snap.round),
+        ("  state ", "dim"),
+        (state, "bold green" if snap.state == "complete" else "bold yellow"),
+        ("  nnodes ", "dim"),
+        nnodes,
+    )
+    members = Table(title="members", title_justify="left", expand=False)
+    for col in ("rank", "host", "local world", "agent state", "restarts", "heartbeat age", "pid"):
+        members.add_column(col)
+    for member in snap.members:
+        members.add_row(*_member_row(member, ages))
+    parts: list[RenderableType] = [header, members]
+    if snap.waiting:
+        waiting = Table(title="waiting", title_justify="left")
+        for col in ("rank", "host", "local world", "agent state", "restarts", "heartbeat age"):
+            waiting.add_column(col)
+        for member in snap.waiting:
+            waiting.add_row(*_member_row(member, ages)[:6])
+        parts.append(waiting)
+    if snap.lost:
+        parts.append(Text(f"lost from round {snap.round}: {', '.join(snap.lost)}", style="red"))
+    if snap.events:
+        events = Table(title="last events", title_justify="left", show_header=False, box=None)
+        for event in snap.events[-_EVENTS_SHOWN:]:
+            ts = event.get("ts")
+            events.add_row(
+                _clock(float(ts)) if isinstance(ts, (int, float)) else "",
+                str(event.get("host", "")),
+                str(event.get("kind", "")),
+                str(event.get("message", "")),
+            )
+        parts.append(events)
+    return Group(*parts)
+
+
+def _member_json(member: MemberSnapshot, ages: Mapping[str, float | None]) -> dict[str, Any]:
+    body = asdict(member)
+    age = ages.get(member.node_id)
+    body["heartbeat_age_s"] = None if age is None else round(age, 3)
+    return body
+
+
+def status_to_json(
+    snap: RendezvousSnapshot,
+    ages: Mapping[str, float | None] | None = None,
+    closed_reason: str | None = None,
+) -> dict[str, Any]:
+    """The ``status --json`` object (schema version :data:`STATUS_SCHEMA_VERSION`).
+
+    Keys: ``v``, ``run_id``, ``backend``, ``endpoint``, ``round``, ``state`` (``waiting for
+    nodes``, ``last call``, ``complete``, ``closed``), ``closed``, ``closed_reason``,
+    ``min_nodes``, ``max_nodes`` (0: unknown), ``arrivals``, ``members`` and ``waiting`` (each
+    ``rank`` (-1 for waiting nodes), ``node_id``, ``host``, ``addr``, ``pid``,
+    ``local_world_size``, ``state``, ``restarts``, ``heartbeat`` (the counter),
+    ``heartbeat_age_s`` (seconds since it was seen moving; null when it did not move while
+    sampled)), ``lost`` (node ids lost from the round) and ``events`` (the last events, oldest
+    first, each ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``).
+    """
+    ages = ages or {}
+    return {
+        "v": STATUS_SCHEMA_VERSION,
+        "run_id": snap.run_id,
+        "backend": snap.backend,
+        "endpoint": snap.endpoint,
+        "round": snap.round,
+        "state": snap.state,
+        "closed": snap.closed,
+        "closed_reason": closed_reason,
+        "min_nodes": snap.min_nodes,
+        "max_nodes": snap.max_nodes,
+        "arrivals": snap.arrivals,
+        "members": [_member_json(m, ages) for m in snap.members],
+        "waiting": [_member_json(m, ages) for m in snap.waiting],
+        "lost": list(snap.lost),
+        "events": [dict(e) for e in snap.events],
+    }
+
+
+# -- the live panel of a running agent ----------------------------------------------------------
+
+
+class LiveView:
+    """The rich live panel of a running agent; an event sink with ``start`` and ``stop``.
+
+    A refresh thread redraws twice a second from the agent's snapshot; the rendezvous
+    snapshot (a few store reads) is taken at most once a second. Worker output goes through
+    the console sink and is printed above the panel.
+    """
+
+    def __init__(self, agent: _SnapshotSource, run_id: str, console: Console | None = None) -> None:
+        self._agent = agent
+        self._run_id = run_id
+        self._console = console or Console(stderr=True)
+        self._events: deque[AgentEvent] = deque(maxlen=_EVENTS_SHOWN)
+        self._lock = threading.Lock()
+        self._live: Live | None = None
+        self._procs: dict[int, Any] = {}
+        self._rdzv: RendezvousSnapshot | None = None
+        self._rdzv_at = 0.0
+
+    def __call__(self, event: AgentEvent) -> None:
+        with self._lock:
+            self._events.append(event)
+        if self._live is not None:
+            self._live.refresh()
+
+    def start(self) -> None:
+        """Show the panel and route worker output above it."""
+        self._live = Live(
+            get_renderable=self._render,
+            console=self._console,
+            refresh_per_second=2,
+            transient=False,
+            redirect_stdout=False,
+            redirect_stderr=False,
+        )
+        self._live.start()
+        live = self._live
+
+        def sink(stream: StreamName, text: str) -> None:
+            live.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
+
+        set_console_sink(sink)
+
+    def stop(self) -> None:
+        """Draw the panel a last time and give the console back."""
+        set_console_sink(None)
+        if self._live is not None:
+            self._live.refresh()
+            self._live.stop()
+            self._live = None
+
+    def _rendezvous(self) -> RendezvousSnapshot | None:
+        now = time.monotonic()
+        if now - self._rdzv_at >= 1.0:
+            self._rdzv_at = now
+            get_group = getattr(self._agent, "get_worker_group", None)
+            handler = get_group().spec.rdzv_handler if callable(get_group) else None
+            snapshot = getattr(handler, "snapshot", None)
+            if callable(snapshot):
+                try:
+                    self._rdzv = snapshot()
+                except Exception:  # noqa: BLE001 - a view must never stop the agent
+                    pass
+        return self._rdzv
+
+    def _usage(self, pid: int | None) -> tuple[str, str]:
+        if pid is None:
+            return "-", "-"
+        import psutil
+
+        try:
+            proc = self._procs.get(pid)
+            if proc is None:
+                proc = self._procs[pid] = psutil.Process(pid)
+                proc.cpu_percent(None)
+            cpu = proc.cpu_percent(None)
+            rss = proc.memory_info().rss
+        except (psutil.Error, OSError):
+            self._procs.pop(pid, None)
+            return "-", "-"
+        return f"{cpu:.0f}%", f"{rss / 2**20:.0f} MiB"
+
+    def _render(self) -> RenderableType:
+        snap = self._agent.snapshot()
+        header = Text.assemble(
+            ("job ", "dim"),
+            (snap.run_id, "bold"),
+            ("  round ", "dim"),
+            str(snap.round),
+            ("  node ", "dim"),
+            f"{snap.group_rank}/{snap.group_world_size}",
+            ("  world ", "dim"),
+            str(snap.world_size),
+            ("  state ", "dim"),
+            (snap.state, "bold"),
+            ("  restarts ", "dim"),
+            f"{snap.restarts}/{snap.max_restarts}",
+        )
+        workers = Table(title="workers", title_justify="left")
+        for col in ("local", "rank", "pid", "state", "cpu", "memory"):
+            workers.add_column(col)
+        for w in snap.workers:
+            cpu, mem = self._usage(w.pid)
+            workers.add_row(str(w.local_rank), str(w.rank), str(w.pid or "-"), w.state, cpu, mem)
+        parts: list[RenderableType] = [header]
+        rdzv = self._rendezvous()
+        if rdzv is not None:
+            parts.append(render_status(rdzv))
+        parts.append(workers)
+        with self._lock:
+            events = list(self._events)
+        if events:
+            table = Table(show_header=False, box=None, title="events", title_justify="left")
+            for event in events:
+                table.add_row(_clock(event.timestamp), event.kind, event.message)
+            parts.append(table)
+        return Panel(Group(*parts), title=f"elastic-run {self._run_id}", title_align="left")
+
+
+def make_view(*, config: LaunchConfig, run_id: str, agent: Any) -> LiveView | PlainLines:
+    """The live panel when ``--live`` (or, by default, when stderr is a terminal), else plain lines."""
+    live = config.live if config.live is not None else sys.stderr.isatty()
+    if live:
+        return LiveView(agent, run_id)
+    return PlainLines(run_id)
+
+
+# -- the failure summary ------------------------------------------------------------------------
+
+
+def render_failure_summary(
+    run_id: str, failures: Sequence[FailureRecord], console: Console
+) -> None:
+    """Print the failure summary: the root cause first, then every other failed rank.
+
+    Args:
+        run_id: the job's run id.
+        failures: the failed workers (any order).
+        console: where to print (the CLI passes a stderr console).
+    """
+    ordered = ordered_failures(failures)
+    console.print(Text(f"run {run_id!r} failed: {len(ordered)} worker(s) failed", style="bold red"))
+    for index, failure in enumerate(ordered):
+        is_root = index == 0
+        table = Table.grid(padding=(0, 2))
+        table.add_column(style="bold")
+        table.add_column(overflow="fold")
+        for key, value in failure_facts(failure):
+            table.add_row(key, Text(value, style="bold red" if key == "error" else ""))
+        parts: list[RenderableType] = [table]
+        if failure.error is not None:
+            detail = failure.error.traceback or failure.error.raw
+            if detail:
+                parts.append(Text(detail.rstrip("\n"), style="dim"))
+        title = (
+            f"root cause: rank {failure.global_rank}" if is_root else f"rank {failure.global_rank}"
+        )
+        console.print(
+            Panel(
+                Group(*parts),
+                title=title,
+                title_align="left",
+                border_style="red" if is_root else "yellow",
+            )
+        )
