@@ -1,0 +1,362 @@
+"""``elastic-run status`` and ``close`` against real running jobs, and the agent's two views.
+
+Each job is two real ``elastic-run`` agents on 127.0.0.1 (c10d, and etcd on a real etcd) whose
+workers report their pid and then wait for a "go" file, so the test reads the rendezvous while
+it is complete and healthy and then lets the job finish (or closes it).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+import pytest
+
+from elastic_run.rendezvous.etcd_server import EtcdServer
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from helpers import REPO_ROOT, free_port, no_process_left, wait_until  # noqa: E402
+
+pytestmark = pytest.mark.timeout(180)
+
+CLI = [str(Path(sys.executable).with_name("elastic-run"))]
+
+WORKER = """\
+import os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+rank = os.environ["RANK"]
+(out / f"ready-{rank}").write_text(str(os.getpid()))
+while not (out / "go").exists():
+    time.sleep(0.05)
+"""
+
+
+@dataclass
+class Job:
+    """A running job: its agents, where it reports, how to address its rendezvous."""
+
+    run_id: str
+    backend: str
+    endpoint: str
+    out: Path
+    agents: list[subprocess.Popen[bytes]]
+    nprocs: list[int]
+
+    @property
+    def rdzv_args(self) -> list[str]:
+        return ["--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint]
+
+    def ready_pids(self) -> dict[int, int]:
+        found = {}
+        for path in self.out.glob("ready-*"):
+            text = path.read_text()
+            if text:
+                found[int(path.name.split("-")[1])] = int(text)
+        return found
+
+    def worker_pids(self) -> list[int]:
+        return list(self.ready_pids().values())
+
+    def log(self, index: int) -> str:
+        return (self.out / f"agent{index}.log").read_text(errors="replace")
+
+
+def _cli_env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def _status(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [*CLI, "status", *args], capture_output=True, text=True, timeout=timeout_s, env=_cli_env()
+    )
+
+
+def _start_job(tmp_path: Path, backend: str, endpoint: str, nprocs: list[int]) -> Job:
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_id = f"st-{uuid.uuid4().hex[:8]}"
+    agents = []
+    for index, nproc in enumerate(nprocs):
+        log = (out / f"agent{index}.log").open("wb")
+        agents.append(
+            subprocess.Popen(
+                [
+                    *CLI,
+                    "--nnodes",
+                    str(len(nprocs)),
+                    "--nproc-per-node",
+                    str(nproc),
+                    "--rdzv-backend",
+                    backend,
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    run_id,
+                    "--local-addr",
+                    "127.0.0.1",
+                    "--log-dir",
+                    str(tmp_path / f"logs{index}"),
+                    "--no-live",
+                    str(worker),
+                    str(out),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=_cli_env(),
+                start_new_session=True,
+            )
+        )
+    job = Job(run_id, backend, endpoint, out, agents, nprocs)
+    wait_until(
+        lambda: len(job.ready_pids()) == sum(nprocs),
+        90,
+        message=lambda: f"workers did not start:\n{job.log(0)}\n---\n{job.log(1)}",
+    )
+    return job
+
+
+def _stop(job: Job) -> None:
+    for agent in job.agents:
+        if agent.poll() is None:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            agent.wait(10)
+    for pid in job.worker_pids():
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
+
+
+@pytest.fixture(name="etcd")
+def etcd_fixture() -> Iterator[EtcdServer]:
+    if shutil.which("etcd") is None:
+        pytest.fail("etcd is not installed: run scripts/setup.sh as root")
+    server = EtcdServer()
+    server.start()
+    try:
+        yield server
+    finally:
+        server.stop()
+
+
+def _endpoint(backend: str, request: pytest.FixtureRequest) -> str:
+    if backend == "etcd":
+        server: EtcdServer = request.getfixturevalue("etcd")
+        return server.endpoint
+    return f"127.0.0.1:{free_port()}"
+
+
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_status_json_matches_the_running_agents(
+    backend: str, tmp_path: Path, request: pytest.FixtureRequest
+) -> None:
+    job = _start_job(tmp_path, backend, _endpoint(backend, request), nprocs=[1, 2])
+    try:
+        agent_pids = {a.pid: n for a, n in zip(job.agents, job.nprocs, strict=True)}
+
+        body: dict[str, object] = {}
+
+        def every_member_healthy() -> bool:
+            done = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--nnodes", "2", "--json")
+            assert done.returncode == 0, done.stderr
+            read = json.loads(done.stdout)
+            if len(read["members"]) == 2 and all(m["state"] == "HEALTHY" for m in read["members"]):
+                body.update(read)
+                return True
+            return False
+
+        wait_until(every_member_healthy, 60, interval_s=0.2)
+        assert body["v"] == 1
+        assert body["run_id"] == job.run_id
+        assert body["backend"] == backend
+        assert body["endpoint"] == job.endpoint
+        assert body["state"] == "complete"
+        assert body["closed"] is False and body["closed_reason"] is None
+        assert (body["min_nodes"], body["max_nodes"]) == (2, 2)
+        assert body["waiting"] == [] and body["lost"] == []
+        members = body["members"]
+        assert isinstance(members, list)
+        assert sorted(m["rank"] for m in members) == [0, 1]
+        assert {m["pid"] for m in members} == set(agent_pids)
+        for member in members:
+            pid = member["pid"]
+            assert member["local_world_size"] == agent_pids[pid]
+            assert member["restarts"] == 0
+            assert member["heartbeat_age_s"] is not None
+            assert member["addr"] == "127.0.0.1"
+            # What psutil sees under that agent: as many live workers as it says it has.
+            children = [
+                p
+                for p in psutil.Process(pid).children(recursive=True)
+                if p.pid in job.worker_pids()
+            ]
+            assert len(children) == member["local_world_size"]
+        events = body["events"]
+        assert isinstance(events, list)
+        assert [e["kind"] for e in events].count("rendezvous.complete") == 2
+
+        (job.out / "go").touch()
+        for agent in job.agents:
+            assert agent.wait(60) == 0
+        assert no_process_left(job.worker_pids())
+    finally:
+        _stop(job)
+
+
+def test_close_ends_a_running_two_node_job(tmp_path: Path) -> None:
+    job = _start_job(tmp_path, "c10d", f"127.0.0.1:{free_port()}", nprocs=[1, 1])
+    try:
+        done = subprocess.run(
+            [*CLI, "close", *job.rdzv_args, "--rdzv-id", job.run_id, "--wait", "--timeout", "60"],
+            capture_output=True,
+            text=True,
+            timeout=90,
+            env=_cli_env(),
+        )
+        assert done.returncode == 0, done.stderr
+        assert f"closed rendezvous '{job.run_id}'" in done.stderr
+        for index, agent in enumerate(job.agents):
+            assert agent.wait(60) == 3, job.log(index)
+            assert "closed" in job.log(index)
+        wait_until(lambda: no_process_left(job.worker_pids()), 10)
+    finally:
+        _stop(job)
+
+
+def test_close_of_a_missing_job_is_exit_3(etcd: EtcdServer) -> None:
+    done = subprocess.run(
+        [*CLI, "close", "--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint],
+        capture_output=True,
+        text=True,
+        timeout=60,
+        env={**_cli_env(), "PET_RDZV_ID": "no-such-job"},
+    )
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        f"Error: no rendezvous 'no-such-job' at the etcd endpoint {etcd.endpoint}"
+    ]
+
+
+def test_status_of_a_missing_job_is_exit_3(etcd: EtcdServer) -> None:
+    done = _status("--rdzv-backend", "etcd", "--rdzv-endpoint", etcd.endpoint, "--rdzv-id", "nope")
+    assert done.returncode == 3
+    assert done.stderr.strip().splitlines() == [
+        f"Error: no rendezvous 'nope' at the etcd endpoint {etcd.endpoint}"
+    ]
+
+
+@pytest.mark.parametrize("backend", ["c10d", "etcd"])
+def test_status_of_an_unreachable_endpoint_is_exit_4(backend: str) -> None:
+    endpoint = f"127.0.0.1:{free_port()}"
+    done = _status(
+        "--rdzv-backend", backend, "--rdzv-endpoint", endpoint, "--rdzv-id", "x",
+        "--rdzv-conf", "read_timeout=2",
+    )  # fmt: skip
+    assert done.returncode == 4, done.stderr
+    lines = done.stderr.strip().splitlines()
+    assert len(lines) == 1, done.stderr
+    assert lines[0].startswith("Error: cannot reach the") and endpoint in lines[0]
+
+
+def test_plain_event_lines_when_not_a_terminal(tmp_path: Path) -> None:
+    worker = tmp_path / "ok.py"
+    worker.write_text("print('hello')\n")
+    done = subprocess.run(
+        [*CLI, "--standalone", "--nproc-per-node", "2", str(worker)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env=_cli_env(),
+    )
+    assert done.returncode == 0, done.stderr
+    line = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ elastic-run\[[^\]]+\] ([a-z.]+): .+$")
+    kinds = [m.group(1) for s in done.stderr.splitlines() if (m := line.match(s))]
+    assert kinds[0] == "agent.started"
+    assert "rendezvous.complete" in kinds and "workers.started" in kinds
+    assert kinds[-1] == "agent.exited"
+    assert "┃" not in done.stderr and "╭" not in done.stderr
+    assert sorted(s for s in done.stdout.splitlines() if s.endswith("hello")) == [
+        "[rank 0]: hello",
+        "[rank 1]: hello",
+    ]
+
+
+def test_live_view_in_a_real_terminal(tmp_path: Path) -> None:
+    if shutil.which("tmux") is None:
+        pytest.fail("tmux is not installed: run scripts/setup.sh as root")
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    session = f"er-{uuid.uuid4().hex[:8]}"
+    socket_name = f"er-test-{session}"
+    tmux = ["tmux", "-L", socket_name]
+    command = " ".join(
+        [
+            f"PYTHONPATH={REPO_ROOT}",
+            *CLI,
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            str(worker),
+            str(out),
+            f"; echo EXIT=$? > {out / 'exit'}; sleep 30",
+        ]
+    )
+    subprocess.run(
+        [*tmux, "new-session", "-d", "-s", session, "-x", "150", "-y", "60", command],
+        check=True,
+        env={k: v for k, v in os.environ.items() if k != "TMUX"},
+    )
+    try:
+
+        def screen() -> str:
+            return subprocess.run(
+                [*tmux, "capture-pane", "-p", "-t", session],
+                capture_output=True,
+                text=True,
+                check=True,
+            ).stdout
+
+        def shows_everything() -> bool:
+            text = screen()
+            return all(
+                word in text for word in ("members", "workers", "HEALTHY", "rendezvous.complete")
+            ) and all(str(pid) in text for pid in _ready_pids(out))
+
+        wait_until(lambda: len(_ready_pids(out)) == 2 and shows_everything(), 90, message=screen)
+        text = screen()
+        assert "╭" in text or "┏" in text  # drawn by rich, not plain lines
+        assert "complete" in text and "MiB" in text
+        (out / "go").touch()
+        wait_until((out / "exit").exists, 60, message=screen)
+        assert (out / "exit").read_text().strip() == "EXIT=0"
+    finally:
+        subprocess.run([*tmux, "kill-server"], capture_output=True)
+        for pid in _ready_pids(out):
+            try:
+                psutil.Process(pid).kill()
+            except psutil.Error:
+                pass
+
+
+def _ready_pids(out: Path) -> list[int]:
+    return [int(p.read_text()) for p in out.glob("ready-*") if p.read_text()]
