@@ -20,6 +20,7 @@ endpoint and the reason); rejected credentials or an untrusted certificate raise
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import time
@@ -27,9 +28,14 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
-import grpc
-import pyetcd
-import pyetcd.exceptions as etcd_exc
+# The agent spawns workers with fork + exec, and sets their parent-death signal in between.
+# gRPC's fork handlers would run in that child and abort it (epoll on a closed descriptor):
+# the agent never uses gRPC across a fork, so they are turned off before gRPC loads.
+os.environ.setdefault("GRPC_ENABLE_FORK_SUPPORT", "false")
+
+import grpc  # noqa: E402
+import pyetcd  # noqa: E402
+import pyetcd.exceptions as etcd_exc  # noqa: E402
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
@@ -296,8 +302,12 @@ class EtcdClient:
                     self._drop(raw, rotate=False)
                     continue
                 self._raise_if_rejected(endpoint, code, reason, exc)
+                # Another thread dropped this channel after a failure (grpc: "Channel closed!"):
+                # the next try takes the client that replaced it.
+                channel_closed = isinstance(exc, ValueError) and "closed" in str(exc).lower()
                 retryable = (
-                    code in _RETRYABLE_CODES
+                    channel_closed
+                    or code in _RETRYABLE_CODES
                     or code is None
                     and isinstance(
                         exc,

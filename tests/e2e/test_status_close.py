@@ -11,12 +11,10 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 import sys
 import uuid
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
 import psutil
@@ -25,124 +23,16 @@ import pytest
 from elastic_run.rendezvous.etcd_server import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402
 from helpers import REPO_ROOT, free_port, no_process_left, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
-CLI = [str(Path(sys.executable).with_name("elastic-run"))]
-
-WORKER = """\
-import os, sys, time
-from pathlib import Path
-out = Path(sys.argv[1])
-rank = os.environ["RANK"]
-(out / f"ready-{rank}").write_text(str(os.getpid()))
-while not (out / "go").exists():
-    time.sleep(0.05)
-"""
-
-
-@dataclass
-class Job:
-    """A running job: its agents, where it reports, how to address its rendezvous."""
-
-    run_id: str
-    backend: str
-    endpoint: str
-    out: Path
-    agents: list[subprocess.Popen[bytes]]
-    nprocs: list[int]
-
-    @property
-    def rdzv_args(self) -> list[str]:
-        return ["--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint]
-
-    def ready_pids(self) -> dict[int, int]:
-        found = {}
-        for path in self.out.glob("ready-*"):
-            text = path.read_text()
-            if text:
-                found[int(path.name.split("-")[1])] = int(text)
-        return found
-
-    def worker_pids(self) -> list[int]:
-        return list(self.ready_pids().values())
-
-    def log(self, index: int) -> str:
-        return (self.out / f"agent{index}.log").read_text(errors="replace")
-
-
-def _cli_env() -> dict[str, str]:
-    env = dict(os.environ)
-    env["PYTHONPATH"] = str(REPO_ROOT)
-    return env
-
 
 def _status(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
     return subprocess.run(
-        [*CLI, "status", *args], capture_output=True, text=True, timeout=timeout_s, env=_cli_env()
+        [*CLI, "status", *args], capture_output=True, text=True, timeout=timeout_s, env=cli_env()
     )
-
-
-def _start_job(tmp_path: Path, backend: str, endpoint: str, nprocs: list[int]) -> Job:
-    worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
-    out = tmp_path / "out"
-    out.mkdir()
-    run_id = f"st-{uuid.uuid4().hex[:8]}"
-    agents = []
-    for index, nproc in enumerate(nprocs):
-        log = (out / f"agent{index}.log").open("wb")
-        agents.append(
-            subprocess.Popen(
-                [
-                    *CLI,
-                    "--nnodes",
-                    str(len(nprocs)),
-                    "--nproc-per-node",
-                    str(nproc),
-                    "--rdzv-backend",
-                    backend,
-                    "--rdzv-endpoint",
-                    endpoint,
-                    "--rdzv-id",
-                    run_id,
-                    "--local-addr",
-                    "127.0.0.1",
-                    "--log-dir",
-                    str(tmp_path / f"logs{index}"),
-                    "--no-live",
-                    str(worker),
-                    str(out),
-                ],
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=_cli_env(),
-                start_new_session=True,
-            )
-        )
-    job = Job(run_id, backend, endpoint, out, agents, nprocs)
-    wait_until(
-        lambda: len(job.ready_pids()) == sum(nprocs),
-        90,
-        message=lambda: f"workers did not start:\n{job.log(0)}\n---\n{job.log(1)}",
-    )
-    return job
-
-
-def _stop(job: Job) -> None:
-    for agent in job.agents:
-        if agent.poll() is None:
-            try:
-                os.killpg(agent.pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-            agent.wait(10)
-    for pid in job.worker_pids():
-        try:
-            psutil.Process(pid).kill()
-        except psutil.Error:
-            pass
 
 
 @pytest.fixture(name="etcd")
@@ -168,7 +58,7 @@ def _endpoint(backend: str, request: pytest.FixtureRequest) -> str:
 def test_status_json_matches_the_running_agents(
     backend: str, tmp_path: Path, request: pytest.FixtureRequest
 ) -> None:
-    job = _start_job(tmp_path, backend, _endpoint(backend, request), nprocs=[1, 2])
+    job = start_job(tmp_path, backend, _endpoint(backend, request), nprocs=[1, 2])
     try:
         agent_pids = {a.pid: n for a, n in zip(job.agents, job.nprocs, strict=True)}
 
@@ -218,18 +108,18 @@ def test_status_json_matches_the_running_agents(
             assert agent.wait(60) == 0
         assert no_process_left(job.worker_pids())
     finally:
-        _stop(job)
+        stop_job(job)
 
 
 def test_close_ends_a_running_two_node_job(tmp_path: Path) -> None:
-    job = _start_job(tmp_path, "c10d", f"127.0.0.1:{free_port()}", nprocs=[1, 1])
+    job = start_job(tmp_path, "c10d", f"127.0.0.1:{free_port()}", nprocs=[1, 1])
     try:
         done = subprocess.run(
             [*CLI, "close", *job.rdzv_args, "--rdzv-id", job.run_id, "--wait", "--timeout", "60"],
             capture_output=True,
             text=True,
             timeout=90,
-            env=_cli_env(),
+            env=cli_env(),
         )
         assert done.returncode == 0, done.stderr
         assert f"closed rendezvous '{job.run_id}'" in done.stderr
@@ -238,7 +128,7 @@ def test_close_ends_a_running_two_node_job(tmp_path: Path) -> None:
             assert "closed" in job.log(index)
         wait_until(lambda: no_process_left(job.worker_pids()), 10)
     finally:
-        _stop(job)
+        stop_job(job)
 
 
 def test_close_of_a_missing_job_is_exit_3(etcd: EtcdServer) -> None:
@@ -247,7 +137,7 @@ def test_close_of_a_missing_job_is_exit_3(etcd: EtcdServer) -> None:
         capture_output=True,
         text=True,
         timeout=60,
-        env={**_cli_env(), "PET_RDZV_ID": "no-such-job"},
+        env={**cli_env(), "PET_RDZV_ID": "no-such-job"},
     )
     assert done.returncode == 3
     assert done.stderr.strip().splitlines() == [
@@ -284,7 +174,7 @@ def test_plain_event_lines_when_not_a_terminal(tmp_path: Path) -> None:
         capture_output=True,
         text=True,
         timeout=120,
-        env=_cli_env(),
+        env=cli_env(),
     )
     assert done.returncode == 0, done.stderr
     line = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ elastic-run\[[^\]]+\] ([a-z.]+): .+$")

@@ -1,0 +1,147 @@
+"""Jobs of several real ``elastic-run`` agents on 127.0.0.1, for the e2e tests.
+
+The workers report their pid in ``<out>/ready-<RANK>`` and then wait for ``<out>/go``, so a test
+can look at a job while it is complete and healthy, then let it finish (or end it otherwise).
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+from helpers import REPO_ROOT, wait_until
+
+__all__ = ["CLI", "WORKER", "Job", "cli_env", "start_job", "stop_job"]
+
+CLI = [str(Path(sys.executable).with_name("elastic-run"))]
+
+WORKER = """\
+import os, sys, time
+from pathlib import Path
+out = Path(sys.argv[1])
+rank = os.environ["RANK"]
+(out / f"ready-{rank}").write_text(str(os.getpid()))
+while not (out / "go").exists():
+    time.sleep(0.05)
+"""
+
+
+@dataclass
+class Job:
+    """A running job: its agents, where it reports, how to address its rendezvous."""
+
+    run_id: str
+    backend: str
+    endpoint: str
+    out: Path
+    agents: list[subprocess.Popen[bytes]]
+    nprocs: list[int]
+
+    @property
+    def rdzv_args(self) -> list[str]:
+        return ["--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint]
+
+    def ready_pids(self) -> dict[int, int]:
+        found = {}
+        for path in self.out.glob("ready-*"):
+            text = path.read_text()
+            if text:
+                found[int(path.name.split("-")[1])] = int(text)
+        return found
+
+    def worker_pids(self) -> list[int]:
+        return list(self.ready_pids().values())
+
+    def log(self, index: int) -> str:
+        return (self.out / f"agent{index}.log").read_text(errors="replace")
+
+
+def cli_env() -> dict[str, str]:
+    """The environment for the CLI: this one, with the repository importable."""
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(REPO_ROOT)
+    return env
+
+
+def start_job(
+    tmp_path: Path,
+    backend: str,
+    endpoint: str,
+    nprocs: list[int],
+    nnodes: str | None = None,
+    extra: list[str] | None = None,
+    after_first: Callable[[Job], None] | None = None,
+) -> Job:
+    """Start one agent per entry of ``nprocs``; return once every worker reported ready.
+
+    ``after_first(job)`` runs after the first agent started and before the others do.
+    """
+    worker = tmp_path / "worker.py"
+    worker.write_text(WORKER)
+    out = tmp_path / "out"
+    out.mkdir()
+    run_id = f"st-{uuid.uuid4().hex[:8]}"
+    agents: list[subprocess.Popen[bytes]] = []
+    job = Job(run_id, backend, endpoint, out, agents, nprocs)
+    for index, nproc in enumerate(nprocs):
+        if index == 1 and after_first is not None:
+            after_first(job)
+        log = (out / f"agent{index}.log").open("wb")
+        agents.append(
+            subprocess.Popen(
+                [
+                    *CLI,
+                    "--nnodes",
+                    nnodes or str(len(nprocs)),
+                    "--nproc-per-node",
+                    str(nproc),
+                    "--rdzv-backend",
+                    backend,
+                    "--rdzv-endpoint",
+                    endpoint,
+                    "--rdzv-id",
+                    run_id,
+                    "--local-addr",
+                    "127.0.0.1",
+                    "--log-dir",
+                    str(tmp_path / f"logs{index}"),
+                    "--no-live",
+                    *(extra or []),
+                    str(worker),
+                    str(out),
+                ],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                env=cli_env(),
+                start_new_session=True,
+            )
+        )
+    wait_until(
+        lambda: len(job.ready_pids()) == sum(nprocs),
+        90,
+        message=lambda: f"workers did not start:\n{job.log(0)}\n---\n{job.log(1)}",
+    )
+    return job
+
+
+def stop_job(job: Job) -> None:
+    """Kill whatever of the job still runs: agents by process group, then the workers."""
+    for agent in job.agents:
+        if agent.poll() is None:
+            try:
+                os.killpg(agent.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            agent.wait(10)
+    for pid in job.worker_pids():
+        try:
+            psutil.Process(pid).kill()
+        except psutil.Error:
+            pass
