@@ -258,17 +258,16 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _metrics(self) -> dict[str, float]:
         snap = self.snapshot()
+        # names without the elastic_run_ prefix: render_metrics adds it
         return {
-            "elastic_run_restarts": float(snap.restarts),
-            "elastic_run_max_restarts": float(snap.max_restarts),
-            "elastic_run_round": float(snap.round),
-            "elastic_run_group_rank": float(snap.group_rank),
-            "elastic_run_group_world_size": float(snap.group_world_size),
-            "elastic_run_world_size": float(snap.world_size),
-            "elastic_run_workers_running": float(
-                sum(1 for w in snap.workers if w.state == "HEALTHY")
-            ),
-            "elastic_run_watchdog_expiries": float(len(self._expiries)),
+            "restarts": float(snap.restarts),
+            "max_restarts": float(snap.max_restarts),
+            "round": float(snap.round),
+            "group_rank": float(snap.group_rank),
+            "group_world_size": float(snap.group_world_size),
+            "world_size": float(snap.world_size),
+            "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
+            "watchdog_expiries": float(len(self._expiries)),
         }
 
     def _is_worker_pid(self, pid: int) -> bool:
