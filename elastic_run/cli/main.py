@@ -50,6 +50,17 @@ class _DefaultRunGroup(click.Group):
             args = ["run"]
         return super().parse_args(ctx, args)
 
+    def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
+        """The group's options and commands, then the run command's options (torchrun's)."""
+        super().format_options(ctx, formatter)
+        run = self.get_command(ctx, "run")
+        if run is None:
+            return
+        sub = click.Context(run, info_name="run", parent=ctx)
+        rows = [r for p in run.get_params(sub) if (r := p.get_help_record(sub)) is not None]
+        with formatter.section("Run options (elastic-run [OPTIONS] SCRIPT [ARGS]...)"):
+            formatter.write_dl(rows)
+
 
 @click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
 @click.version_option(__version__, prog_name="elastic-run")
