@@ -16,8 +16,9 @@ Protocol (one ASCII line per command, each far below PIPE_BUF so writes are atom
 Invariants:
 - The guardian process imports only the standard library (start-up time matters, and it runs with
   ``-I -S``): no torch, no psutil, nothing of elastic_run. It reads ``/proc`` itself.
-- It runs in a session of its own and ignores SIGINT, SIGHUP and SIGQUIT, so a Ctrl-C meant for the
-  agent's process group does not take it down before it has done its work.
+- It runs in a session of its own and ignores SIGINT, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2, so a
+  Ctrl-C meant for the agent's process group, or a Slurm preemption notice sent to every process
+  of the step, does not take it down before it has done its work.
 - While sessions are registered it rescans ``/proc`` every ``_TRACK_INTERVAL_S`` to remember
   descendants that left their session (pid plus start time, so a reused pid is never killed).
 - The pipe's write end is close-on-exec: only the agent holds it, so EOF means the agent is gone.
@@ -162,7 +163,9 @@ def main(stdin_fd: int = 0) -> int:
     Returns:
         The process exit status (0).
     """
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT):
+    # SIGUSR1/2: Slurm (scancel --signal, sbatch --signal) signals every process of a step,
+    # this one too, and their default action would end it before the agent is gone.
+    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
     watch = _Watch()
     pending = b""

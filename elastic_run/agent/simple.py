@@ -325,6 +325,7 @@ class SimpleElasticAgent(ElasticAgent):
             except RendezvousError:
                 pass
         self._group.state = WorkerState.STOPPED
+        self._leave_last()
         if reason == "succeeded":
             self._emit("closed", "the job already finished on the other nodes", reason=reason)
             return RunResult(WorkerState.SUCCEEDED, exit_code=0, reason="the job already finished")
@@ -587,7 +588,20 @@ class SimpleElasticAgent(ElasticAgent):
             log.warning("exit barrier: %s", exc)
             return
         self._close_rendezvous("succeeded")
-        # The node that hosts the store leaves last, so nobody's last call finds it gone.
+        self._leave_last()
+
+    def _leave_last(self) -> None:
+        """Say this node leaves the round; the node that hosts the store waits for the others.
+
+        The store lives in one agent: were it to leave first, the others' last reads (the
+        closed record, dropping their heartbeat) would find it gone. Bounded by 10 s, for a
+        member that died.
+        """
+        store, group = self._group.store, self._group
+        if store is None:
+            return
+        from torch.distributed import DistStoreError
+
         try:
             store.set(f"{_LEFT_KEY}/{group.group_rank}", "1")
             backend = getattr(self._spec.rdzv_handler, "backend", None)
@@ -595,7 +609,7 @@ class SimpleElasticAgent(ElasticAgent):
                 left = [f"{_LEFT_KEY}/{i}" for i in range(group.group_world_size)]
                 wait_keys(store, left, 10.0)
         except (DistStoreError, RuntimeError) as exc:
-            log.debug("exit barrier: leaving: %s", exc)
+            log.debug("leaving the round: %s", exc)
 
 
 def wait_keys(store: Store, keys: list[str], timeout_s: float, slice_s: float = 0.5) -> bool:

@@ -339,7 +339,7 @@ def main_foreground(
     members: int = 1,
     out: IO[str] | None = None,
 ) -> int:
-    """Run an etcd until SIGINT/SIGTERM, printing the ``--rdzv-endpoint`` to pass.
+    """Run an etcd until SIGINT/SIGTERM (SIGUSR1/2 ignored), printing the endpoint to pass.
 
     Args:
         data_dir: where to keep data and logs (temporary, removed at exit, when None).
@@ -362,6 +362,10 @@ def main_foreground(
         stop.set()
 
     previous = {s: signal.signal(s, on_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+    # A Slurm preemption notice (--signal=USR1@60, scancel --signal) reaches every process of
+    # the job's steps, this one too: it is meant for the workers, and must not end the store.
+    for s in (signal.SIGUSR1, signal.SIGUSR2):
+        previous[s] = signal.signal(s, signal.SIG_IGN)
     server = EtcdServer(data_dir, members=members, host=host, port=port)
     try:
         server.start()
