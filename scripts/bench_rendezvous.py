@@ -160,7 +160,8 @@ def _child(args: argparse.Namespace) -> None:
         "127.0.0.1", args.control_port, is_master=False, timeout=timedelta(seconds=600)
     )
     n, count = args.n, args.count
-    conf = {"join_timeout": str(args.timeout), "last_call_timeout": "30"}
+    # Whole seconds: torch reads join_timeout with get_as_int ("120.0" raises ValueError).
+    conf = {"join_timeout": str(int(args.timeout)), "last_call_timeout": "30"}
     handlers: list[Any] = []
     counters: list[Any] = []
 

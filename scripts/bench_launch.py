@@ -1,0 +1,190 @@
+"""Benchmark single-node launch and restart: elastic-run against torchrun, side by side.
+
+Both launchers run in the same invocation, alternating (ours, torch, torch, ours, ...), so a
+load that comes and goes on the machine falls on both alike; medians and the ratio are printed.
+
+(a) launch: the wall time of ``--standalone --nproc-per-node 2`` over a worker that only prints
+    its rank (scripts/bench_workers/print_rank.py), from spawning the launcher to its exit.
+(b) restart: ``--standalone --nproc-per-node 2 --max-restarts 1`` over
+    scripts/bench_workers/restart_stamp.py; local rank 1 stamps time.time() just before it exits
+    1 on attempt 0, and again as its first line on attempt 1. The figure is the difference.
+
+Runs itself in a fresh network namespace with only loopback (``unshare -n``) when it is root and
+``unshare`` exists, so no port of another job on this host is in the way; ``--no-unshare`` skips
+it. No assertions: figures only. On a small, shared machine the figures are noisy; the script
+prints the load average next to them.
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_launch.py
+    PYTHONPATH=. .venv/bin/python scripts/bench_launch.py --runs 9 --timeout 60
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+WORKERS = Path(__file__).resolve().parent / "bench_workers"
+BIN = Path(sys.executable).parent
+IMPLS = ("ours", "torch")
+_NETNS_MARK = "ELASTIC_RUN_BENCH_NETNS"
+
+
+def _reexec_in_netns() -> None:
+    if os.environ.get(_NETNS_MARK) or os.geteuid() != 0 or shutil.which("unshare") is None:
+        return
+    inner = " ".join(["exec", *(f"'{a}'" for a in [sys.executable, __file__, *sys.argv[1:]])])
+    env = dict(os.environ, **{_NETNS_MARK: "1"})
+    os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
+
+
+def launcher(impl: str) -> list[str]:
+    """The launcher's command line up to the script (standalone, two workers)."""
+    exe = "elastic-run" if impl == "ours" else "torchrun"
+    return [str(BIN / exe), "--standalone", "--nproc-per-node", "2"]
+
+
+def child_env() -> dict[str, str]:
+    env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR", OMP_NUM_THREADS="1")
+    env["PYTHONPATH"] = str(REPO_ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    return env
+
+
+def run_job(command: list[str], timeout_s: float) -> tuple[float, str | None]:
+    """Run one job; return (wall seconds, None) or (wall seconds, why it failed)."""
+    start = time.monotonic()
+    proc = subprocess.Popen(
+        command,
+        env=child_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+        start_new_session=True,
+    )
+    try:
+        _, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, 9)
+        proc.communicate()
+        return time.monotonic() - start, f"no exit within {timeout_s:g} s"
+    wall = time.monotonic() - start
+    if proc.returncode != 0:
+        tail = " | ".join(err.strip().splitlines()[-2:])
+        return wall, f"exit {proc.returncode}: {tail[:160]}"
+    return wall, None
+
+
+def launch_once(impl: str, timeout_s: float) -> float | str:
+    """(a): seconds from spawning the launcher to its exit, or why it failed."""
+    wall, error = run_job([*launcher(impl), str(WORKERS / "print_rank.py")], timeout_s)
+    return error if error else wall
+
+
+def restart_once(impl: str, timeout_s: float) -> float | str:
+    """(b): seconds from rank 1's failure to its restarted self's first line, or why not."""
+    with tempfile.TemporaryDirectory() as tmp:
+        stamps = os.path.join(tmp, "stamps")
+        command = [
+            *launcher(impl),
+            "--max-restarts",
+            "1",
+            str(WORKERS / "restart_stamp.py"),
+            stamps,
+        ]
+        _, error = run_job(command, timeout_s)
+        if error:
+            return error
+        fail = start = None
+        for line in Path(stamps).read_text().splitlines():
+            fields = line.split()
+            if fields[0] == "fail":
+                fail = float(fields[1])
+            elif fields[0] == "start" and fields[1] == "1":
+                start = float(fields[2])
+        if fail is None or start is None:
+            return "stamps missing"
+        return start - fail
+
+
+def alternate(
+    measure: Callable[[str, float], float | str], runs: int, timeout_s: float, label: str
+) -> dict[str, list[float | str]]:
+    """Run ``measure`` ``runs`` times per launcher, alternating which one goes first."""
+    results: dict[str, list[float | str]] = {impl: [] for impl in IMPLS}
+    for i in range(runs):
+        order = IMPLS if i % 2 == 0 else IMPLS[::-1]
+        for impl in order:
+            value = measure(impl, timeout_s)
+            results[impl].append(value)
+            shown = f"{value:.3f} s" if isinstance(value, float) else f"FAILED ({value})"
+            print(f"  {label} run {i + 1} {impl:5s}: {shown}", file=sys.stderr, flush=True)
+    return results
+
+
+def summary(values: list[float | str]) -> tuple[float | None, str]:
+    """(median of the successful runs or None, 'median (min-max)' text with failures noted)."""
+    ok = [v for v in values if isinstance(v, float)]
+    failed = len(values) - len(ok)
+    note = f", {failed} failed" if failed else ""
+    if not ok:
+        return None, f"all {failed} failed"
+    med = statistics.median(ok)
+    return med, f"{med:.3f} ({min(ok):.3f}-{max(ok):.3f}{note})"
+
+
+def main() -> None:
+    """Parse arguments, run both figures, print the table."""
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--runs", type=int, default=5, help="runs per launcher and figure")
+    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per job")
+    parser.add_argument("--only", choices=["launch", "restart"], help="run one figure only")
+    parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
+    args = parser.parse_args()
+    if not args.no_unshare:
+        _reexec_in_netns()
+
+    load_before = os.getloadavg()[0]
+    figures: list[tuple[str, dict[str, list[float | str]]]] = []
+    if args.only in (None, "launch"):
+        figures.append(
+            ("(a) 2-worker launch, wall (s)", alternate(launch_once, args.runs, args.timeout, "a"))
+        )
+    if args.only in (None, "restart"):
+        figures.append(
+            (
+                "(b) restart, fail->first line (s)",
+                alternate(restart_once, args.runs, args.timeout, "b"),
+            )
+        )
+    load_after = os.getloadavg()[0]
+
+    print(
+        f"elastic-run vs torchrun, --standalone --nproc-per-node 2, {args.runs} alternating runs "
+        f"each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
+        f"{load_after:.2f} after"
+    )
+    print("(shared machine: figures are noisy; medians, with min-max in parentheses)")
+    print()
+    print(
+        f"| figure                            | {'elastic-run':>24} | {'torchrun':>24} | ours/torch |"
+    )
+    print(f"|-----------------------------------|{'-' * 25}:|{'-' * 25}:|-----------:|")
+    for label, results in figures:
+        ours_med, ours_text = summary(results["ours"])
+        torch_med, torch_text = summary(results["torch"])
+        ratio = "-"
+        if ours_med is not None and torch_med:
+            ratio = f"{ours_med / torch_med:.2f}"
+        print(f"| {label:33} | {ours_text:>24} | {torch_text:>24} | {ratio:>10} |")
+
+
+if __name__ == "__main__":
+    main()
