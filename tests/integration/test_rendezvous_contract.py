@@ -1,0 +1,525 @@
+"""The rendezvous contract (issue 3's promises) on real stores, with several handlers.
+
+Every test in the contract part runs on a real TCPStore (``c10d``) and on a real etcd
+(``etcd``, skipped where etcd is not installed) through the ``job`` fixture. Handlers of
+one process run in threads; a node that must die for real (SIGKILL) is a subprocess.
+The c10d-only part covers hosting, a store that goes away and the static backend.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from datetime import timedelta
+from typing import Any
+
+import pytest
+from etcd_fixtures import etcd_server_fixture, requires_etcd  # noqa: F401 - fixtures
+
+from elastic_run.rendezvous.api import RendezvousInfo, RendezvousParameters
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.c10d import create_c10d_backend
+from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler, read_snapshot
+from elastic_run.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousConnectionError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
+from elastic_run.rendezvous.registry import create_backend, rendezvous_handler_registry
+from tests.helpers import REPO_ROOT, free_port, wait_until
+
+# Short timings so the suite runs in seconds; a node is judged gone after 0.25 x 4 = 1 s.
+CONF: dict[str, str] = {
+    "last_call_timeout": "0.5",
+    "keep_alive_interval": "0.25",
+    "keep_alive_max_attempt": "4",
+    "join_timeout": "30",
+    "read_timeout": "10",
+}
+STALE_S = 0.25 * 4
+# Slack for a loaded 2-core machine (thread scheduling, etcd lease rounding to 2 s).
+SLACK_S = 3.0
+
+
+class Job:
+    """One rendezvous job on a real store: builds handlers and readers, and cleans up."""
+
+    def __init__(self, kind: str, endpoint: str) -> None:
+        self.kind = kind
+        self.endpoint = endpoint
+        self.run_id = f"job-{uuid.uuid4().hex[:8]}"
+        self._handlers: list[DynamicRendezvousHandler] = []
+        self._backends: list[RendezvousBackend] = []
+
+    def params(self, min_nodes: int, max_nodes: int, **conf: str) -> RendezvousParameters:
+        merged = {**CONF, **conf}
+        if self.kind == "c10d":
+            merged.setdefault("is_host", "false")
+        return RendezvousParameters(
+            self.kind,
+            self.endpoint,
+            self.run_id,
+            min_nodes,
+            max_nodes,
+            local_addr="127.0.0.1",
+            **merged,
+        )
+
+    def handler(self, min_nodes: int, max_nodes: int, **conf: str) -> DynamicRendezvousHandler:
+        handler = rendezvous_handler_registry.create_handler(
+            self.params(min_nodes, max_nodes, **conf)
+        )
+        assert isinstance(handler, DynamicRendezvousHandler)
+        self._handlers.append(handler)
+        return handler
+
+    def handlers(self, n: int, min_nodes: int, max_nodes: int, **conf: str) -> list[Any]:
+        return [self.handler(min_nodes, max_nodes, **conf) for _ in range(n)]
+
+    def reader(self) -> RendezvousBackend:
+        backend = create_backend(self.params(1, 1), allow_hosting=False)
+        self._backends.append(backend)
+        return backend
+
+    def node_command(self, min_nodes: int, max_nodes: int) -> list[str]:
+        """A subprocess that joins as one node, prints its rank, then waits to be killed."""
+        spec = {
+            "kind": self.kind,
+            "endpoint": self.endpoint,
+            "run_id": self.run_id,
+            "min": min_nodes,
+            "max": max_nodes,
+            "conf": {**CONF, **({"is_host": "false"} if self.kind == "c10d" else {})},
+        }
+        return [sys.executable, "-c", _NODE_SCRIPT, json.dumps(spec)]
+
+    def close(self) -> None:
+        for handler in reversed(self._handlers):
+            handler.shutdown()
+            handler.backend.close()
+        for backend in self._backends:
+            backend.close()
+
+
+_NODE_SCRIPT = """
+import json, sys, threading
+from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.registry import rendezvous_handler_registry
+spec = json.loads(sys.argv[1])
+params = RendezvousParameters(spec["kind"], spec["endpoint"], spec["run_id"], spec["min"],
+                              spec["max"], local_addr="127.0.0.1", **spec["conf"])
+handler = rendezvous_handler_registry.create_handler(params)
+print("node", handler.node_id, flush=True)
+info = handler.next_rendezvous()
+print("rank", info.rank, info.world_size, flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.fixture(
+    scope="module",
+    params=["c10d", pytest.param("etcd", marks=[pytest.mark.etcd, requires_etcd])],
+)
+def store_endpoint(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
+    """(backend name, endpoint): a TCPStore hosted here, or the module's etcd server.
+
+    Module-scoped, so the etcd process starts before any test's process-leak guard looks.
+    """
+    if request.param == "c10d":
+        from torch.distributed import TCPStore
+
+        server = TCPStore(
+            "127.0.0.1", 0, is_master=True, wait_for_workers=False, timeout=timedelta(seconds=10)
+        )
+        yield "c10d", f"127.0.0.1:{server.port}"
+        del server
+    else:
+        etcd = request.getfixturevalue("etcd_server")
+        yield "etcd", etcd.endpoint
+
+
+@pytest.fixture
+def job(store_endpoint: tuple[str, str]) -> Iterator[Job]:
+    """A fresh job (its own run id) on the store."""
+    the_job = Job(*store_endpoint)
+    try:
+        yield the_job
+    finally:
+        the_job.close()
+
+
+class Call:
+    """Run ``fn`` on a daemon thread; keep its result or its exception."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self.done = threading.Event()
+        self.returned_at = 0.0
+
+        def run() -> None:
+            try:
+                self.result = fn()
+            except BaseException as exc:  # noqa: BLE001 - handed to the test
+                self.error = exc
+            finally:
+                self.returned_at = time.monotonic()
+                self.done.set()
+
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+
+    def get(self, timeout_s: float) -> Any:
+        assert self.done.wait(timeout_s), f"the call did not return within {timeout_s} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def rendezvous_all(handlers: list[Any], timeout_s: float = 30.0) -> list[RendezvousInfo]:
+    calls = [Call(h.next_rendezvous) for h in handlers]
+    return [call.get(timeout_s) for call in calls]
+
+
+def assert_one_group(infos: list[RendezvousInfo]) -> None:
+    """Consistency: one round, one world size, ranks exactly 0..N-1."""
+    assert len({info.round for info in infos}) == 1
+    assert {info.world_size for info in infos} == {len(infos)}
+    assert sorted(info.rank for info in infos) == list(range(len(infos)))
+
+
+def start_node(job: Job, min_nodes: int, max_nodes: int) -> subprocess.Popen[str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+    return subprocess.Popen(
+        job.node_command(min_nodes, max_nodes),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+
+
+def read_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 30.0) -> str:
+    """The first stdout line of ``proc`` starting with ``prefix`` (raises after ``timeout_s``)."""
+    found: list[str] = []
+
+    def scan() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            if line.startswith(prefix):
+                found.append(line.strip())
+                return
+
+    reader = threading.Thread(target=scan, daemon=True)
+    reader.start()
+    reader.join(timeout_s)
+    if not found:
+        proc.kill()
+        _, err = proc.communicate(timeout=10)
+        raise AssertionError(
+            f"the node printed no '{prefix}' line in {timeout_s} s; stderr:\n{err}"
+        )
+    return found[0]
+
+
+def kill(proc: subprocess.Popen[str]) -> None:
+    if proc.poll() is None:
+        os.kill(proc.pid, signal.SIGKILL)
+    proc.wait(timeout=10)
+    for stream in (proc.stdout, proc.stderr):
+        if stream is not None:
+            stream.close()
+
+
+# -- the barrier ------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_barrier_completes_at_max_at_once(job: Job) -> None:
+    handlers = job.handlers(3, 2, 3, last_call_timeout="30")
+    start = time.monotonic()
+    infos = rendezvous_all(handlers, timeout_s=20)
+    assert time.monotonic() - start < 15, "a full round waited for the last call"
+    assert_one_group(infos)
+    assert [h.num_nodes_waiting() for h in handlers] == [0, 0, 0]
+
+
+@pytest.mark.timeout(60)
+def test_barrier_completes_at_min_after_last_call(job: Job) -> None:
+    handlers = job.handlers(2, 2, 4)
+    start = time.monotonic()
+    infos = rendezvous_all(handlers)
+    assert time.monotonic() - start >= 0.5, "a round below max sealed before the last call"
+    assert_one_group(infos)
+
+
+@pytest.mark.timeout(60)
+def test_barrier_below_min_times_out_with_the_facts(job: Job) -> None:
+    handler = job.handler(2, 3, join_timeout="1")
+    start = time.monotonic()
+    with pytest.raises(RendezvousTimeoutError) as caught:
+        handler.next_rendezvous()
+    elapsed = time.monotonic() - start
+    assert 1.0 <= elapsed < 1.0 + SLACK_S
+    message = str(caught.value)
+    assert job.run_id in message
+    assert "1 of 2..3 nodes" in message
+    assert job.kind in message and handler.backend.endpoint in message
+
+
+# -- exclusivity, consistency, the shared store -------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_latecomer_waits_is_counted_and_joins_the_next_round(job: Job) -> None:
+    members = job.handlers(2, 2, 3)
+    first = rendezvous_all(members)
+    assert_one_group(first)
+
+    late = job.handler(2, 3)
+    late_call = Call(late.next_rendezvous)
+    wait_until(
+        lambda: all(m.num_nodes_waiting() == 1 for m in members),
+        10,
+        message=lambda: f"waiting counts: {[m.num_nodes_waiting() for m in members]}",
+    )
+    assert not late_call.done.is_set(), "a latecomer got into a completed round"
+    snap = read_snapshot(job.reader(), job.run_id)
+    assert snap is not None and len(snap.members) == 2 and len(snap.waiting) == 1
+
+    second = rendezvous_all(members)
+    third = late_call.get(20)
+    assert_one_group([*second, third])
+    assert third.round > first[0].round
+
+
+@pytest.mark.timeout(60)
+def test_members_agree_on_membership(job: Job) -> None:
+    handlers = job.handlers(4, 4, 4)
+    infos = rendezvous_all(handlers)
+    assert_one_group(infos)
+    snap = read_snapshot(job.reader(), job.run_id, 4, 4)
+    assert snap is not None and snap.state == "complete"
+    by_rank = {m.rank: m.node_id for m in snap.members}
+    assert {by_rank[info.rank] for info, h in zip(infos, handlers, strict=True)} == {
+        h.node_id for h in handlers
+    }
+    for info, handler in zip(infos, handlers, strict=True):
+        assert by_rank[info.rank] == handler.node_id
+        assert handler.assignment is not None and handler.assignment.rank == info.rank
+
+
+@pytest.mark.timeout(90)
+def test_each_round_gets_a_private_store(job: Job) -> None:
+    handlers = job.handlers(2, 2, 2)
+    first = rendezvous_all(handlers)
+    first[0].store.set("greeting", b"round one")
+    assert first[1].store.get("greeting") == b"round one"  # shared within the round
+
+    second = rendezvous_all(handlers)
+    assert second[0].round != first[0].round
+    assert not second[0].store.check(["greeting"]), "a round's store leaked into the next"
+    second[1].store.set("greeting", b"round two")
+    assert second[0].store.get("greeting") == b"round two"
+    assert first[1].store.get("greeting") == b"round one"
+
+
+# -- fault tolerance ----------------------------------------------------------------------
+
+
+@pytest.mark.timeout(90)
+def test_node_killed_before_completion_is_dropped(job: Job) -> None:
+    reader = job.reader()
+    proc = start_node(job, 2, 4)
+    try:
+        read_line(proc, "node")
+        wait_until(
+            lambda: reader.get("r0/node/0") is not None, 30, message="the node never arrived"
+        )
+        kill(proc)
+        handlers = job.handlers(2, 2, 4)
+        infos = rendezvous_all(handlers)
+    finally:
+        kill(proc)
+    assert_one_group(infos)  # world size 2: the dead arrival was left out
+
+
+@pytest.mark.timeout(90)
+def test_member_killed_after_completion_is_seen_as_lost(job: Job) -> None:
+    proc = start_node(job, 2, 2)
+    try:
+        survivor = job.handler(2, 2)
+        info = survivor.next_rendezvous()
+        assert read_line(proc, "rank").split()[2] == "2"
+        assert info.world_size == 2
+        assert not survivor.has_lost_member() and not survivor.is_round_over()
+        kill(proc)
+        killed_at = time.monotonic()
+        bound = STALE_S + SLACK_S
+        wait_until(survivor.has_lost_member, bound, message="the dead member was not noticed")
+        assert survivor.is_round_over()
+        assert time.monotonic() - killed_at < bound
+    finally:
+        kill(proc)
+
+
+# -- closing --------------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+def test_set_closed_stops_every_node(job: Job) -> None:
+    handlers = job.handlers(2, 2, 2)
+    rendezvous_all(handlers)
+    handlers[0].set_closed()
+    newcomer = job.handler(1, 2)
+    for handler in [*handlers, newcomer]:
+        assert handler.is_closed()
+        with pytest.raises(RendezvousClosedError, match=job.run_id):
+            handler.next_rendezvous()
+
+
+@pytest.mark.timeout(60)
+def test_a_waiting_node_sees_the_close(job: Job) -> None:
+    waiting = job.handler(2, 2)
+    call = Call(waiting.next_rendezvous)
+    reader = job.reader()
+    wait_until(lambda: reader.get("r0/arrivals") is not None, 10, message="no arrival")
+    job.handler(1, 1).set_closed()
+    with pytest.raises(RendezvousClosedError):
+        call.get(STALE_S + SLACK_S)
+
+
+@pytest.mark.timeout(60)
+def test_shutdown_without_close_leaves_the_job_open(job: Job) -> None:
+    handlers = job.handlers(2, 2, 2)
+    rendezvous_all(handlers)
+    assert handlers[0].shutdown()
+    assert handlers[0].shutdown()  # idempotent
+    assert not handlers[1].is_closed()
+    again = [handlers[1], job.handler(2, 2)]
+    assert_one_group(rendezvous_all(again))
+
+
+# -- robustness -----------------------------------------------------------------------------
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize(
+    ("key", "value"),
+    [
+        ("round", b"not a number"),
+        ("closed", b"\x80\x81 garbage"),
+        ("closed", b'{"v": 99, "reason": "closed"}'),
+        ("r0/seal", b"cos\nsystem\n(S'echo pwned'\ntR."),  # a pickle, never unpickled
+        ("r0/seal", b'{"v": 1, "round": "zero"}'),
+    ],
+)
+def test_garbage_under_the_jobs_keys_is_a_state_error(job: Job, key: str, value: bytes) -> None:
+    writer = job.reader()
+    writer.set("round", b"0")
+    writer.set(key, value)
+    handler = job.handler(1, 2, join_timeout="5")
+    with pytest.raises(RendezvousStateError, match=f"'{key}'"):
+        handler.next_rendezvous()
+
+
+# -- c10d only: a store that goes away, hosting ----------------------------------------------
+
+_STORE_SCRIPT = """
+import threading
+from datetime import timedelta
+from torch.distributed import TCPStore
+store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
+                 timeout=timedelta(seconds=30))
+print("port", store.port, flush=True)
+threading.Event().wait()
+"""
+
+
+@pytest.mark.timeout(60)
+def test_store_that_goes_away_is_a_connection_error_within_read_timeout() -> None:
+    env = dict(os.environ)
+    proc = subprocess.Popen(
+        [sys.executable, "-c", _STORE_SCRIPT],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
+    job = Job("c10d", "")
+    try:
+        port = int(read_line(proc, "port").split()[1])
+        job.endpoint = f"127.0.0.1:{port}"
+        handler = job.handler(2, 2, read_timeout="3")
+        call = Call(handler.next_rendezvous)
+        reader = job.reader()
+        wait_until(lambda: reader.get("r0/arrivals") is not None, 10, message="no arrival")
+        kill(proc)
+        gone_at = time.monotonic()
+        with pytest.raises(RendezvousConnectionError, match=str(port)):
+            call.get(3 + SLACK_S)
+        assert call.returned_at - gone_at < 3 + SLACK_S
+    finally:
+        kill(proc)
+        job.close()
+
+
+def _c10d_params(endpoint: str, **conf: str) -> RendezvousParameters:
+    return RendezvousParameters("c10d", endpoint, "hosting", 1, 2, read_timeout="5", **conf)
+
+
+@pytest.mark.timeout(60)
+def test_c10d_port_zero_hosts_on_a_free_port() -> None:
+    host = create_c10d_backend(_c10d_params("127.0.0.1:0"))
+    try:
+        assert host.is_hosting
+        port = int(host.endpoint.rsplit(":", 1)[1])
+        assert port != 0
+        client = create_c10d_backend(_c10d_params(f"127.0.0.1:{port}", is_host="false"))
+        try:
+            assert not client.is_hosting
+            client.set("hello", b"there")
+            assert host.get("hello") == b"there"
+        finally:
+            client.close()
+    finally:
+        host.close()
+
+
+@pytest.mark.timeout(60)
+def test_c10d_taken_port_with_is_host_is_a_clear_error() -> None:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as occupant:
+        occupant.bind(("127.0.0.1", 0))
+        occupant.listen()
+        port = occupant.getsockname()[1]
+        with pytest.raises(RendezvousConnectionError, match=f"127.0.0.1:{port}.*in use"):
+            create_c10d_backend(_c10d_params(f"127.0.0.1:{port}", is_host="true"))
+
+
+@pytest.mark.timeout(60)
+def test_static_backend_two_nodes_complete() -> None:
+    port = free_port()
+
+    def params(rank: int) -> RendezvousParameters:
+        return RendezvousParameters(
+            "static", f"127.0.0.1:{port}", "static-job", 2, 2, rank=str(rank), timeout="20"
+        )
+
+    handlers = [rendezvous_handler_registry.create_handler(params(r)) for r in (0, 1)]
+    infos = rendezvous_all(handlers, timeout_s=30)
+    assert [info.rank for info in infos] == [0, 1]
+    assert {info.world_size for info in infos} == {2}
+    infos[0].store.set("k", b"v")
+    assert infos[1].store.get("k") == b"v"
+    handlers[1].set_closed()
+    assert handlers[0].is_closed()
