@@ -76,6 +76,20 @@ class SealRecord:
         """Return the admitted arrival indices in rank order."""
         return [i for lo, hi in self.admitted for i in range(lo, hi + 1)]
 
+    def consistency_error(self) -> str | None:
+        """What makes this seal unusable (its parts disagree on the member count), or None."""
+        try:
+            admitted = len(self.admitted_indices())
+            described = sum(int(count) for count, _, _ in self.workers)
+        except (TypeError, ValueError):
+            return "malformed 'admitted' or 'workers'"
+        if admitted != self.world_size or described != self.world_size:
+            return (
+                f"world_size {self.world_size}, {admitted} admitted, "
+                f"{described} described in 'workers'"
+            )
+        return None
+
 
 @dataclass(frozen=True)
 class LostRecord:
@@ -126,6 +140,12 @@ def decode(cls: type[T], key: str, raw: bytes) -> T:
             f"the value under rendezvous key '{key}' is not a valid {cls.__name__}: {exc}"
         ) from None
     _check_types(record, key)
+    check = getattr(record, "consistency_error", None)
+    problem = check() if callable(check) else None
+    if problem:
+        raise RendezvousStateError(
+            f"the value under rendezvous key '{key}' is not a valid {cls.__name__}: {problem}"
+        )
     return record
 
 

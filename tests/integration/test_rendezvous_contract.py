@@ -422,6 +422,12 @@ def test_shutdown_without_close_leaves_the_job_open(job: Job) -> None:
         ("closed", b'{"v": 99, "reason": "closed"}'),
         ("r0/seal", b"cos\nsystem\n(S'echo pwned'\ntR."),  # a pickle, never unpickled
         ("r0/seal", b'{"v": 1, "round": "zero"}'),
+        # Well-formed, but its parts disagree: no worker description for its one member.
+        (
+            "r0/seal",
+            b'{"v": 1, "round": 0, "sealed_arrivals": 1, "admitted": [[0, 0]], '
+            b'"world_size": 1, "reason": "max"}',
+        ),
     ],
 )
 def test_garbage_under_the_jobs_keys_is_a_state_error(job: Job, key: str, value: bytes) -> None:
