@@ -1,0 +1,50 @@
+"""A tiny worker for the multi-node tests: record the env, maybe fail, wait for a "go" file.
+
+Writes ``$MN_OUT/<MN_NODE>_<pid>.json`` with its launcher environment at once. Then:
+``MN_FAIL_NODE`` names a node whose local rank 0 exits 1 while TORCHELASTIC_RESTART_COUNT is 0;
+every other worker waits until ``$MN_OUT/go`` exists (at most ``MN_MAX_WAIT_S``, default 120 s,
+then exits 2) and exits 0.
+"""
+
+import json
+import os
+import sys
+import time
+from pathlib import Path
+
+NAMES = (
+    "LOCAL_RANK",
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+    "TORCHELASTIC_RESTART_COUNT",
+    "TORCHELASTIC_RUN_ID",
+)
+
+out = Path(os.environ["MN_OUT"])
+node = os.environ.get("MN_NODE", "node")
+record = {name: os.environ.get(name) for name in NAMES}
+record.update(node=node, pid=os.getpid(), ppid=os.getppid())
+tmp = out / f".{node}_{os.getpid()}.tmp"
+tmp.write_text(json.dumps(record))
+tmp.rename(out / f"{node}_{os.getpid()}.json")  # readers never see half a file
+
+if (
+    os.environ.get("MN_FAIL_NODE") == node
+    and os.environ["LOCAL_RANK"] == "0"
+    and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+):
+    sys.exit(1)
+
+deadline = time.monotonic() + float(os.environ.get("MN_MAX_WAIT_S", "120"))
+go = out / "go"
+while not go.exists():
+    if time.monotonic() > deadline:
+        sys.exit(2)
+    time.sleep(0.05)
