@@ -602,10 +602,17 @@ class SimpleElasticAgent(ElasticAgent):
             return
         from torch.distributed import DistStoreError
 
+        handler = self._spec.rdzv_handler
+        hosting = bool(getattr(getattr(handler, "backend", None), "is_hosting", False))
         try:
+            if not hosting:
+                # Leave the rendezvous (drop the heartbeat) while the store is surely there.
+                try:
+                    handler.shutdown()
+                except RendezvousError as exc:
+                    log.warning("leaving the rendezvous failed: %s", exc)
             store.set(f"{_LEFT_KEY}/{group.group_rank}", "1")
-            backend = getattr(self._spec.rdzv_handler, "backend", None)
-            if getattr(backend, "is_hosting", False):
+            if hosting:
                 left = [f"{_LEFT_KEY}/{i}" for i in range(group.group_world_size)]
                 wait_keys(store, left, 10.0)
         except (DistStoreError, RuntimeError) as exc:

@@ -536,6 +536,11 @@ def _run_options(fn: Callable[..., Any]) -> Callable[..., Any]:
 @click.pass_context
 def run_command(ctx: click.Context, /, **params: Any) -> None:
     """Run SCRIPT on this node as part of an elastic job (the default command)."""
+    # torch's C++ layer logs each store wait that timed out and each failed connect as a
+    # warning with a stack: noise in the agent, whose errors are one line. Set before torch
+    # loads; the workers keep the user's level (torch's default, WARNING, when none was set).
+    user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     from elastic_run.cli.slurm import format_print_config, should_exit_as_extra_task
 
     notice = should_exit_as_extra_task(os.environ)
@@ -557,9 +562,15 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
         sys.exit(0)
     for line in parsed.notices:
         click.echo(f"elastic-run: {line}", err=True)
+    import dataclasses
+
+    config = dataclasses.replace(
+        parsed.config,
+        extra_env=(("TORCH_CPP_LOG_LEVEL", user_level or "WARNING"), *parsed.config.extra_env),
+    )
     from elastic_run.cli.run import run_job
 
-    _exit_now(run_job(parsed.config))
+    _exit_now(run_job(config))
 
 
 def _exit_now(code: int) -> NoReturn:

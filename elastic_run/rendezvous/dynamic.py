@@ -248,6 +248,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._beat_thread: threading.Thread | None = None
         self._heartbeat_error: RendezvousError | None = None
         self._shut_down = False
+        # What the heartbeat thread saw of the last round's successor. It keeps watching it
+        # between rounds, so the next round's coordinator judges a dead successor from when it
+        # died, not from when the re-rendezvous began (one less stale period to wait).
+        self._successor_beats = proto.Heartbeats()
 
     # -- construction, as torch's -------------------------------------------------
 
@@ -668,26 +672,28 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._beat_thread.start()
 
     def _beat_loop(self) -> None:
-        beats = proto.Heartbeats()
-        watched_round = -1
+        successor = ""
         while not self._stop.wait(self._settings.keep_alive_interval_s):
             try:
                 self._backend.heartbeat(self.node_id)
                 member = self._member
-                if member is None or not member.successor:
+                if member is not None and member.successor != successor:
+                    successor = member.successor
+                    self._successor_beats = proto.Heartbeats()
+                if not successor:
                     continue
-                if member.round != watched_round:
-                    beats, watched_round = proto.Heartbeats(), member.round
-                successor = member.successor
                 raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
+                now = self._clock()
+                beats = self._successor_beats.observe(
+                    {successor: decode_int("hb", beat) if beat is not None else None}, now
+                )
+                self._successor_beats = beats
+                if member is None:
+                    continue  # between rounds: only watch
                 if raw_round is not None and decode_int("round", raw_round) != member.round:
                     if not self._round_over:
                         self._note_round_end(member.round)
                     continue
-                now = self._clock()
-                beats = beats.observe(
-                    {successor: decode_int("hb", beat) if beat is not None else None}, now
-                )
                 if beats.is_gone(successor, now, self._settings.stale_after_s) and not self._lost:
                     log.warning(
                         "rendezvous '%s': member %s stopped heartbeating; ending round %d",
@@ -732,7 +738,7 @@ class _Coordinator:
         self._r = r
         self._index = index
         self._records: dict[int, NodeRecord] = {}
-        self._beats = proto.Heartbeats()
+        self._beats = handler._successor_beats
         self._arrivals = index + 1
         self._last_arrival_at = handler._clock()
         self._expected: set[str] | None = None
