@@ -743,12 +743,17 @@ class _Coordinator:
         self._last_arrival_at = handler._clock()
         self._expected: set[str] | None = None
         self._next_at: float | None = None
+        self._pending = 0
 
     def present(self) -> int:
         return self._arrivals
 
     def next_wait(self, now: float) -> float:
         tick = self._h._settings.keep_alive_interval_s
+        if self._pending:
+            # A re-forming round waits on nodes of the last one: judge them 4 times a tick, so
+            # a dead one is dropped soon after its heartbeat went stale (O(expected) reads).
+            tick = tick / 4
         if self._next_at is None:
             return tick
         return max(0.01, min(tick, self._next_at - now))
@@ -795,6 +800,7 @@ class _Coordinator:
         pending = proto.expected_pending(
             expected, (rec.node_id for rec in self._records.values()), self._beats, now, stale
         )
+        self._pending = pending
         reading = proto.BarrierReading(
             live=live,
             last_arrival_at=self._last_arrival_at,
