@@ -35,6 +35,7 @@ from elastic_run.errors import AgentError, ElasticRunError
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
+    RendezvousTimeoutError,
 )
 
 if TYPE_CHECKING:
@@ -634,7 +635,9 @@ def wait_keys(store: Store, keys: list[str], timeout_s: float, slice_s: float = 
             store.wait(keys, timedelta(seconds=max(0.001, min(slice_s, left))))
             return True
         except DistStoreError as exc:
-            if "timeout" not in str(exc).lower():
+            # torch's stores say "timeout", ours (a RendezvousTimeoutError) "timed out".
+            timed_out = isinstance(exc, RendezvousTimeoutError) or "timeout" in str(exc).lower()
+            if not timed_out:
                 raise
         if time.monotonic() >= deadline:
             return False

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 from etcd_fixtures import etcd_server_fixture, requires_etcd, wait_until  # noqa: F401
 
+from elastic_run.agent.simple import wait_keys
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousTimeoutError
 from elastic_run.rendezvous.etcd_client import EtcdClient
@@ -105,6 +106,18 @@ def test_store_get_unblocks_when_another_client_sets(etcd_server: EtcdServer) ->
     finally:
         reader.close()
         writer.close()
+
+
+def test_agent_wait_keys_outlasts_the_etcd_store_slices(etcd_server: EtcdServer) -> None:
+    # The agent waits in short slices (so signals are handled between them); an etcd store's
+    # slice timing out must mean "wait on", not end the wait with an error.
+    store = _store(etcd_server)
+    try:
+        assert wait_keys(store, ["never"], timeout_s=0.3, slice_s=0.05) is False
+        store.set("there", "1")
+        assert wait_keys(store, ["there"], timeout_s=5.0, slice_s=0.05) is True
+    finally:
+        store.close()
 
 
 def test_store_add_is_atomic_across_clients(etcd_server: EtcdServer) -> None:
