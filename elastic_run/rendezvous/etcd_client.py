@@ -305,9 +305,9 @@ class EtcdClient:
                 # Another thread dropped this channel after a failure: a call on it fails with
                 # a ValueError, one in flight is CANCELLED with "Channel closed!". The next try
                 # takes the client that replaced it.
-                channel_closed = (
-                    isinstance(exc, ValueError) and "closed" in str(exc).lower()
-                ) or (code == grpc.StatusCode.CANCELLED and "channel closed" in reason.lower())
+                channel_closed = (isinstance(exc, ValueError) and "closed" in str(exc).lower()) or (
+                    code == grpc.StatusCode.CANCELLED and "channel closed" in reason.lower()
+                )
                 retryable = (
                     channel_closed
                     or code in _RETRYABLE_CODES
