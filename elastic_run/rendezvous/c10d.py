@@ -244,7 +244,9 @@ class C10dRendezvousBackend(RendezvousBackend):
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         values = self.get_many([f"hb/{n}" for n in node_ids])
-        return [decode_int("hb", v) if v is not None else None for v in values]
+        # A counter is never empty: b"" is a key deleted between get_many's check and its
+        # multi_get (TCPStore answers a vanished key with an empty value), i.e. gone.
+        return [decode_int("hb", v) if v else None for v in values]
 
     def forget_node(self, node_id: str) -> None:
         self._call(lambda: self._store.delete_key(f"hb/{node_id}"))

@@ -685,7 +685,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
                 now = self._clock()
                 beats = self._successor_beats.observe(
-                    {successor: decode_int("hb", beat) if beat is not None else None}, now
+                    # b"": the key vanished mid-read (see C10dRendezvousBackend.read_heartbeats).
+                    {successor: decode_int("hb", beat) if beat else None},
+                    now,
                 )
                 self._successor_beats = beats
                 if member is None:

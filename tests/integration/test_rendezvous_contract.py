@@ -377,6 +377,36 @@ def test_member_killed_after_completion_is_seen_as_lost(job: Job) -> None:
 
 
 @pytest.mark.timeout(60)
+def test_heartbeats_read_while_a_node_leaves_are_counters_or_gone(job: Job) -> None:
+    # `close --wait` and the ring read heartbeats while nodes come and go: a key that vanishes
+    # mid-read is "gone" (None), never a state error.
+    writer, reader = job.reader(), job.reader()
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def churn() -> None:
+        try:
+            while not stop.is_set():
+                writer.heartbeat("leaver")
+                writer.forget_node("leaver")
+        except BaseException as exc:  # reported by the main thread
+            errors.append(exc)
+
+    thread = threading.Thread(target=churn)
+    thread.start()
+    seen: set[bool] = set()
+    try:
+        for _ in range(1500):
+            (beat,) = reader.read_heartbeats(["leaver"])
+            assert beat is None or beat >= 1
+            seen.add(beat is None)
+    finally:
+        stop.set()
+        thread.join(30)
+    assert not errors
+    assert seen == {True, False}, "the reads never overlapped the churn"
+
+
 def test_set_closed_stops_every_node(job: Job) -> None:
     handlers = job.handlers(2, 2, 2)
     rendezvous_all(handlers)
