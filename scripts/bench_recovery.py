@@ -250,9 +250,10 @@ def measure(
                     # The workers that trained are the round's: their starts are the last ones.
                     return firsts[wanted - 1] - since, starts[-1] - since
                 if time.time() > deadline:
+                    started = f", the last after {starts[-1] - since:.2f} s" if starts else ""
                     return (
                         f"did not recover within {bound_s:g} s "
-                        f"({len(starts)} new workers started, {len(firsts)} trained)"
+                        f"({len(starts)} new workers started{started}, {len(firsts)} trained)"
                     )
                 time.sleep(POLL_S)
         except RuntimeError as exc:

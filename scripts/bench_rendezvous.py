@@ -6,9 +6,9 @@ TCPStore. For each N it prints the seconds from "go" to the last node's return, 
 operations per node during that window, and the ratio of the two times.
 
 - ours: ``elastic_run.rendezvous.dynamic.create_handler`` over ``create_c10d_backend``
-  (or over etcd with ``--backend etcd``); operations counted by wrapping our backend
-  (every call of the RendezvousBackend seam is one store operation; ``get_many`` and
-  ``set_many`` are one trip each).
+  (or over one local etcd with ``--backend etcd``, and then again on c10d beside it);
+  operations counted by wrapping our backend (every call of the RendezvousBackend seam is one
+  store operation; ``get_many`` and ``set_many`` are one trip each).
 - torch: ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.create_handler`` over
   torch's ``C10dRendezvousBackend``; operations counted by wrapping its ``_call_store``
   (the store calls of its state blob). Its bootstrap-store exchange on the round's store is
@@ -259,7 +259,13 @@ def _trial(
 
     control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     control.set_timeout(timedelta(seconds=timeout_s + 60))
-    if impl == "torch" or backend == "c10d":
+    # "ours" runs on ``backend``; "ours-c10d" (beside an etcd run) and "torch" on a TCPStore.
+    child_impl = "torch" if impl == "torch" else "ours"
+    if impl == "ours":
+        child_backend = backend
+    else:
+        child_backend = "c10d"
+    if child_backend == "c10d":
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         endpoint = f"127.0.0.1:{store.port}"
     else:
@@ -276,9 +282,9 @@ def _trial(
             __file__,
             "--child",
             "--impl",
-            impl,
+            child_impl,
             "--backend",
-            backend if impl == "ours" else "c10d",
+            child_backend,
             "--endpoint",
             endpoint,
             "--run-id",
@@ -338,11 +344,18 @@ def _reexec_in_netns() -> None:
     os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
 
 
-def _table(rows: list[dict[str, Any]], ns: list[int]) -> str:
+_LABELS = {"ours": "ours", "ours-c10d": "ours on c10d", "torch": "torch"}
+
+
+def _table(rows: list[dict[str, Any]], ns: list[int], impls: list[str]) -> str:
     by = {(r["impl"], r["n"]): r for r in rows}
+    head = ["   N"]
+    for what, unit in (("s", "s"), ("ops/node", "ops"), ("KB/node", "KB")):
+        head += [f"{_LABELS[i]} ({unit})" if what == "s" else f"{_LABELS[i]} {what}" for i in impls]
+    head.append("torch/ours")
     lines = [
-        "|    N | ours (s) | torch (s) | ours ops/node | torch ops/node | ours KB/node | torch KB/node | torch/ours |",
-        "|-----:|---------:|----------:|--------------:|---------------:|-------------:|--------------:|-----------:|",
+        "| " + " | ".join(head) + " |",
+        "|" + "|".join("-" * (len(h) + 1) + ":" for h in head) + "|",
     ]
 
     def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
@@ -353,15 +366,17 @@ def _table(rows: list[dict[str, Any]], ns: list[int]) -> str:
         return format(r[key], fmt)
 
     for n in ns:
-        ours, theirs = by.get(("ours", n)), by.get(("torch", n))
+        found = {i: by.get((i, n)) for i in impls}
+        cells = [f"{n:4d}"]
+        for key, fmt in (("seconds", ".2f"), ("ops_per_node", ".1f"), ("kb_per_node", ".1f")):
+            cells += [cell(found[i], key, fmt) for i in impls]
+        ours, theirs = found.get("ours"), found.get("torch")
         ratio = "-"
         if ours and theirs and "error" not in ours and "error" not in theirs:
             ratio = f"{theirs['seconds'] / ours['seconds']:.1f}x"
+        cells.append(ratio)
         lines.append(
-            f"| {n:4d} | {cell(ours, 'seconds', '8.2f')} | {cell(theirs, 'seconds', '9.2f')} "
-            f"| {cell(ours, 'ops_per_node', '13.1f')} | {cell(theirs, 'ops_per_node', '14.1f')} "
-            f"| {cell(ours, 'kb_per_node', '12.1f')} | {cell(theirs, 'kb_per_node', '13.1f')} "
-            f"| {ratio:>10} |"
+            "| " + " | ".join(c.rjust(len(h)) for c, h in zip(cells, head, strict=True)) + " |"
         )
     return "\n".join(lines)
 
@@ -398,10 +413,11 @@ def main() -> None:
         server = EtcdServer(members=1)
         server.start(timeout_s=60)
         etcd_endpoint = server.endpoint
+    impls = ["ours", "ours-c10d", "torch"] if args.backend == "etcd" else ["ours", "torch"]
     rows: list[dict[str, Any]] = []
     try:
         for n in ns:
-            for impl in ("ours", "torch"):
+            for impl in impls:
                 if impl == "torch" and n > args.torch_max_n:
                     continue
                 row = _trial(impl, n, args.procs, args.timeout, args.backend, etcd_endpoint)
@@ -414,7 +430,7 @@ def main() -> None:
         if server is not None:
             server.stop()
     print(f"backend: {args.backend} (ours), c10d TCPStore (torch); {os.cpu_count()} CPUs")
-    print(_table(rows, ns))
+    print(_table(rows, ns, impls))
 
 
 if __name__ == "__main__":
