@@ -55,6 +55,8 @@ _GRPC_OPTIONS = [
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
 
+# etcd's default --max-txn-ops: a bigger transaction is refused ("too many operations").
+MAX_TXN_OPS = 128
 _RETRYABLE_CODES = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
 _TLS_MARKERS = ("handshake", "ssl", "certificate", "tls")
 
@@ -414,15 +416,32 @@ class EtcdClient:
         )
 
     def get_many(self, keys: Sequence[str]) -> tuple[list[KeyValue | None], int]:
-        """Read ``keys`` in one transaction; return them in order (None when absent) and the revision."""
+        """Read ``keys`` as of one revision; return them in order (None when absent) and it.
+
+        One transaction per ``MAX_TXN_OPS`` keys (etcd refuses bigger ones by default); the
+        later ones read at the first one's revision, so the whole answer is one snapshot.
+        """
         if not keys:
             return [], self.status_revision()
+        result: list[KeyValue | None] = []
+        revision: int | None = None
+        for start in range(0, len(keys), MAX_TXN_OPS):
+            chunk = keys[start : start + MAX_TXN_OPS]
+            found, revision = self._get_chunk(chunk, revision, len(keys))
+            result += found
+        assert revision is not None
+        return result, revision
 
-        def op(c: Any) -> tuple[bool, list[Any], int]:
+    def _get_chunk(
+        self, keys: Sequence[str], revision: int | None, total: int
+    ) -> tuple[list[KeyValue | None], int]:
+        def op(c: Any) -> tuple[list[Any], int]:
             resp = c.kvstub.Txn(
                 pyetcd.etcdrpc.TxnRequest(
                     success=[
-                        pyetcd.etcdrpc.RequestOp(request_range=c._build_get_range_request(k))
+                        pyetcd.etcdrpc.RequestOp(
+                            request_range=c._build_get_range_request(k, revision=revision)
+                        )
                         for k in keys
                     ]
                 ),
@@ -430,9 +449,9 @@ class EtcdClient:
                 credentials=c.call_credentials,
                 metadata=c.metadata,
             )
-            return resp.succeeded, list(resp.responses), int(resp.header.revision)
+            return list(resp.responses), int(resp.header.revision)
 
-        _, responses, revision = self.call(f"get {len(keys)} keys", op)
+        responses, read_at = self.call(f"get {total} keys", op)
         result: list[KeyValue | None] = []
         for r in responses:
             kvs = r.response_range.kvs
@@ -449,7 +468,7 @@ class EtcdClient:
                         lease_id=int(kv.lease),
                     )
                 )
-        return result, revision
+        return result, read_at if revision is None else revision
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Return every key under ``prefix`` (sorted by key) and the revision of the read."""
@@ -481,15 +500,15 @@ class EtcdClient:
         return int(resp.header.revision)
 
     def put_many(self, items: Sequence[tuple[str, bytes]]) -> None:
-        """Store several values in one transaction."""
-        if not items:
-            return
-        self.call(
-            f"put {len(items)} keys",
-            lambda c: c.transaction(
-                compare=[], success=[c.transactions.put(k, v) for k, v in items], failure=[]
-            ),
-        )
+        """Store several values, ``MAX_TXN_OPS`` to a transaction (each one atomic)."""
+
+        def put_chunk(chunk: Sequence[tuple[str, bytes]]) -> Callable[[Any], Any]:
+            return lambda c: c.transaction(
+                compare=[], success=[c.transactions.put(k, v) for k, v in chunk], failure=[]
+            )
+
+        for start in range(0, len(items), MAX_TXN_OPS):
+            self.call(f"put {len(items)} keys", put_chunk(items[start : start + MAX_TXN_OPS]))
 
     def delete(self, key: str) -> bool:
         """Delete ``key``; return whether it existed."""

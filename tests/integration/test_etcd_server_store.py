@@ -120,6 +120,21 @@ def test_agent_wait_keys_outlasts_the_etcd_store_slices(etcd_server: EtcdServer)
         store.close()
 
 
+def test_store_reads_and_writes_more_keys_than_one_etcd_transaction_holds(
+    etcd_server: EtcdServer,
+) -> None:
+    # etcd refuses a transaction of more than 128 operations by default; a 512-node round
+    # reads more keys than that at once.
+    store = _store(etcd_server)
+    keys = [f"k{i}" for i in range(300)]
+    try:
+        store.multi_set(keys, [f"v{i}" for i in range(300)])
+        assert store.multi_get(keys) == [f"v{i}".encode() for i in range(300)]
+        assert store.num_keys() == 300
+    finally:
+        store.close()
+
+
 def test_store_add_is_atomic_across_clients(etcd_server: EtcdServer) -> None:
     prefix = f"/test/{uuid.uuid4().hex}"
     stores = [EtcdStore(etcd_server.get_client(), prefix, owns_client=True) for _ in range(4)]
