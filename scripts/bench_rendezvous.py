@@ -58,12 +58,17 @@ def _counting_backend(inner: Any) -> Any:
         def __init__(self) -> None:
             self.ops = 0
             self.bytes = 0
+            self.by_op: dict[str, list[int]] = {}  # method -> [calls, bytes]
             self._lock = threading.Lock()
 
         def _count(self, nbytes: int = 0) -> None:
+            op = sys._getframe(1).f_code.co_name
             with self._lock:
                 self.ops += 1
                 self.bytes += nbytes
+                tally = self.by_op.setdefault(op, [0, 0])
+                tally[0] += 1
+                tally[1] += nbytes
 
         @property
         def name(self) -> str:
@@ -216,6 +221,9 @@ def _child(args: argparse.Namespace) -> None:
     ranks: list[int] = [-1] * count
     errors: list[str] = []
     start_ops: list[tuple[int, int]] = []
+    start_by_op: list[dict[str, list[int]]] = []
+    by_op: dict[str, list[int]] = {}
+    by_op_lock = threading.Lock()
 
     def node(i: int) -> None:
         go.wait()
@@ -227,6 +235,12 @@ def _child(args: argparse.Namespace) -> None:
         ends[i] = time.monotonic()
         ops[i] = counters[i].ops - start_ops[i][0]
         nbytes[i] = counters[i].bytes - start_ops[i][1]
+        with by_op_lock:
+            for op, (calls, size) in getattr(counters[i], "by_op", {}).items():
+                before = start_by_op[i].get(op, [0, 0])
+                tally = by_op.setdefault(op, [0, 0])
+                tally[0] += calls - before[0]
+                tally[1] += size - before[1]
 
     threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
     for t in threads:
@@ -234,10 +248,18 @@ def _child(args: argparse.Namespace) -> None:
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
     start_ops.extend((c.ops, c.bytes) for c in counters)
+    start_by_op.extend({op: list(t) for op, t in getattr(c, "by_op", {}).items()} for c in counters)
     go.set()
     for t in threads:
         t.join(args.timeout + 30)
-    result = {"ends": ends, "ops": ops, "bytes": nbytes, "ranks": ranks, "errors": errors[:3]}
+    result = {
+        "ends": ends,
+        "ops": ops,
+        "bytes": nbytes,
+        "ranks": ranks,
+        "errors": errors[:3],
+        "by_op": by_op,
+    }
     control.set(f"result/{args.child_index}", json.dumps(result))
     # Stay in the job until every node returned, so no member leaves a round others still form.
     control.wait(["finish"])
@@ -327,9 +349,16 @@ def _trial(
     errors = [e for r in results for e in r["errors"]]
     if errors or ranks != list(range(n)):
         return {"impl": impl, "n": n, "error": (errors or ["ranks are not 0..N-1"])[0][:120]}
+    by_op: dict[str, list[int]] = {}
+    for r in results:
+        for op, (calls, size) in r.get("by_op", {}).items():
+            tally = by_op.setdefault(op, [0, 0])
+            tally[0] += calls
+            tally[1] += size
     return {
         "impl": impl,
         "n": n,
+        "by_op": {op: (calls / n, size / n / 1000) for op, (calls, size) in by_op.items()},
         "seconds": max(ends) - t0,
         "ops_per_node": sum(ops) / n,
         "kb_per_node": sum(nbytes) / n / 1000,
@@ -425,7 +454,13 @@ def main() -> None:
                 shown = row.get("error") or (
                     f"{row['seconds']:.2f} s, {row['ops_per_node']:.1f} ops/node"
                 )
-                print(f"  {impl:5s} N={n:4d}: {shown}", file=sys.stderr, flush=True)
+                print(f"  {impl:9s} N={n:4d}: {shown}", file=sys.stderr, flush=True)
+                if row.get("by_op"):
+                    parts = ", ".join(
+                        f"{op} {calls:.1f} ({kb:.2f} KB)"
+                        for op, (calls, kb) in sorted(row["by_op"].items())
+                    )
+                    print(f"    per node: {parts}", file=sys.stderr, flush=True)
     finally:
         if server is not None:
             server.stop()

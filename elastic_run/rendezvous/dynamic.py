@@ -760,8 +760,8 @@ class _Coordinator:
             return tick
         return max(0.01, min(tick, self._next_at - now))
 
-    def _load_records(self, upto: int) -> None:
-        want = [i for i in range(upto) if i not in self._records]
+    def _load_records(self, upto: int, start: int = 0) -> None:
+        want = [i for i in range(start, upto) if i not in self._records]
         if not want:
             return
         keys = [_round_key(self._r, f"node/{i}") for i in want]
@@ -769,11 +769,28 @@ class _Coordinator:
             if v is not None:
                 self._records[i] = decode(NodeRecord, k, v)
 
+    def _load_predecessors(self, now: float, stale: float) -> None:
+        """Read the records below this arrival down to the first one not judged gone.
+
+        Only that walk decides who coordinates, so a node reads O(1) records per step, not
+        every lower arrival's (which would cost the round O(N²) bytes).
+        """
+        j = self._index - 1
+        while j >= 0:
+            if j not in self._records:
+                # The next one first; past a gone one, a few at once (gone ones come in runs).
+                batch = 1 if j == self._index - 1 else 8
+                self._load_records(j + 1, start=max(0, j + 1 - batch))
+            rec = self._records.get(j)
+            if rec is None or not self._beats.is_gone(rec.node_id, now, stale):
+                return
+            j -= 1
+
     def step(self, now: float) -> None:
         h, r, backend = self._h, self._r, self._h._backend
         stale = h._settings.stale_after_s
         # Am I the lowest live arrival? Walk down my predecessors (usually one read).
-        self._load_records(self._index)
+        self._load_predecessors(now, stale)
         pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
         chain = [
             self._records[j].node_id

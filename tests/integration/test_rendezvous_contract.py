@@ -319,6 +319,42 @@ def test_members_agree_on_membership(job: Job) -> None:
         assert handler.assignment is not None and handler.assignment.rank == info.rank
 
 
+@pytest.mark.timeout(60)
+def test_a_waiting_node_reads_its_predecessor_not_every_lower_arrival(job: Job) -> None:
+    # O(N) per round: while the round forms, each arrival watches the one below it; reading
+    # every lower arrival's record at each step would cost the round O(N^2) bytes.
+    early = job.handlers(4, 6, 6)
+    calls = [Call(h.next_rendezvous) for h in early]
+    reader = job.reader()
+    wait_until(lambda: reader.get("r0/arrivals") == b"4", 10, message="4 arrivals")
+    watcher = job.handler(6, 6)
+    requested: list[list[str]] = []
+    steps = threading.Event()
+    real_get_many, real_read = watcher.backend.get_many, watcher.backend.read_heartbeats
+
+    def get_many(keys: Any) -> Any:
+        requested.append(list(keys))
+        return real_get_many(keys)
+
+    def read_heartbeats(node_ids: Any) -> Any:
+        if len(requested) and node_ids:
+            steps.set()  # a step has read records and now judges them
+        return real_read(node_ids)
+
+    watcher.backend.get_many = get_many  # type: ignore[method-assign]
+    watcher.backend.read_heartbeats = read_heartbeats  # type: ignore[method-assign]
+    call = Call(watcher.next_rendezvous)
+    try:
+        assert steps.wait(20), "the fifth arrival never stepped"
+    finally:
+        early[0].set_closed()
+    for waiting in [*calls, call]:
+        with pytest.raises(RendezvousClosedError):
+            waiting.get(20)
+    node_keys = {k for keys in requested for k in keys if "/node/" in k}
+    assert node_keys == {"r0/node/3"}
+
+
 @pytest.mark.timeout(90)
 def test_each_round_gets_a_private_store(job: Job) -> None:
     handlers = job.handlers(2, 2, 2)
