@@ -21,7 +21,7 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
-from elastic_run.rendezvous.etcd_client import EtcdClient, parse_endpoints
+from elastic_run.rendezvous.etcd_client import EtcdClient, KeyValue, counter_value, parse_endpoints
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -30,6 +30,14 @@ __all__ = ["DEFAULT_KEY_PREFIX", "EtcdRendezvousBackend", "create_etcd_backend"]
 
 DEFAULT_KEY_PREFIX = "/elastic-run/"
 _MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases with its default election timing
+
+
+def _value(kv: KeyValue | None) -> bytes | None:
+    """A key's value as the protocol reads it: a counter reads as its decimal value."""
+    if kv is None:
+        return None
+    counted = counter_value(kv)
+    return str(counted).encode() if counted is not None else kv.value
 
 
 class EtcdRendezvousBackend(RendezvousBackend):
@@ -84,13 +92,12 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
     def get(self, key: str) -> bytes | None:
         """Return the value of ``key`` or None when absent. Never blocks."""
-        kv = self._client.get(self._key(key))
-        return kv.value if kv is not None else None
+        return _value(self._client.get(self._key(key)))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-        """Return the values of ``keys`` in order (None for absent ones), in one transaction."""
+        """Return the values of ``keys`` in order (None for absent ones), as of one revision."""
         found, _ = self._client.get_many([self._key(k) for k in keys])
-        return [kv.value if kv is not None else None for kv in found]
+        return [_value(kv) for kv in found]
 
     def set(self, key: str, value: bytes) -> None:
         """Store ``value`` under ``key``."""
@@ -102,7 +109,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
     def add(self, key: str, delta: int) -> int:
         """Atomically add ``delta`` to the integer at ``key`` (0 when absent); return the result."""
-        return self._client.atomic_add(self._key(key), delta)
+        return self._client.counter_add(self._key(key), delta)
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> tuple[bytes, bool]:
         """Set ``key`` to ``desired`` if it holds ``expected`` (None: absent), in one transaction.

@@ -70,6 +70,26 @@ class KeyValue:
     mod_revision: int
     create_revision: int
     lease_id: int
+    version: int = 0  # puts since the key was created (1 after the first)
+
+
+_COUNTER_PREFIX = b'{"counter_base":'
+
+
+def encode_counter(base: int) -> bytes:
+    """The stored form of a counter whose value is ``base`` at version 1 (readable JSON)."""
+    return _COUNTER_PREFIX + str(base).encode() + b"}"
+
+
+def counter_value(kv: KeyValue) -> int | None:
+    """The value of a counter written by ``EtcdClient.counter_add``; None for anything else."""
+    if not kv.value.startswith(_COUNTER_PREFIX) or not kv.value.endswith(b"}"):
+        return None
+    try:
+        base = int(kv.value[len(_COUNTER_PREFIX) : -1].decode())
+    except (UnicodeDecodeError, ValueError):
+        return None
+    return base + kv.version - 1
 
 
 @dataclass(frozen=True)
@@ -386,6 +406,19 @@ class EtcdClient:
             mod_revision=int(meta.mod_revision),
             create_revision=int(meta.create_revision),
             lease_id=int(meta.lease_id),
+            version=int(meta.version),
+        )
+
+    @staticmethod
+    def _raw_kv(kv: Any) -> KeyValue:
+        """A KeyValue from the protobuf ``mvccpb.KeyValue`` of a raw response."""
+        return KeyValue(
+            key=bytes(kv.key).decode(),
+            value=bytes(kv.value),
+            mod_revision=int(kv.mod_revision),
+            create_revision=int(kv.create_revision),
+            lease_id=int(kv.lease),
+            version=int(kv.version),
         )
 
     def status_revision(self) -> int:
@@ -403,17 +436,7 @@ class EtcdClient:
         revision = int(resp.header.revision)
         if resp.count < 1:
             return None, revision
-        kv = resp.kvs[0]
-        return (
-            KeyValue(
-                key=bytes(kv.key).decode(),
-                value=bytes(kv.value),
-                mod_revision=int(kv.mod_revision),
-                create_revision=int(kv.create_revision),
-                lease_id=int(kv.lease),
-            ),
-            revision,
-        )
+        return self._raw_kv(resp.kvs[0]), revision
 
     def get_many(self, keys: Sequence[str]) -> tuple[list[KeyValue | None], int]:
         """Read ``keys`` as of one revision; return them in order (None when absent) and it.
@@ -458,32 +481,14 @@ class EtcdClient:
             if not kvs:
                 result.append(None)
             else:
-                kv = kvs[0]
-                result.append(
-                    KeyValue(
-                        key=bytes(kv.key).decode(),
-                        value=bytes(kv.value),
-                        mod_revision=int(kv.mod_revision),
-                        create_revision=int(kv.create_revision),
-                        lease_id=int(kv.lease),
-                    )
-                )
+                result.append(self._raw_kv(kvs[0]))
         return result, read_at if revision is None else revision
 
     def get_prefix(self, prefix: str) -> tuple[list[KeyValue], int]:
         """Return every key under ``prefix`` (sorted by key) and the revision of the read."""
         resp = self.call(f"list '{prefix}'", lambda c: c.get_prefix_response(prefix))
         return (
-            [
-                KeyValue(
-                    key=bytes(kv.key).decode(),
-                    value=bytes(kv.value),
-                    mod_revision=int(kv.mod_revision),
-                    create_revision=int(kv.create_revision),
-                    lease_id=int(kv.lease),
-                )
-                for kv in resp.kvs
-            ],
+            [self._raw_kv(kv) for kv in resp.kvs],
             int(resp.header.revision),
         )
 
@@ -612,6 +617,89 @@ class EtcdClient:
             )
             if written:
                 return result
+
+    def counter_add(self, key: str, delta: int) -> int:
+        """Add ``delta`` to the counter at ``key`` (0 when absent); return the result.
+
+        A counter is stored as ``{"counter_base": B}`` and reads as B + version - 1 (see
+        ``counter_value``). Adding 1 is one transaction that cannot lose a race: a put that
+        keeps the value bumps the key's version, so N nodes arriving at once cost N
+        transactions, where a compare-and-swap loop costs O(N²) retries. Other deltas (and
+        a key that holds a plain integer) take a compare-and-swap on the mod revision.
+
+        Raises:
+            RendezvousError: when the key holds something other than a counter or an integer.
+        """
+        if delta == 1:
+            kv = self._bump(key)
+            value = counter_value(kv)
+            if value is not None:
+                return value
+        while True:
+            current = self.get(key)
+            base = 0
+            if current is not None:
+                counted = counter_value(current)
+                if counted is None:
+                    try:
+                        counted = int(current.value.decode() or "0")
+                    except (UnicodeDecodeError, ValueError):
+                        raise RendezvousError(
+                            f"etcd key '{key}' holds {current.value[:40]!r}, not a counter"
+                        ) from None
+                base = counted
+            result = base + delta
+            version_after = current.version + 1 if current is not None else 1
+            written, _ = self.put_if_mod_revision(
+                key,
+                current.mod_revision if current is not None else 0,
+                encode_counter(result - (version_after - 1)),
+                current.lease_id if current is not None and current.lease_id else None,
+            )
+            if written:
+                return result
+
+    def _bump(self, key: str) -> KeyValue:
+        """Create ``key`` as a counter at 1, or put it again keeping value and lease."""
+        rpc = pyetcd.etcdrpc
+
+        def op(c: Any) -> Any:
+            read = rpc.RequestOp(request_range=c._build_get_range_request(key))
+            return c.kvstub.Txn(
+                rpc.TxnRequest(
+                    compare=[
+                        rpc.Compare(
+                            result=rpc.Compare.GREATER,
+                            target=rpc.Compare.CREATE,
+                            key=key.encode(),
+                            create_revision=0,
+                        )
+                    ],
+                    success=[
+                        rpc.RequestOp(
+                            request_put=rpc.PutRequest(
+                                key=key.encode(), ignore_value=True, ignore_lease=True
+                            )
+                        ),
+                        read,
+                    ],
+                    failure=[
+                        rpc.RequestOp(
+                            request_put=rpc.PutRequest(key=key.encode(), value=encode_counter(1))
+                        ),
+                        read,
+                    ],
+                ),
+                c.timeout,
+                credentials=c.call_credentials,
+                metadata=c.metadata,
+            )
+
+        resp = self.call(f"add to '{key}'", op)
+        kvs = resp.responses[1].response_range.kvs
+        if not kvs:
+            raise RendezvousError(f"etcd key '{key}' vanished while it was counted")
+        return self._raw_kv(kvs[0])
 
     # -- leases ------------------------------------------------------------------------
 

@@ -11,6 +11,7 @@ import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from etcd_fixtures import (  # noqa: F401 - fixtures
@@ -123,6 +124,58 @@ def test_compare_set_race_has_one_winner(
     assert backend.get("seal") == winners[0]
     for b in peers:
         b.close()
+
+
+def test_add_of_one_is_one_transaction_whatever_the_contention(
+    backend: EtcdRendezvousBackend, etcd_server: EtcdServer
+) -> None:
+    # N nodes arriving at once must cost N transactions (O(N) per round), not a
+    # compare-and-swap loop's O(N^2) retries.
+    peers = [_peer(backend, etcd_server.endpoint) for _ in range(4)]
+    calls: list[str] = []
+    for peer in peers:
+        real = peer.client.call
+
+        def counted(what: str, fn: Any, real: Any = real) -> Any:
+            calls.append(what)
+            return real(what, fn)
+
+        peer.client.call = counted  # type: ignore[method-assign]
+    go = threading.Barrier(len(peers))
+    seen: list[int] = []
+
+    def bump(b: EtcdRendezvousBackend) -> None:
+        go.wait()
+        for _ in range(25):
+            seen.append(b.add("arrivals", 1))
+
+    threads = [threading.Thread(target=bump, args=(b,)) for b in peers]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(seen) == list(range(1, 101))
+    assert len([c for c in calls if c.startswith("add to")]) == 100
+    assert len(calls) == 100
+    for b in peers:
+        b.close()
+
+
+def test_counters_mix_deltas_and_read_as_integers(backend: EtcdRendezvousBackend) -> None:
+    assert backend.add("c", 1) == 1
+    assert backend.add("c", 1) == 2
+    assert backend.add("c", 5) == 7
+    assert backend.add("c", 1) == 8
+    assert backend.add("c", -8) == 0
+    assert backend.add("c", 1) == 1
+    assert backend.get("c") == b"1"
+    assert backend.get_many(["c", "missing"]) == [b"1", None]
+    backend.set("plain", b"41")  # an integer written by hand counts on from there
+    assert backend.add("plain", 1) == 42
+    assert backend.get("plain") == b"42"
+    backend.set("garbage", b"not a number")
+    with pytest.raises(RendezvousError, match="not a counter"):
+        backend.add("garbage", 1)
 
 
 def test_add_is_atomic_under_concurrency(
