@@ -19,6 +19,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -510,6 +511,7 @@ def test_garbage_under_the_jobs_keys_is_a_state_error(job: Job, key: str, value:
 _STORE_SCRIPT = """
 import threading
 from datetime import timedelta
+from pathlib import Path
 from torch.distributed import TCPStore
 store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False,
                  timeout=timedelta(seconds=30))
@@ -595,3 +597,23 @@ def test_static_backend_two_nodes_complete() -> None:
     assert infos[1].store.get("k") == b"v"
     handlers[1].set_closed()
     assert handlers[0].is_closed()
+
+
+@pytest.mark.timeout(90)
+def test_c10d_store_type_file_forms_rounds_on_a_shared_file(tmp_path: Path) -> None:
+    # torch's store_type=file: the endpoint is a path on a file system every node sees.
+    job = Job("c10d", str(tmp_path / "rendezvous-store"))
+    try:
+        handlers = job.handlers(2, 2, 2, store_type="file")
+        first = rendezvous_all(handlers)
+        assert_one_group(first)
+        first[0].store.set("greeting", b"over a file")
+        assert first[1].store.get("greeting") == b"over a file"
+        second = rendezvous_all(handlers)
+        assert_one_group(second)
+        assert second[0].round > first[0].round
+        handlers[0].set_closed()
+        with pytest.raises(RendezvousClosedError):
+            handlers[1].next_rendezvous()
+    finally:
+        job.close()
