@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import statistics
 import subprocess
 import sys
@@ -31,19 +30,12 @@ import time
 from collections.abc import Callable
 from pathlib import Path
 
+from bench_netns import reexec_in_netns
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "bench_workers"
 BIN = Path(sys.executable).parent
 IMPLS = ("ours", "torch")
-_NETNS_MARK = "ELASTIC_RUN_BENCH_NETNS"
-
-
-def _reexec_in_netns() -> None:
-    if os.environ.get(_NETNS_MARK) or os.geteuid() != 0 or shutil.which("unshare") is None:
-        return
-    inner = " ".join(["exec", *(f"'{a}'" for a in [sys.executable, __file__, *sys.argv[1:]])])
-    env = dict(os.environ, **{_NETNS_MARK: "1"})
-    os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
 
 
 def launcher(impl: str) -> list[str]:
@@ -149,7 +141,7 @@ def main() -> None:
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     args = parser.parse_args()
     if not args.no_unshare:
-        _reexec_in_netns()
+        reexec_in_netns(__file__)
 
     load_before = os.getloadavg()[0]
     figures: list[tuple[str, dict[str, list[float | str]]]] = []

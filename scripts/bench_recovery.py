@@ -40,21 +40,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import psutil
+from bench_netns import reexec_in_netns
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKER = Path(__file__).resolve().parent / "bench_workers" / "train_steps.py"
 BIN = Path(sys.executable).parent
-_NETNS_MARK = "ELASTIC_RUN_BENCH_NETNS"
 START_TIMEOUT_S = 180.0
 POLL_S = 0.05
-
-
-def _reexec_in_netns() -> None:
-    if os.environ.get(_NETNS_MARK) or os.geteuid() != 0 or shutil.which("unshare") is None:
-        return
-    inner = " ".join(["exec", *(f"'{a}'" for a in [sys.executable, __file__, *sys.argv[1:]])])
-    env = dict(os.environ, **{_NETNS_MARK: "1"})
-    os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
 
 
 def free_port() -> int:
@@ -293,7 +285,7 @@ def main() -> None:
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     args = parser.parse_args()
     if not args.no_unshare:
-        _reexec_in_netns()
+        reexec_in_netns(__file__)
 
     rows: list[tuple[str, str, str]] = []  # (figure, impl, rdzv_conf)
     if args.only in (None, "a"):

@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import shutil
 import subprocess
 import sys
 import threading
@@ -40,11 +39,11 @@ from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
+from bench_netns import reexec_in_netns
+
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
-
-_NETNS_MARK = "ELASTIC_RUN_BENCH_NETNS"
 
 
 # -- counting wrappers ---------------------------------------------------------------------
@@ -365,14 +364,6 @@ def _trial(
     }
 
 
-def _reexec_in_netns() -> None:
-    if os.environ.get(_NETNS_MARK) or os.geteuid() != 0 or shutil.which("unshare") is None:
-        return
-    inner = " ".join(["exec", *(f"'{a}'" for a in [sys.executable, __file__, *sys.argv[1:]])])
-    env = dict(os.environ, **{_NETNS_MARK: "1"})
-    os.execvpe("unshare", ["unshare", "-n", "sh", "-c", f"ip link set lo up && {inner}"], env)
-
-
 _LABELS = {"ours": "ours", "ours-c10d": "ours on c10d", "torch": "torch"}
 
 
@@ -431,7 +422,7 @@ def main() -> None:
         _child(args)
         return
     if not args.no_unshare:
-        _reexec_in_netns()
+        reexec_in_netns(__file__)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     ns = [int(x) for x in args.n.split(",") if x]
     etcd_endpoint = ""
