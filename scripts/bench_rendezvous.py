@@ -60,8 +60,7 @@ def _counting_backend(inner: Any) -> Any:
             self.by_op: dict[str, list[int]] = {}  # method -> [calls, bytes]
             self._lock = threading.Lock()
 
-        def _count(self, nbytes: int = 0) -> None:
-            op = sys._getframe(1).f_code.co_name
+        def _count(self, op: str, nbytes: int = 0) -> None:
             with self._lock:
                 self.ops += 1
                 self.bytes += nbytes
@@ -79,48 +78,48 @@ def _counting_backend(inner: Any) -> Any:
 
         def get(self, key: str) -> bytes | None:
             value: bytes | None = inner.get(key)
-            self._count(len(key) + len(value or b""))
+            self._count("get", len(key) + len(value or b""))
             return value
 
         def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
             values: list[bytes | None] = inner.get_many(keys)
-            self._count(sum(map(len, keys)) + sum(len(v or b"") for v in values))
+            self._count("get_many", sum(map(len, keys)) + sum(len(v or b"") for v in values))
             return values
 
         def set(self, key: str, value: bytes) -> None:
-            self._count(len(key) + len(value))
+            self._count("set", len(key) + len(value))
             inner.set(key, value)
 
         def set_many(self, items: Mapping[str, bytes]) -> None:
-            self._count(sum(len(k) + len(v) for k, v in items.items()))
+            self._count("set_many", sum(len(k) + len(v) for k, v in items.items()))
             inner.set_many(items)
 
         def add(self, key: str, delta: int) -> int:
-            self._count(len(key))
+            self._count("add", len(key))
             return int(inner.add(key, delta))
 
         def compare_set(
             self, key: str, expected: bytes | None, desired: bytes
         ) -> tuple[bytes, bool]:
             stored, written = inner.compare_set(key, expected, desired)
-            self._count(len(key) + len(expected or b"") + len(desired) + len(stored))
+            self._count("compare_set", len(key) + len(expected or b"") + len(desired) + len(stored))
             return stored, written
 
         def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
-            self._count(sum(map(len, keys)))
+            self._count("wait_for", sum(map(len, keys)))
             return bool(inner.wait_for(keys, timeout_s))
 
         def heartbeat(self, node_id: str) -> None:
-            self._count(len(node_id))
+            self._count("heartbeat", len(node_id))
             inner.heartbeat(node_id)
 
         def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
-            self._count(sum(map(len, node_ids)))
+            self._count("read_heartbeats", sum(map(len, node_ids)))
             result: list[int | None] = inner.read_heartbeats(node_ids)
             return result
 
         def forget_node(self, node_id: str) -> None:
-            self._count(len(node_id))
+            self._count("forget_node", len(node_id))
             inner.forget_node(node_id)
 
         def round_store(self, prefix: str) -> Any:
@@ -282,10 +281,7 @@ def _trial(
     control.set_timeout(timedelta(seconds=timeout_s + 60))
     # "ours" runs on ``backend``; "ours-c10d" (beside an etcd run) and "torch" on a TCPStore.
     child_impl = "torch" if impl == "torch" else "ours"
-    if impl == "ours":
-        child_backend = backend
-    else:
-        child_backend = "c10d"
+    child_backend = backend if impl == "ours" else "c10d"
     if child_backend == "c10d":
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         endpoint = f"127.0.0.1:{store.port}"

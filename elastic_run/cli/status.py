@@ -53,11 +53,10 @@ def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[Any, Any]:
     params = target.parameters()
     for key, value in conf.items():
         params.config[key] = value
-    where = f"{target.backend} endpoint {target.endpoint}"
     try:
         backend = create_backend(params, allow_hosting=False)
     except RendezvousConnectionError as exc:
-        raise _Exit(f"cannot reach the {where}: {exc}", EXIT_UNREACHABLE) from exc
+        raise _unreachable(target, exc) from exc
     return target, backend
 
 
@@ -92,15 +91,25 @@ def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict
     return {n: (None if t is None else end - t) for n, t in moved_at.items()}
 
 
+def _no_rendezvous(target: Any) -> _Exit:
+    return _Exit(
+        f"no rendezvous '{target.run_id}' at the {target.backend} endpoint {target.endpoint}",
+        EXIT_NO_RENDEZVOUS,
+    )
+
+
+def _unreachable(target: Any, exc: Exception) -> _Exit:
+    return _Exit(
+        f"cannot reach the {target.backend} endpoint {target.endpoint}: {exc}", EXIT_UNREACHABLE
+    )
+
+
 def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
     from elastic_run.rendezvous.dynamic import read_snapshot
 
     snap = read_snapshot(backend, target.run_id, target.min_nodes or 0, target.max_nodes or 0)
     if snap is None:
-        raise _Exit(
-            f"no rendezvous '{target.run_id}' at the {target.backend} endpoint {target.endpoint}",
-            EXIT_NO_RENDEZVOUS,
-        )
+        raise _no_rendezvous(target)
     ids = [m.node_id for m in (*snap.members, *snap.waiting)]
     ages = _sample_ages(backend, ids, sample_s)
     return snap, ages, _closed_reason(backend)
@@ -167,10 +176,7 @@ def status_command(
         except KeyboardInterrupt:
             return
         except RendezvousConnectionError as exc:
-            raise _Exit(
-                f"cannot reach the {target.backend} endpoint {target.endpoint}: {exc}",
-                EXIT_UNREACHABLE,
-            ) from exc
+            raise _unreachable(target, exc) from exc
         finally:
             backend.close()
 
@@ -197,11 +203,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
         try:
             snap = read_snapshot(backend, target.run_id)
             if snap is None:
-                raise _Exit(
-                    f"no rendezvous '{target.run_id}' at the {target.backend} endpoint "
-                    f"{target.endpoint}",
-                    EXIT_NO_RENDEZVOUS,
-                )
+                raise _no_rendezvous(target)
             stored, wrote = backend.compare_set(
                 "closed", None, encode(ClosedRecord("closed", "elastic-run-close"))
             )
@@ -219,10 +221,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
                     "the rendezvous store went away with its host: every agent left", err=True
                 )
                 return
-            raise _Exit(
-                f"cannot reach the {target.backend} endpoint {target.endpoint}: {exc}",
-                EXIT_UNREACHABLE,
-            ) from exc
+            raise _unreachable(target, exc) from exc
         finally:
             backend.close()
 

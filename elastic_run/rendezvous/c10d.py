@@ -27,7 +27,7 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousConnectionError
-from elastic_run.rendezvous.records import decode_int
+from elastic_run.rendezvous.records import decode_heartbeat
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
@@ -243,10 +243,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         self.add(f"hb/{node_id}", 1)
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
-        values = self.get_many([f"hb/{n}" for n in node_ids])
-        # A counter is never empty: b"" is a key deleted between get_many's check and its
-        # multi_get (TCPStore answers a vanished key with an empty value), i.e. gone.
-        return [decode_int("hb", v) if v else None for v in values]
+        return [decode_heartbeat(v) for v in self.get_many([f"hb/{n}" for n in node_ids])]
 
     def forget_node(self, node_id: str) -> None:
         self._call(lambda: self._store.delete_key(f"hb/{node_id}"))

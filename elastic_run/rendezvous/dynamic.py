@@ -51,6 +51,7 @@ from elastic_run.rendezvous.records import (
     NodeRecord,
     SealRecord,
     decode,
+    decode_heartbeat,
     decode_int,
     encode,
     ranges,
@@ -684,11 +685,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     continue
                 raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
                 now = self._clock()
-                beats = self._successor_beats.observe(
-                    # b"": the key vanished mid-read (see C10dRendezvousBackend.read_heartbeats).
-                    {successor: decode_int("hb", beat) if beat else None},
-                    now,
-                )
+                beats = self._successor_beats.observe({successor: decode_heartbeat(beat)}, now)
                 self._successor_beats = beats
                 if member is None:
                     continue  # between rounds: only watch

@@ -92,6 +92,25 @@ def counter_value(kv: KeyValue) -> int | None:
     return base + kv.version - 1
 
 
+def _stored_count(key: str, kv: KeyValue | None) -> int:
+    """The count at a key: 0 when absent, a counter's value, or a plain ASCII integer.
+
+    Raises:
+        RendezvousError: when the key holds anything else.
+    """
+    if kv is None:
+        return 0
+    counted = counter_value(kv)
+    if counted is not None:
+        return counted
+    try:
+        return int(kv.value.decode() or "0")
+    except (UnicodeDecodeError, ValueError):
+        raise RendezvousError(
+            f"etcd key '{key}' holds {kv.value[:40]!r}, not a counter or an integer"
+        ) from None
+
+
 @dataclass(frozen=True)
 class WatchEvent:
     """A change seen by a watch: a put (``is_delete`` False) or a delete."""
@@ -597,26 +616,7 @@ class EtcdClient:
         Raises:
             RendezvousError: when the key holds something other than an integer.
         """
-        while True:
-            current = self.get(key)
-            base = 0
-            if current is not None:
-                try:
-                    base = int(current.value.decode() or "0")
-                except (UnicodeDecodeError, ValueError):
-                    raise RendezvousError(
-                        f"etcd key '{key}' holds {current.value[:40]!r}, not an integer"
-                    ) from None
-            result = base + delta
-            # A put without a lease would detach the key from its lease: keep it.
-            lease = lease_id
-            if lease is None and current is not None and current.lease_id:
-                lease = current.lease_id
-            written, _ = self.put_if_mod_revision(
-                key, current.mod_revision if current is not None else 0, str(result).encode(), lease
-            )
-            if written:
-                return result
+        return self._add_by_swap(key, delta, lease_id, as_counter=False)
 
     def counter_add(self, key: str, delta: int) -> int:
         """Add ``delta`` to the counter at ``key`` (0 when absent); return the result.
@@ -631,30 +631,31 @@ class EtcdClient:
             RendezvousError: when the key holds something other than a counter or an integer.
         """
         if delta == 1:
-            kv = self._bump(key)
-            value = counter_value(kv)
+            value = counter_value(self._bump(key))
             if value is not None:
                 return value
+        return self._add_by_swap(key, delta, None, as_counter=True)
+
+    def _add_by_swap(self, key: str, delta: int, lease_id: int | None, as_counter: bool) -> int:
+        """Read the count at ``key`` (a counter or a plain integer), write it plus ``delta``.
+
+        Written as a plain integer, or with ``as_counter`` in the counter form (whose base
+        accounts for the version this put brings). A key bound to a lease keeps it.
+        """
         while True:
             current = self.get(key)
-            base = 0
-            if current is not None:
-                counted = counter_value(current)
-                if counted is None:
-                    try:
-                        counted = int(current.value.decode() or "0")
-                    except (UnicodeDecodeError, ValueError):
-                        raise RendezvousError(
-                            f"etcd key '{key}' holds {current.value[:40]!r}, not a counter"
-                        ) from None
-                base = counted
-            result = base + delta
-            version_after = current.version + 1 if current is not None else 1
+            result = _stored_count(key, current) + delta
+            if as_counter:
+                version_after = current.version + 1 if current is not None else 1
+                value = encode_counter(result - (version_after - 1))
+            else:
+                value = str(result).encode()
+            # A put without a lease would detach the key from its lease: keep it.
+            lease = lease_id
+            if lease is None and current is not None and current.lease_id:
+                lease = current.lease_id
             written, _ = self.put_if_mod_revision(
-                key,
-                current.mod_revision if current is not None else 0,
-                encode_counter(result - (version_after - 1)),
-                current.lease_id if current is not None and current.lease_id else None,
+                key, current.mod_revision if current is not None else 0, value, lease
             )
             if written:
                 return result

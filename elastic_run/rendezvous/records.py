@@ -19,6 +19,7 @@ __all__ = [
     "NodeRecord",
     "SealRecord",
     "decode",
+    "decode_heartbeat",
     "decode_int",
     "encode",
 ]
@@ -171,6 +172,18 @@ def decode_int(key: str, raw: bytes) -> int:
         raise RendezvousStateError(
             f"the value under rendezvous key '{key}' is not an integer ({raw[:40]!r})"
         ) from None
+
+
+def decode_heartbeat(raw: bytes | None) -> int | None:
+    """Decode a heartbeat counter as read from a store; None when the node's key is gone.
+
+    A counter is never empty, so ``b""`` also means gone: a TCPStore answers a key deleted
+    between a batch read's existence check and its fetch with an empty value.
+
+    Raises:
+        RendezvousStateError: the value is not an integer.
+    """
+    return decode_int("hb", raw) if raw else None
 
 
 def ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:
