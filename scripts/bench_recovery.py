@@ -281,6 +281,9 @@ def main() -> None:
     parser.add_argument("--fail-step", type=int, default=20, help="(a): the failing step")
     parser.add_argument("--only", choices=["a", "b"], help="run one figure only")
     parser.add_argument("--skip-torch-lct1", action="store_true", help="no last_call_timeout=1 row")
+    parser.add_argument(
+        "--launcher", choices=["ours", "torch"], help="run one launcher only (default: both)"
+    )
     parser.add_argument("--keep-logs", metavar="DIR", help="copy each run's logs and steps here")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     args = parser.parse_args()
@@ -294,6 +297,8 @@ def main() -> None:
         rows += [("b", "ours", ""), ("b", "torch", "")]
         if not args.skip_torch_lct1:
             rows.append(("b", "torch", "last_call_timeout=1"))
+    if args.launcher:
+        rows = [row for row in rows if row[1] == args.launcher]
     results: dict[tuple[str, str, str], list[Outcome]] = {row: [] for row in rows}
     load_before = os.getloadavg()[0]
     for figure in ("a", "b"):

@@ -458,6 +458,9 @@ class SimpleElasticAgent(ElasticAgent):
         set_local_info = getattr(handler, "set_local_info", None)
         if callable(set_local_info):
             set_local_info(spec.local_world_size, spec.role)
+        set_change_callback = getattr(handler, "set_change_callback", None)
+        if callable(set_change_callback):
+            set_change_callback(self._wake.set)  # a lost member wakes the loop at once
         group.state = WorkerState.INIT
         self._publish_state("RENDEZVOUS")
         self._emit(

@@ -45,6 +45,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousStateError,
     RendezvousTimeoutError,
 )
+from elastic_run.rendezvous.peerwatch import AliveListener, PeerWatch
 from elastic_run.rendezvous.records import (
     SCHEMA_VERSION,
     LostRecord,
@@ -169,6 +170,7 @@ class _Membership:
     seal: SealRecord
     assign: proto.Assignment
     successor: str
+    successor_record: NodeRecord | None = None
 
 
 def _round_key(r: int, name: str) -> str:
@@ -253,6 +255,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         # between rounds, so the next round's coordinator judges a dead successor from when it
         # died, not from when the re-rendezvous began (one less stale period to wait).
         self._successor_beats = proto.Heartbeats()
+        # Death notices (peerwatch.py): this node listens, and watches its ring successor.
+        self._alive: AliveListener | None = None
+        self._peer_watch: PeerWatch | None = None
+        self._closed_peers: frozenset[str] = frozenset()
+        self._poke = threading.Event()  # wakes the heartbeat thread before its next tick
+        self._on_change: Callable[[], None] | None = None
 
     # -- construction, as torch's -------------------------------------------------
 
@@ -296,6 +304,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Tell the handler how many workers this node runs and their role (before joining)."""
         self._local_world_size = local_world_size
         self._role = role
+
+    def set_change_callback(self, callback: Callable[[], None] | None) -> None:
+        """Have ``callback`` called (from a rendezvous thread) when this node's round ends.
+
+        The agent passes its loop's wake-up, so it reacts to a lost member at once rather
+        than at its next monitor tick. The callback must be quick and must not raise.
+        """
+        self._on_change = callback
+
+    def closed_peers(self) -> frozenset[str]:
+        """The node ids whose agents this node saw end (see ``peerwatch.py``). No I/O."""
+        return self._closed_peers
 
     # -- RendezvousHandler ----------------------------------------------------------
 
@@ -496,9 +516,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return True
             self._shut_down = True
         self._stop.set()
+        self._poke.set()
         thread = self._beat_thread
         if thread is not None and thread is not threading.current_thread():
             thread.join(timeout=self._settings.keep_alive_interval_s + 5)
+        if self._peer_watch is not None:
+            self._peer_watch.close()
+        if self._alive is not None:
+            self._alive.close()
         try:
             self._backend.forget_node(self.node_id)
         except RendezvousError as exc:
@@ -534,6 +559,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             local_world_size=self._local_world_size,
             role=self._role,
             prev_round=self._last_round,
+            alive_port=self._alive.port if self._alive is not None else 0,
         )
 
     def _arrivals_of(self, r: int) -> int:
@@ -586,8 +612,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if now >= deadline:
                 raise self._timeout_error(self._arrivals_of(r) - seal.sealed_arrivals)
             ids = list(watched)
-            beats = beats.observe(
-                dict(zip(ids, self._backend.read_heartbeats(ids), strict=True)), now
+            beats = self._with_closed(
+                beats.observe(dict(zip(ids, self._backend.read_heartbeats(ids), strict=True)), now)
             )
             gone = [n for n in ids if beats.is_gone(n, now, self._settings.stale_after_s)]
             if gone:
@@ -607,6 +633,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # We brought the round to max: complete it at once.
             self._seal(r, tuple(range(index + 1)), "max", index + 1)
         coordinator = _Coordinator(self, r, index)
+        if index == 0:
+            # The first arrival coordinates: decide now (a re-forming round whose other
+            # nodes are all known lost completes at once), not a tick from now.
+            coordinator.step(self._clock())
         while True:
             now = self._clock()
             wait_s = coordinator.next_wait(now)
@@ -626,14 +656,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             # Too late for this round (or judged gone): wait at the door with this arrival.
             self._wait_at_door(r, seal, deadline, index)
             return None
-        successor = ""
+        successor: NodeRecord | None = None
         if assign.successor_index >= 0:
             succ_key = _round_key(r, f"node/{assign.successor_index}")
             raw_succ = self._backend.get(succ_key)
             if raw_succ is None:
                 raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
-            successor = decode(NodeRecord, succ_key, raw_succ).node_id
-        return _Membership(r, index, seal, assign, successor)
+            successor = decode(NodeRecord, succ_key, raw_succ)
+        if self._peer_watch is not None and successor is not None:
+            self._peer_watch.watch(successor.node_id, successor.addr, successor.alive_port)
+        return _Membership(
+            r, index, seal, assign, successor.node_id if successor else "", successor
+        )
 
     def _seal(self, r: int, admitted: tuple[int, ...], reason: str, sealed_arrivals: int) -> None:
         """Complete round r with ``admitted`` (first sealer wins; the seal is one record)."""
@@ -666,15 +700,50 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _start_heartbeat(self) -> None:
         if self._beat_thread is not None:
             return
+        try:
+            self._alive = AliveListener(self.node_id, self._addr)
+        except OSError as exc:
+            log.info(
+                "rendezvous '%s': no death-notice port on %s (%s); heartbeats alone judge this node",
+                self._run_id,
+                self._addr,
+                exc,
+            )
+        self._peer_watch = PeerWatch(self._peer_closed)
         self._backend.heartbeat(self.node_id)
         self._beat_thread = threading.Thread(
             target=self._beat_loop, name="elastic-run-heartbeat", daemon=True
         )
         self._beat_thread.start()
 
+    def _peer_closed(self, node_id: str) -> None:
+        """PeerWatch: ``node_id``'s agent ended. Judge it at once (the heartbeat thread acts)."""
+        with self._lock:
+            self._closed_peers = self._closed_peers | {node_id}
+        log.info(
+            "rendezvous '%s': the agent of %s ended (its connection closed and its port refuses)",
+            self._run_id,
+            node_id,
+        )
+        self._poke.set()
+
+    def _with_closed(self, beats: proto.Heartbeats) -> proto.Heartbeats:
+        """``beats`` with this node's death notices applied."""
+        closed = self._closed_peers
+        return beats.with_closed(closed, self._clock()) if closed else beats
+
+    def _notify_change(self) -> None:
+        callback = self._on_change
+        if callback is not None:
+            callback()
+
     def _beat_loop(self) -> None:
         successor = ""
-        while not self._stop.wait(self._settings.keep_alive_interval_s):
+        while True:
+            self._poke.wait(self._settings.keep_alive_interval_s)
+            self._poke.clear()
+            if self._stop.is_set():
+                return
             try:
                 self._backend.heartbeat(self.node_id)
                 member = self._member
@@ -686,18 +755,27 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 raw_round, beat = self._backend.get_many(["round", f"hb/{successor}"])
                 now = self._clock()
                 beats = self._successor_beats.observe({successor: decode_heartbeat(beat)}, now)
+                beats = self._with_closed(beats)
                 self._successor_beats = beats
                 if member is None:
                     continue  # between rounds: only watch
                 if raw_round is not None and decode_int("round", raw_round) != member.round:
                     if not self._round_over:
                         self._note_round_end(member.round)
+                        self._notify_change()
                     continue
-                if beats.is_gone(successor, now, self._settings.stale_after_s) and not self._lost:
+                if (
+                    beats.is_gone(successor, now, self._settings.stale_after_s)
+                    and not self._lost
+                    and self._backend.get("closed") is None  # a finished job loses no one
+                ):
                     log.warning(
-                        "rendezvous '%s': member %s stopped heartbeating; ending round %d",
+                        "rendezvous '%s': member %s is gone (%s); ending round %d",
                         self._run_id,
                         successor,
+                        "its agent ended"
+                        if successor in self._closed_peers
+                        else "it stopped heartbeating",
                         member.round,
                     )
                     self._lost = True
@@ -705,6 +783,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                         member.round,
                         LostRecord(member.round, "member_lost", (successor,), self.node_id),
                     )
+                    self._notify_change()
             except RendezvousError as exc:
                 self._heartbeat_error = exc
                 log.warning("rendezvous heartbeat failed: %s", exc)
@@ -786,6 +865,7 @@ class _Coordinator:
     def step(self, now: float) -> None:
         h, r, backend = self._h, self._r, self._h._backend
         stale = h._settings.stale_after_s
+        self._beats = h._with_closed(self._beats)
         # Am I the lowest live arrival? Walk down my predecessors (usually one read).
         self._load_predecessors(now, stale)
         pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)

@@ -6,7 +6,9 @@ the reading node; no two nodes' clocks are ever compared.
 
 Liveness (``Heartbeats``): a node is alive while its heartbeat counter keeps moving.
 A counter that has not moved for ``stale_after_s`` of the reader's own time, or that
-vanished after being seen (an expired lease), marks the node as gone.
+vanished after being seen (an expired lease), marks the node as gone. So does a death
+notice (``with_closed``: the node's agent process was seen to end, see ``peerwatch.py``);
+that verdict is final, as node ids are never reused.
 
 The barrier (``decide_barrier``), evaluated by the round's coordinator (the lowest
 live arrival):
@@ -58,6 +60,7 @@ class _Beat:
     value: int | None
     changed_at: float
     ever_seen: bool
+    closed: bool = False
 
 
 @dataclass(frozen=True)
@@ -73,6 +76,8 @@ class Heartbeats:
             old = beats.get(node_id)
             if old is None:
                 beats[node_id] = _Beat(value, now, value is not None)
+            elif old.closed:
+                continue
             elif value != old.value:
                 if value is None:
                     # Seen before and now absent: the backend dropped it (a lease expired).
@@ -89,9 +94,18 @@ class Heartbeats:
         beat = self.beats.get(node_id)
         if beat is None:
             return False
-        if beat.value is None and beat.ever_seen:
+        if beat.closed or (beat.value is None and beat.ever_seen):
             return True
         return now - beat.changed_at >= stale_after_s
+
+    def with_closed(self, node_ids: Iterable[str], now: float) -> Heartbeats:
+        """Return the view where ``node_ids`` are gone for good (their agents were seen to end)."""
+        beats = dict(self.beats)
+        for node_id in node_ids:
+            old = beats.get(node_id)
+            if old is None or not old.closed:
+                beats[node_id] = _Beat(None, now, True, closed=True)
+        return Heartbeats(beats)
 
     def forget(self, node_ids: Iterable[str]) -> Heartbeats:
         """Return the view without ``node_ids``."""

@@ -41,6 +41,8 @@ class NodeRecord:
         local_world_size: how many workers this node runs.
         role: the workers' role name.
         prev_round: the last round this node completed as a member or waited in (-1: none).
+        alive_port: the TCP port at ``addr`` whose connection closes when this node's agent
+            ends (see ``peerwatch.py``); 0: none, heartbeats alone judge the node.
     """
 
     node_id: str
@@ -50,6 +52,7 @@ class NodeRecord:
     local_world_size: int
     role: str = "default"
     prev_round: int = -1
+    alive_port: int = 0
 
 
 @dataclass(frozen=True)

@@ -359,7 +359,9 @@ def test_sigkill_of_one_agent_of_three_goes_on_with_two(
     c_workers = {int(r["pid"]) for r in job.records("c")}
 
     # Only the agent dies, silently: its workers must follow it (parent-death signal), and the
-    # survivors must notice the lost member through its heartbeat.
+    # survivors must notice the lost member: its ring neighbour gets its death notice (the
+    # connection to the dead agent closed and its port refuses), long before its heartbeat
+    # goes stale.
     os.kill(c.proc.pid, signal.SIGKILL)
     assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
     wait_until(
@@ -381,8 +383,47 @@ def test_sigkill_of_one_agent_of_three_goes_on_with_two(
         if e["kind"] == "membership.changed"
     }
     assert "member_lost" in reasons, reasons
+    assert any("is gone (its agent ended)" in job.nodes[n].output() for n in "ab"), job.report()
     for n in "ab":
         assert "restart" not in job.nodes[n].kinds()  # a lost node never counts
+    job.assert_no_survivors()
+
+
+def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
+    make_job: Any, backend: tuple[str, str]
+) -> None:
+    job = make_job(backend)
+    for name in "abc":
+        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
+    job.wait_running(["a", "b", "c"], 3)
+    c = job.nodes["c"]
+    c.remember_descendants()
+    # A hung host: every process of node c stops, so its sockets stay open and no death notice
+    # comes; its heartbeat stops moving, and the survivors go by that.
+    frozen = sorted(c.seen)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        job.wait_running(["a", "b"], 2)
+        job.go()
+        assert job.wait_exit("a") == 0, job.report()
+        assert job.wait_exit("b") == 0, job.report()
+        assert not any("its agent ended" in job.nodes[n].output() for n in "ab"), job.report()
+        assert any("it stopped heartbeating" in job.nodes[n].output() for n in "ab"), job.report()
+        reasons = {
+            e["fields"]["reason"]
+            for n in "ab"
+            for e in job.nodes[n].events()
+            if e["kind"] == "membership.changed"
+        }
+        assert "member_lost" in reasons, reasons
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
     job.assert_no_survivors()
 
 

@@ -108,6 +108,18 @@ def test_forget_drops_the_view() -> None:
     assert beats.is_gone("b", now=100.0, stale_after_s=1.0)
 
 
+def test_a_death_notice_is_gone_at_once_and_for_good() -> None:
+    beats = proto.Heartbeats().observe({"a": 1, "b": 1}, now=0.0)
+    beats = beats.with_closed(["a", "c"], now=0.5)
+    assert beats.is_gone("a", now=0.5, stale_after_s=3.0)
+    assert beats.is_gone("c", now=0.5, stale_after_s=3.0)  # never read before: still judged
+    assert not beats.is_gone("b", now=0.5, stale_after_s=3.0)
+    # A counter that still moves does not bring a node back whose agent was seen to end.
+    beats = beats.observe({"a": 2, "b": 2}, now=1.0).with_closed([], now=1.0)
+    assert beats.is_gone("a", now=1.0, stale_after_s=3.0)
+    assert not beats.is_gone("b", now=3.9, stale_after_s=3.0)
+
+
 def test_observe_returns_a_new_view() -> None:
     empty = proto.Heartbeats()
     empty.observe({"a": 1}, now=0.0)

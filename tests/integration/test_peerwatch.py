@@ -1,0 +1,253 @@
+"""Death notices (peerwatch.py) between real processes over real sockets on 127.0.0.1.
+
+The listener runs in a subprocess, so its death is a real SIGKILL and its kernel closes its
+sockets as it would on another host. Where a test says "no verdict", it waits for the watch to
+report what it saw (``PeerWatch.state``) and then checks that ``on_dead`` was never called.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from collections.abc import Iterator
+
+import pytest
+
+from elastic_run.rendezvous.peerwatch import MAX_CONNECTIONS, AliveListener, PeerWatch, greeting
+from tests.helpers import REPO_ROOT, free_port, wait_until
+
+pytestmark = pytest.mark.timeout(60)
+
+WAIT_S = 30.0
+
+_LISTENER_SCRIPT = """
+import sys
+from elastic_run.rendezvous.peerwatch import AliveListener
+listener = AliveListener(sys.argv[1], "127.0.0.1")
+print(listener.port, flush=True)
+for line in sys.stdin:
+    if line.strip() == "close":
+        listener.close()
+        print("closed", flush=True)
+"""
+
+
+class ListenerProcess:
+    """An AliveListener in a process of its own."""
+
+    def __init__(self, node_id: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        self.node_id = node_id
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _LISTENER_SCRIPT, node_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        assert self.proc.stdout is not None
+        self.port = int(self.proc.stdout.readline())
+
+    def close_listener(self) -> None:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("close\n")
+        self.proc.stdin.flush()
+        assert self.proc.stdout.readline().strip() == "closed"
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+class Deaths:
+    """What a PeerWatch reported dead, in order."""
+
+    def __init__(self) -> None:
+        self.ids: list[str] = []
+        self.any = threading.Event()
+
+    def __call__(self, node_id: str) -> None:
+        self.ids.append(node_id)
+        self.any.set()
+
+
+@pytest.fixture
+def listeners() -> Iterator[list[ListenerProcess]]:
+    started: list[ListenerProcess] = []
+    yield started
+    for listener in started:
+        listener.kill()
+
+
+@pytest.fixture
+def deaths() -> Deaths:
+    return Deaths()
+
+
+@pytest.fixture
+def watch(deaths: Deaths) -> Iterator[PeerWatch]:
+    the_watch = PeerWatch(deaths)
+    yield the_watch
+    the_watch.close()
+
+
+def start(listeners: list[ListenerProcess], node_id: str) -> ListenerProcess:
+    listener = ListenerProcess(node_id)
+    listeners.append(listener)
+    return listener
+
+
+def watching(watch: PeerWatch, node_id: str) -> None:
+    assert watch.wait_state(lambda s: s == f"watching {node_id}", WAIT_S), watch.state
+
+
+def test_a_sigkilled_process_is_reported_dead(
+    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+) -> None:
+    peer = start(listeners, "node-a")
+    watch.watch("node-a", "127.0.0.1", peer.port)
+    watching(watch, "node-a")
+    peer.kill()
+    assert deaths.any.wait(WAIT_S), watch.state
+    assert deaths.ids == ["node-a"]
+    assert watch.wait_state(lambda s: s == "idle", WAIT_S), watch.state  # watches nobody now
+
+
+def test_a_closed_listener_means_the_node_left(
+    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+) -> None:
+    # A node that leaves on purpose closes its listener (and drops its heartbeat).
+    peer = start(listeners, "node-a")
+    watch.watch("node-a", "127.0.0.1", peer.port)
+    watching(watch, "node-a")
+    peer.close_listener()
+    assert deaths.any.wait(WAIT_S), watch.state
+    assert deaths.ids == ["node-a"]
+
+
+def test_a_new_target_replaces_the_old_one(
+    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+) -> None:
+    a, b = start(listeners, "node-a"), start(listeners, "node-b")
+    watch.watch("node-a", "127.0.0.1", a.port)
+    watching(watch, "node-a")
+    watch.watch("node-b", "127.0.0.1", b.port)
+    watching(watch, "node-b")
+    a.kill()  # no longer watched: no notice
+    b.kill()
+    assert deaths.any.wait(WAIT_S), watch.state
+    assert deaths.ids == ["node-b"]
+
+
+def test_a_refused_port_never_greeted_is_no_verdict(watch: PeerWatch, deaths: Deaths) -> None:
+    # A firewall rejecting the port looks like this: it must not make every peer dead.
+    port = free_port()
+    watch.watch("node-a", "127.0.0.1", port)
+    assert watch.wait_state(lambda s: s == "no verdict node-a: refused", WAIT_S), watch.state
+    assert deaths.ids == []
+
+
+def test_a_port_that_greets_as_another_node_is_no_verdict(
+    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+) -> None:
+    # The watched node's port was reused by another node's listener.
+    other = start(listeners, "node-b")
+    watch.watch("node-a", "127.0.0.1", other.port)
+    assert watch.wait_state(lambda s: s.startswith("no verdict node-a: another"), WAIT_S)
+    other.kill()
+    assert watch.wait_state(lambda s: s == "no verdict node-a: refused", WAIT_S), watch.state
+    assert deaths.ids == []
+
+
+class CuttingProxy:
+    """A TCP relay that can cut its connections while it keeps listening (a middlebox)."""
+
+    def __init__(self, upstream_port: int) -> None:
+        self._upstream = upstream_port
+        self._server = socket.create_server(("127.0.0.1", 0))
+        self.port = self._server.getsockname()[1]
+        self.accepted = 0
+        self._pairs: list[tuple[socket.socket, socket.socket]] = []
+        self._lock = threading.Lock()
+        threading.Thread(target=self._accept_loop, daemon=True).start()
+
+    def _accept_loop(self) -> None:
+        while True:
+            try:
+                down, _ = self._server.accept()
+            except OSError:
+                return
+            up = socket.create_connection(("127.0.0.1", self._upstream))
+            with self._lock:
+                self._pairs.append((down, up))
+                self.accepted += 1
+            threading.Thread(target=self._pump, args=(up, down), daemon=True).start()
+
+    @staticmethod
+    def _pump(src: socket.socket, dst: socket.socket) -> None:
+        try:
+            while data := src.recv(4096):
+                dst.sendall(data)
+        except OSError:
+            return
+
+    def cut(self) -> None:
+        with self._lock:
+            pairs, self._pairs = self._pairs, []
+        for down, up in pairs:
+            for sock in (down, up):
+                sock.shutdown(socket.SHUT_RDWR)
+                sock.close()
+
+    def close(self) -> None:
+        self.cut()
+        self._server.close()
+
+
+def test_a_cut_connection_that_greets_again_is_no_verdict(
+    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+) -> None:
+    peer = start(listeners, "node-a")
+    proxy = CuttingProxy(peer.port)
+    try:
+        watch.watch("node-a", "127.0.0.1", proxy.port)
+        watching(watch, "node-a")
+        proxy.cut()
+        wait_until(lambda: proxy.accepted == 2, WAIT_S, message="the watch did not reconnect")
+        watching(watch, "node-a")
+        assert deaths.ids == []
+    finally:
+        proxy.close()
+
+
+def test_the_listener_holds_at_most_max_connections() -> None:
+    listener = AliveListener("node-a", "127.0.0.1")
+    clients: list[socket.socket] = []
+    try:
+        for _ in range(MAX_CONNECTIONS):
+            client = socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
+            clients.append(client)
+            assert client.recv(256) == greeting("node-a")
+        extra = socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
+        assert extra.recv(256) == b""  # closed without a greeting
+        extra.close()
+        clients.pop().close()
+        wait_until(lambda: listener.connections() < MAX_CONNECTIONS, WAIT_S)
+        again = socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
+        clients.append(again)
+        assert again.recv(256) == greeting("node-a")
+    finally:
+        for client in clients:
+            client.close()
+        listener.close()
+    with pytest.raises(ConnectionRefusedError):
+        socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
