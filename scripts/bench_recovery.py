@@ -7,7 +7,10 @@ store (``--rdzv-conf is_host=true``, B ``is_host=false``).
 
 (a) worker failure (``--nnodes 2``): node B's local rank 1 exits 1 at step ``--fail-step`` on
     attempt 0. The figure runs from its ``fail`` stamp to the moment all four workers started
-    after it have taken a step.
+    after it have taken a step. Between the stamp and the process's end lies the worker's own
+    interpreter teardown (about 0.45 s with torch loaded, for any launcher), which no launcher
+    can see; so the bench also stamps the process's end (a pidfd) and reports the spawn time
+    from there: the launchers' own share.
 (b) node loss (``--nnodes 1:2``): once all four train, the bench SIGKILLs node B's agent, its
     process group and its workers (B does not host the store). The figure runs from the kill to
     the moment both workers that A started after it have taken a step in a world of two.
@@ -27,6 +30,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import select
 import shutil
 import signal
 import socket
@@ -34,6 +38,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -207,17 +212,45 @@ class Job:
                     pass
 
 
-Outcome = tuple[float, float] | str
+class ExitClock:
+    """The moment a process that is not our child ends (a pidfd turns readable), or None."""
+
+    def __init__(self, pid: int) -> None:
+        self.at: float | None = None
+        try:
+            fd = os.pidfd_open(pid)
+        except OSError:
+            return  # already reaped: the moment is lost, the run reports no exit figure
+
+        def wait() -> None:
+            select.select([fd], [], [])
+            self.at = time.time()
+            os.close(fd)
+
+        threading.Thread(target=wait, daemon=True).start()
+
+
+@dataclass
+class Outcome:
+    """One run: seconds from the failure (a) or the kill (b), None where it did not happen.
+
+    Attributes:
+        trained: until the last of the new workers took its first step in the new world.
+        spawned: until the last of the first set of new workers started, before importing torch.
+        spawned_from_exit: (a) the same, from the failed worker process's end.
+        note: what happened within the bound where the workers did not train again.
+    """
+
+    trained: float | None = None
+    spawned: float | None = None
+    spawned_from_exit: float | None = None
+    note: str = ""
 
 
 def measure(
     figure: str, impl: str, rdzv_conf: str, fail_step: int, bound_s: float, keep: str | None
 ) -> Outcome:
-    """One run of (a) or (b), or what happened within the bound.
-
-    Returns (seconds to the last new worker's first step, seconds to the last new worker's
-    start, before it imports torch): the second is the agents' share of the first.
-    """
+    """One run of (a) or (b): what happened within the bound."""
     nnodes = "2" if figure == "a" else "1:2"
     with tempfile.TemporaryDirectory() as tmp:
         job = Job(impl, nnodes, fail_step if figure == "a" else -1, rdzv_conf, tmp)
@@ -231,27 +264,37 @@ def measure(
                 since = 0.0
                 nodes, world, wanted = {"A", "B"}, 4, 4
             deadline = time.time() + bound_s
+            exit_clock: ExitClock | None = None
             while True:
                 steps = read_steps(job.step_file)
                 if figure == "a" and not since:
-                    fails = [s.time for s in steps if s.kind == "fail"]
-                    since = fails[0] if fails else 0.0
+                    fails = [s for s in steps if s.kind == "fail"]
+                    if fails:
+                        exit_clock = ExitClock(fails[0].pid)
+                    since = fails[0].time if fails else 0.0
                     deadline = (since or time.time()) + bound_s
                 starts, firsts = recovery_times(steps, since, nodes, world) if since else ([], [])
+                outcome = Outcome()
+                if len(starts) >= wanted:
+                    # The first full set of new workers: the restart that answered the failure.
+                    outcome.spawned = starts[wanted - 1] - since
+                    ended = exit_clock.at if exit_clock is not None else None
+                    if ended is not None:
+                        outcome.spawned_from_exit = starts[wanted - 1] - ended
                 if len(firsts) >= wanted:
-                    # The workers that trained are the round's: their starts are the last ones.
-                    return firsts[wanted - 1] - since, starts[-1] - since
+                    outcome.trained = firsts[wanted - 1] - since
+                    return outcome
                 if time.time() > deadline:
-                    started = f", the last after {starts[-1] - since:.2f} s" if starts else ""
-                    return (
-                        f"did not recover within {bound_s:g} s "
-                        f"({len(starts)} new workers started{started}, {len(firsts)} trained)"
+                    outcome.note = (
+                        f"did not train again within {bound_s:g} s "
+                        f"({len(starts)} new workers started, {len(firsts)} trained)"
                     )
+                    return outcome
                 time.sleep(POLL_S)
         except RuntimeError as exc:
             log = Path(tmp, "agent_A.log")
             tail = log.read_text(errors="replace").strip().splitlines()[-1:] if log.exists() else []
-            return f"{exc} {' '.join(tail)[:120]}"
+            return Outcome(note=f"{exc} {' '.join(tail)[:120]}")
         finally:
             job.stop()
             if keep:
@@ -260,15 +303,30 @@ def measure(
                 shutil.copytree(tmp, dest)
 
 
-def summary(values: list[Outcome], index: int = 0) -> tuple[float | None, str]:
-    """(median of the recovered runs or None, 'median (min-max)' text with misses noted)."""
-    ok = [v[index] for v in values if isinstance(v, tuple)]
-    missed = len(values) - len(ok)
+def summary(values: list[Outcome], attr: str) -> tuple[float | None, str]:
+    """(median or None, 'median (min-max)' text noting the runs where it did not happen)."""
+    ok = [x for v in values if (x := getattr(v, attr)) is not None]
     if not ok:
-        return None, f"no recovery, {missed}/{len(values)} runs"
+        return None, f"never, {len(values)} of {len(values)} runs"
     med = statistics.median(ok)
-    note = f", {missed} of {len(values)} did not" if missed else ""
-    return med, f"{med:.2f} ({min(ok):.2f}-{max(ok):.2f}{note})"
+    missed = len(values) - len(ok)
+    note = f", {missed} of {len(values)} never" if missed else ""
+    digits = 3 if med < 1 else 2
+    return med, f"{med:.{digits}f} ({min(ok):.{digits}f}-{max(ok):.{digits}f}{note})"
+
+
+def shown(value: Outcome) -> str:
+    """One run as a line."""
+    parts = [
+        f"{name} {x:.3f} s"
+        for name, x in (
+            ("trained", value.trained),
+            ("spawned", value.spawned),
+            ("spawned from the exit", value.spawned_from_exit),
+        )
+        if x is not None
+    ]
+    return ", ".join(parts + ([value.note] if value.note else []))
 
 
 def main() -> None:
@@ -307,10 +365,11 @@ def main() -> None:
             for row in mine if i % 2 == 0 else mine[::-1]:
                 value = measure(figure, row[1], row[2], args.fail_step, args.bound, args.keep_logs)
                 results[row].append(value)
-                shown = value if isinstance(value, str) else f"{value[0]:.2f} s ({value[1]:.2f})"
                 conf = f" {row[2]}" if row[2] else ""
                 print(
-                    f"  ({figure}) run {i + 1} {row[1]}{conf}: {shown}", file=sys.stderr, flush=True
+                    f"  ({figure}) run {i + 1} {row[1]}{conf}: {shown(value)}",
+                    file=sys.stderr,
+                    flush=True,
                 )
     load_after = os.getloadavg()[0]
 
@@ -319,31 +378,41 @@ def main() -> None:
         f"per row, bound {args.bound:g} s, {os.cpu_count()} CPUs, load average "
         f"{load_before:.2f} before / {load_after:.2f} after"
     )
-    print("(shared machine: figures are noisy; medians of recovered runs, min-max in parentheses;")
-    print(" 'to spawn': until the last new worker's first line, before it imports torch)")
+    print("(shared machine: figures are noisy; medians, min-max in parentheses; 'spawned': until")
+    print(" the last new worker's first line, before it imports torch; 'from the exit': from the")
+    print(" failed worker process's end, after its own interpreter teardown)")
     print()
     labels = {
-        "a": "(a) worker failure -> all 4 training (s)",
-        "b": "(b) node SIGKILL -> survivor training (s)",
+        "a": "(a) worker failure (s)",
+        "b": "(b) node SIGKILL (s)",
     }
-    print(f"| {'figure':41} | {'launcher':38} | {'recovery':40} | {'of which to spawn':26} |")
-    print(f"|{'-' * 43}|{'-' * 40}|{'-' * 41}:|{'-' * 27}:|")
+    columns = [("training again", "trained"), ("spawned", "spawned")]
+    if any(row[0] == "a" for row in rows):
+        columns.append(("spawned, from the exit", "spawned_from_exit"))
+    head = "".join(f" {name:34} |" for name, _ in columns)
+    print(f"| {'figure':22} | {'launcher':38} |{head}")
+    print(f"|{'-' * 24}|{'-' * 40}|" + "".join(f"{'-' * 35}:|" for _ in columns))
     for row in rows:
         figure, impl, conf = row
         name = "elastic-run" if impl == "ours" else "torchrun"
         launcher = f"{name} ({conf})" if conf else f"{name} (defaults)"
-        _, text = summary(results[row])
-        _, spawn = summary(results[row], 1) if text[0].isdigit() else (None, "-")
-        print(f"| {labels[figure]:41} | {launcher:38} | {text:>40} | {spawn:>26} |")
+        cells = "".join(
+            f" {summary(results[row], attr)[1] if figure == 'a' or attr != 'spawned_from_exit' else '-':>34} |"
+            for _, attr in columns
+        )
+        print(f"| {labels[figure]:22} | {launcher:38} |{cells}")
+    print()
     for figure in ("a", "b"):
-        ours = summary(results.get((figure, "ours", ""), []))[0]
-        theirs = summary(results.get((figure, "torch", ""), []))[0]
-        if ours is not None and theirs:
-            print(f"({figure}) elastic-run / torchrun (defaults), medians: {ours / theirs:.2f}")
+        for name, attr in columns:
+            if figure == "b" and attr == "spawned_from_exit":
+                continue
+            ours = summary(results.get((figure, "ours", ""), []), attr)[0]
+            theirs = summary(results.get((figure, "torch", ""), []), attr)[0]
+            if ours is not None and theirs:
+                print(f"({figure}) {name}: elastic-run / torchrun (defaults) = {ours / theirs:.2f}")
     for row in rows:
-        misses = [v for v in results[row] if isinstance(v, str)]
-        for miss in dict.fromkeys(misses):
-            print(f"({row[0]}) {row[1]} {row[2]}: {miss}".replace("  ", " "))
+        for note in dict.fromkeys(v.note for v in results[row] if v.note):
+            print(f"({row[0]}) {row[1]} {row[2]}: {note}".replace("  ", " "))
 
 
 if __name__ == "__main__":

@@ -324,15 +324,18 @@ def test_worker_failure_restarts_every_node_and_counts_once(
     assert job.wait_exit("b") == 0, job.report()
 
     # Both nodes ran exactly two rounds: the failure restarted everyone once, never twice.
+    a, b = job.nodes["a"], job.nodes["b"]
     a_recs, b_recs = job.records("a"), job.records("b")
-    assert len({r["MASTER_PORT"] for r in a_recs + b_recs}) == 2, job.report()
-    assert len(b_recs) == 2 and len(a_recs) == 2, job.report()
+    assert len({r["MASTER_PORT"] for r in b_recs}) == 2, job.report()
+    assert len(b_recs) == 2, job.report()
+    # a's first worker may be stopped before it writes its record (b's fails at once), so a's
+    # starts are counted from its events.
+    assert a.kinds().count("workers.started") == 2, job.report()
     # The failing node spent one restart; the other one spent none (issue 5: a membership
     # change, here "the round ended on another node", never counts). Nobody counts two.
     assert [r["TORCHELASTIC_RESTART_COUNT"] for r in b_recs] == ["0", "1"]
-    assert [r["TORCHELASTIC_RESTART_COUNT"] for r in a_recs] == ["0", "0"]
+    assert a_recs and {r["TORCHELASTIC_RESTART_COUNT"] for r in a_recs} == {"0"}, job.report()
 
-    a, b = job.nodes["a"], job.nodes["b"]
     b_restarts = [e for e in b.events() if e["kind"] == "restart"]
     assert len(b_restarts) == 1 and b_restarts[0]["fields"]["counted"] is True
     assert b.kinds().count("worker.failed") == 1
