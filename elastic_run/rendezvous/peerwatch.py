@@ -44,6 +44,10 @@ log = logging.getLogger(__name__)
 MAX_CONNECTIONS = 64
 CONNECT_TIMEOUT_S = 2.0
 RETRY_S = 1.0
+# After a greeted connection ends, retry fast at first: a dying process's kernel may close that
+# connection before its listening socket, so the first reconnect can still be accepted (and
+# then reset) although nobody will ever greet again.
+FIRST_RETRY_S = 0.01
 _GREETING_PREFIX = b"elastic-run alive "
 _MAX_GREETING = 256
 _JOIN_S = 5.0
@@ -243,6 +247,7 @@ class PeerWatch:
     def _watch(self, target: _Target) -> bool:
         """Watch ``target`` until it is confirmed dead (True) or the target changes (False)."""
         greeted = False
+        retry_s = RETRY_S
         while True:
             outcome = self._connect(target)
             if outcome == "refused" and greeted:
@@ -255,10 +260,12 @@ class PeerWatch:
                 if not ended:
                     return False  # interrupted: a new target or close
                 self._set_state(f"closed {target.node_id}")
+                retry_s = FIRST_RETRY_S
                 continue  # confirm at once with a fresh connect
             self._set_state(f"no verdict {target.node_id}: {outcome}")
-            if self._interrupted(RETRY_S):
+            if self._interrupted(retry_s):
                 return False
+            retry_s = min(RETRY_S, retry_s * 2)
 
     def _connect(self, target: _Target) -> socket.socket | str:
         """A greeted connection, or why not: refused, timeout, unreachable, bad greeting."""
