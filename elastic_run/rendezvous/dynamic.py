@@ -663,8 +663,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if raw_succ is None:
                 raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
             successor = decode(NodeRecord, succ_key, raw_succ)
-        if self._peer_watch is not None and successor is not None:
-            self._peer_watch.watch(successor.node_id, successor.addr, successor.alive_port)
+        if self._peer_watch is not None:
+            if successor is not None:
+                self._peer_watch.watch(successor.node_id, successor.addr, successor.alive_port)
+            else:
+                self._peer_watch.watch("", "", 0)  # alone in the round: nobody to watch
         return _Membership(
             r, index, seal, assign, successor.node_id if successor else "", successor
         )
