@@ -13,7 +13,8 @@ Kinds (stable, documented in the README):
     worker.exited        one worker exited (fields: local_rank, rank, pid, exitcode)
     worker.failed        the local group failed (fields: local_rank, rank, exitcode, reason)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)
-    membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting)
+    membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting;
+                         when the round ended: cause, ended_by, lost (node ids))
     restart              restarting the workers (fields: restarts, max_restarts, counted)
     workers.stopped      the local workers were stopped (fields: signal, reason)
     succeeded            every worker of this node exited 0

@@ -406,23 +406,46 @@ class SimpleElasticAgent(ElasticAgent):
                 waiting = handler.num_nodes_waiting()
                 over = bool(getattr(handler, "is_round_over", lambda: False)())
                 if waiting > 0 or over:
-                    lost = handler.has_lost_member()
+                    ended = self._round_end() if over else {}
+                    lost = handler.has_lost_member() or ended.get("cause") == "member_lost"
                     reason = (
                         "member_lost" if lost else "nodes_waiting" if waiting else "round_ended"
                     )
+                    who = ", ".join(ended.get("lost", ())) or ended.get("ended_by", "")
                     text = {
                         "member_lost": "a member of the round was lost",
                         "nodes_waiting": f"{waiting} node{'s' if waiting > 1 else ''} waiting to join",
                         "round_ended": "the round ended on another node",
-                    }[reason]
+                    }[reason] + (f" ({who})" if who and reason != "nodes_waiting" else "")
                     self._emit(
                         "membership.changed",
                         f"{text}: stopping the workers to re-rendezvous",
                         reason=reason,
                         waiting=waiting,
+                        **ended,
                     )
                     self._stop_all(signal.SIGTERM)
                     break
+
+    def _round_end(self) -> dict[str, Any]:
+        """Who ended this node's round and why (event fields), as far as the handler can say.
+
+        Best-effort: a handler without ``round_end`` or a backend error gives no fields.
+        """
+        read = getattr(self._spec.rdzv_handler, "round_end", None)
+        if not callable(read):
+            return {}
+        try:
+            record = read()
+        except RendezvousError as exc:
+            log.debug("could not read why the round ended: %s", exc)
+            return {}
+        if record is None:
+            return {}
+        fields: dict[str, Any] = {"cause": record.reason, "ended_by": record.by}
+        if record.node_ids:
+            fields["lost"] = list(record.node_ids)
+        return fields
 
     def _wait_tick(self) -> None:
         self._wake.wait(self._spec.monitor_interval)

@@ -444,6 +444,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Return whether this node saw a member of its round die. No I/O."""
         return self._lost
 
+    def round_end(self) -> LostRecord | None:
+        """Why this node's round ended and who ended it (one store read), or None.
+
+        None while the round runs, and outside a round.
+        """
+        member = self._member
+        if member is None:
+            return None
+        key = _round_key(member.round, "lost")
+        raw = self._backend.get(key)
+        return decode(LostRecord, key, raw) if raw is not None else None
+
     def report_failure(self, reason: str = "worker_failure") -> bool:
         """End the current round because this node's workers failed.
 

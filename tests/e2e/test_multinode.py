@@ -340,9 +340,11 @@ def test_worker_failure_restarts_every_node_and_counts_once(
     assert len(b_restarts) == 1 and b_restarts[0]["fields"]["counted"] is True
     assert b.kinds().count("worker.failed") == 1
     assert "restart" not in a.kinds() and "worker.failed" not in a.kinds()
-    assert [e["fields"]["reason"] for e in a.events() if e["kind"] == "membership.changed"] == [
-        "round_ended"
-    ]
+    changes = [e["fields"] for e in a.events() if e["kind"] == "membership.changed"]
+    assert [c["reason"] for c in changes] == ["round_ended"]
+    # Who ended the round and why: b's agent (node ids carry the agent's pid), for a failure.
+    assert changes[0]["cause"] == "worker_failure"
+    assert f"-{b.proc.pid}-" in changes[0]["ended_by"], changes
     assert _rendezvous_rounds(a) == _rendezvous_rounds(b) and len(_rendezvous_rounds(a)) == 2
     for node in (a, b):
         # agent.exited goes to the console only: the log is closed by then.
@@ -386,6 +388,15 @@ def test_sigkill_of_one_agent_of_three_goes_on_with_two(
         if e["kind"] == "membership.changed"
     }
     assert "member_lost" in reasons, reasons
+    lost = [
+        e["fields"].get("lost")
+        for n in "ab"
+        for e in job.nodes[n].events()
+        if e["kind"] == "membership.changed"
+    ]
+    # The events name the lost node: c's agent (node ids carry the agent's pid), and only it.
+    named = [ids for ids in lost if ids]
+    assert named and all(len(ids) == 1 and f"-{c.proc.pid}-" in ids[0] for ids in named), lost
     assert any("is gone (its agent ended)" in job.nodes[n].output() for n in "ab"), job.report()
     for n in "ab":
         assert "restart" not in job.nodes[n].kinds()  # a lost node never counts
