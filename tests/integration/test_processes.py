@@ -312,6 +312,63 @@ def test_sigkilled_agent_leaves_no_worker_nor_grandchild(tmp_path: Path, setsid:
                 pass
 
 
+LONE_AGENT = """
+    import os, signal, sys
+    from pathlib import Path
+    from elastic_run.agent import processes
+    from elastic_run.agent.config import Std
+    from elastic_run.agent.processes import WorkerLaunch, WorkerProcesses
+
+    mark_dir, how = Path(sys.argv[1]), sys.argv[2]
+    if how == "preexec":
+        processes._SETPRIV_PREFIX = ()  # as on a host without util-linux's setpriv
+    else:
+        assert processes._death_signal_prefix(), "setpriv --pdeathsig is not usable here"
+    group = WorkerProcesses([  # no guardian: only the parent-death signal is left
+        WorkerLaunch(
+            local_rank=0, global_rank=0,
+            argv=(sys.executable, "-c", "import signal; signal.pause()"),
+            env=dict(os.environ), log_dir=None, redirect=Std.NONE, tee=Std.NONE,
+            show_on_console=False, error_file=mark_dir / "error.json",
+        )
+    ])
+    group.start()
+    (mark_dir / "worker.tmp").write_text(str(group.pids[0]))
+    os.rename(mark_dir / "worker.tmp", mark_dir / "worker.pid")
+    while True:
+        signal.pause()
+"""
+
+
+@pytest.mark.parametrize("how", ["setpriv", "preexec"])
+def test_worker_dies_with_its_agent_by_the_parent_death_signal(tmp_path: Path, how: str) -> None:
+    # Workers are spawned through setpriv where it exists (no fork of the whole agent) and with
+    # a preexec_fn otherwise; either way a SIGKILLed agent takes its worker with it.
+    agent_script = tmp_path / "agent.py"
+    agent_script.write_text(textwrap.dedent(LONE_AGENT))
+    agent = subprocess.Popen(
+        [sys.executable, str(agent_script), str(tmp_path), how],
+        env=dict(os.environ, PYTHONPATH=str(REPO_ROOT)),
+        start_new_session=True,
+    )
+    worker = 0
+    try:
+        worker = read_mark(tmp_path / "worker.pid")
+        wait_until(lambda: psutil.Process(worker).cmdline()[1:2] == ["-c"], 30, "the worker's exec")
+        assert psutil.Process(worker).ppid() == agent.pid
+        agent.kill()
+        agent.wait()
+        wait_until(lambda: is_gone(worker), 10, "the worker to die with its agent")
+    finally:
+        agent.kill()
+        agent.wait()
+        if worker:
+            try:
+                os.kill(worker, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+
+
 SUBREAPER_AGENT = """
     import ctypes, os, signal, sys, threading
     from pathlib import Path
