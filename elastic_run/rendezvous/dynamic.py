@@ -313,6 +313,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """
         self._on_change = callback
 
+    @property
+    def successor_watch(self) -> str:
+        """What the death-notice watch on this node's ring successor is doing, for people.
+
+        ``watching <node id>``, ``no verdict <node id>: <why>``, ``dead <node id>``, ``idle``.
+        A successor that died before the watch first connected gets no death notice (a refused
+        first connect proves nothing); its heartbeat judges it.
+        """
+        watch = self._peer_watch
+        return watch.state if watch is not None else "idle"
+
     def closed_peers(self) -> frozenset[str]:
         """The node ids whose agents this node saw end (see ``peerwatch.py``). No I/O."""
         return self._closed_peers

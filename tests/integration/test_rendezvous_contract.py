@@ -49,7 +49,7 @@ CONF: dict[str, str] = {
 }
 # Heartbeats that would judge a node only after 120 s, far past a test's timeout: what is
 # noticed sooner was noticed by its death notice (peerwatch.py).
-SLOW_BEATS = {"keep_alive_interval": "30", "keep_alive_max_attempt": "4"}
+SLOW_BEATS = {"keep_alive_interval": "2", "keep_alive_max_attempt": "60"}
 
 
 class Job:
@@ -410,6 +410,11 @@ def test_member_killed_after_completion_is_lost_by_its_death_notice(job: Job) ->
         assert read_line(proc, "rank").split()[2] == "2"
         assert info.world_size == 2
         assert not survivor.has_lost_member() and not survivor.is_round_over()
+        wait_until(
+            lambda: survivor.successor_watch == f"watching {dead_id}",
+            30,
+            message=lambda: survivor.successor_watch,
+        )
         kill(proc)
         wait_until(survivor.has_lost_member, 60, message="the dead member was not noticed")
         assert survivor.is_round_over()
@@ -422,6 +427,41 @@ def test_member_killed_after_completion_is_lost_by_its_death_notice(job: Job) ->
             (dead_id,),
             survivor.node_id,
         )
+    finally:
+        kill(proc)
+
+
+@pytest.mark.timeout(120)
+def test_survivors_of_a_killed_member_reform_at_once(job: Job) -> None:
+    # The death notice names the lost node in the round's lost record, so the next round
+    # expects only the survivors and seals as "reform" once they are back: no 30 s last call,
+    # no 120 s heartbeat verdict.
+    slow = {"last_call_timeout": "30", **SLOW_BEATS}
+    proc = start_node(job, 2, 3, **slow)
+    try:
+        dead_id = read_line(proc, "node").split()[1]
+        survivors = job.handlers(2, 2, 3, **slow)
+        infos = rendezvous_all(survivors)  # the third arrival brings round 0 to max
+        assert {info.world_size for info in infos} == {3}
+        # Its ring neighbour must have connected first: a refused first connect proves nothing.
+        wait_until(
+            lambda: any(h.successor_watch == f"watching {dead_id}" for h in survivors),
+            30,
+            message=lambda: str([h.successor_watch for h in survivors]),
+        )
+        kill(proc)
+        wait_until(
+            lambda: any(h.has_lost_member() for h in survivors),
+            60,
+            message="no survivor noticed the dead member",
+        )
+        infos = rendezvous_all(survivors, timeout_s=60)
+        assert_one_group(infos)
+        assert {info.round for info in infos} == {1}
+        assert seal_of(job, 1).reason == "reform"
+        raw = job.reader().get("r0/lost")
+        assert raw is not None
+        assert decode(LostRecord, "r0/lost", raw).node_ids == (dead_id,)
     finally:
         kill(proc)
 
