@@ -396,19 +396,19 @@ def main() -> None:
         figure, impl, conf = row
         name = "elastic-run" if impl == "ours" else "torchrun"
         launcher = f"{name} ({conf})" if conf else f"{name} (defaults)"
-        cells = "".join(
-            f" {summary(results[row], attr)[1] if figure == 'a' or attr != 'spawned_from_exit' else '-':>34} |"
+        # (b) has no failed worker process: no figure "from the exit".
+        texts = [
+            "-" if figure == "b" and attr == "spawned_from_exit" else summary(results[row], attr)[1]
             for _, attr in columns
-        )
+        ]
+        cells = "".join(f" {text:>34} |" for text in texts)
         print(f"| {labels[figure]:22} | {launcher:38} |{cells}")
     print()
     for figure in ("a", "b"):
         for name, attr in columns:
-            if figure == "b" and attr == "spawned_from_exit":
-                continue
             ours = summary(results.get((figure, "ours", ""), []), attr)[0]
             theirs = summary(results.get((figure, "torch", ""), []), attr)[0]
-            if ours is not None and theirs:
+            if ours is not None and theirs:  # (b) from the exit: None on both sides
                 print(f"({figure}) {name}: elastic-run / torchrun (defaults) = {ours / theirs:.2f}")
     for row in rows:
         for note in dict.fromkeys(v.note for v in results[row] if v.note):

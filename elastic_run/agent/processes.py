@@ -22,6 +22,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import functools
 import logging
 import os
 import shutil
@@ -73,10 +74,7 @@ def _set_parent_death_signal() -> None:
         _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
-_SETPRIV_PREFIX: tuple[str, ...] | None = None
-_setpriv_lock = threading.Lock()
-
-
+@functools.cache
 def _death_signal_prefix() -> tuple[str, ...]:
     """``setpriv --pdeathsig KILL --`` where util-linux's setpriv does that, else ``()``.
 
@@ -84,20 +82,15 @@ def _death_signal_prefix() -> tuple[str, ...]:
     here) instead of vfork-and-exec (0.4 ms); setpriv sets the same signal in the child and
     execs the worker, for about a millisecond. Probed once per process by running it.
     """
-    global _SETPRIV_PREFIX
-    with _setpriv_lock:
-        if _SETPRIV_PREFIX is None:
-            found = shutil.which("setpriv")
-            prefix: tuple[str, ...] = ()
-            if found is not None:
-                probe = (found, "--pdeathsig", "KILL", "--", "true")
-                try:
-                    ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-                except (OSError, subprocess.SubprocessError):
-                    ok = False
-                prefix = probe[:4] if ok else ()
-            _SETPRIV_PREFIX = prefix
-        return _SETPRIV_PREFIX
+    found = shutil.which("setpriv")
+    if found is None:
+        return ()
+    probe = (found, "--pdeathsig", "KILL", "--", "true")
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return probe[:4] if ok else ()
 
 
 @dataclass(frozen=True)

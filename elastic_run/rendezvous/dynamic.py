@@ -170,7 +170,6 @@ class _Membership:
     seal: SealRecord
     assign: proto.Assignment
     successor: str
-    successor_record: NodeRecord | None = None
 
 
 def _round_key(r: int, name: str) -> str:
@@ -691,9 +690,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 self._peer_watch.watch(successor.node_id, successor.addr, successor.alive_port)
             else:
                 self._peer_watch.watch("", "", 0)  # alone in the round: nobody to watch
-        return _Membership(
-            r, index, seal, assign, successor.node_id if successor else "", successor
-        )
+        return _Membership(r, index, seal, assign, successor.node_id if successor else "")
 
     def _seal(self, r: int, admitted: tuple[int, ...], reason: str, sealed_arrivals: int) -> None:
         """Complete round r with ``admitted`` (first sealer wins; the seal is one record)."""

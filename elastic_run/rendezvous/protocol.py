@@ -99,12 +99,17 @@ class Heartbeats:
         return now - beat.changed_at >= stale_after_s
 
     def with_closed(self, node_ids: Iterable[str], now: float) -> Heartbeats:
-        """Return the view where ``node_ids`` are gone for good (their agents were seen to end)."""
+        """Return the view where ``node_ids`` are gone for good (their agents were seen to end).
+
+        Returns this view itself when it already knows all of them (the common case: the
+        same notices are applied at every reading).
+        """
+        new = [n for n in node_ids if not (n in self.beats and self.beats[n].closed)]
+        if not new:
+            return self
         beats = dict(self.beats)
-        for node_id in node_ids:
-            old = beats.get(node_id)
-            if old is None or not old.closed:
-                beats[node_id] = _Beat(None, now, True, closed=True)
+        for node_id in new:
+            beats[node_id] = _Beat(None, now, True, closed=True)
         return Heartbeats(beats)
 
     def forget(self, node_ids: Iterable[str]) -> Heartbeats:

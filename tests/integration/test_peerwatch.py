@@ -13,7 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 
 import pytest
 
@@ -110,28 +110,28 @@ def watching(watch: PeerWatch, node_id: str) -> None:
     assert watch.wait_state(lambda s: s == f"watching {node_id}", WAIT_S), watch.state
 
 
-def test_a_sigkilled_process_is_reported_dead(
-    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
+@pytest.mark.parametrize(
+    "end",
+    [
+        ListenerProcess.kill,
+        # A node that leaves on purpose closes its listener (and drops its heartbeat).
+        ListenerProcess.close_listener,
+    ],
+    ids=["sigkilled", "left"],
+)
+def test_a_node_that_ends_is_reported_dead(
+    listeners: list[ListenerProcess],
+    watch: PeerWatch,
+    deaths: Deaths,
+    end: Callable[[ListenerProcess], None],
 ) -> None:
     peer = start(listeners, "node-a")
     watch.watch("node-a", "127.0.0.1", peer.port)
     watching(watch, "node-a")
-    peer.kill()
+    end(peer)
     assert deaths.any.wait(WAIT_S), watch.state
     assert deaths.ids == ["node-a"]
     assert watch.wait_state(lambda s: s == "idle", WAIT_S), watch.state  # watches nobody now
-
-
-def test_a_closed_listener_means_the_node_left(
-    listeners: list[ListenerProcess], watch: PeerWatch, deaths: Deaths
-) -> None:
-    # A node that leaves on purpose closes its listener (and drops its heartbeat).
-    peer = start(listeners, "node-a")
-    watch.watch("node-a", "127.0.0.1", peer.port)
-    watching(watch, "node-a")
-    peer.close_listener()
-    assert deaths.any.wait(WAIT_S), watch.state
-    assert deaths.ids == ["node-a"]
 
 
 def test_a_new_target_replaces_the_old_one(

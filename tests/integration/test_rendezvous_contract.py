@@ -240,6 +240,22 @@ def read_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 30.0)
     return found[0]
 
 
+def kill_once_watched(
+    proc: subprocess.Popen[str], node_id: str, handlers: list[DynamicRendezvousHandler]
+) -> None:
+    """SIGKILL the node ``proc`` once its ring neighbour among ``handlers`` holds a connection.
+
+    A node killed before its neighbour first connected gets no death notice (a refused first
+    connect proves nothing), so the tests about notices wait for the watch first.
+    """
+    wait_until(
+        lambda: any(h.successor_watch == f"watching {node_id}" for h in handlers),
+        30,
+        message=lambda: str([h.successor_watch for h in handlers]),
+    )
+    kill(proc)
+
+
 def kill(proc: subprocess.Popen[str]) -> None:
     if proc.poll() is None:
         os.kill(proc.pid, signal.SIGKILL)
@@ -410,12 +426,7 @@ def test_member_killed_after_completion_is_lost_by_its_death_notice(job: Job) ->
         assert read_line(proc, "rank").split()[2] == "2"
         assert info.world_size == 2
         assert not survivor.has_lost_member() and not survivor.is_round_over()
-        wait_until(
-            lambda: survivor.successor_watch == f"watching {dead_id}",
-            30,
-            message=lambda: survivor.successor_watch,
-        )
-        kill(proc)
+        kill_once_watched(proc, dead_id, [survivor])
         wait_until(survivor.has_lost_member, 60, message="the dead member was not noticed")
         assert survivor.is_round_over()
         assert survivor.closed_peers() == {dead_id}
@@ -443,13 +454,7 @@ def test_survivors_of_a_killed_member_reform_at_once(job: Job) -> None:
         survivors = job.handlers(2, 2, 3, **slow)
         infos = rendezvous_all(survivors)  # the third arrival brings round 0 to max
         assert {info.world_size for info in infos} == {3}
-        # Its ring neighbour must have connected first: a refused first connect proves nothing.
-        wait_until(
-            lambda: any(h.successor_watch == f"watching {dead_id}" for h in survivors),
-            30,
-            message=lambda: str([h.successor_watch for h in survivors]),
-        )
-        kill(proc)
+        kill_once_watched(proc, dead_id, survivors)
         wait_until(
             lambda: any(h.has_lost_member() for h in survivors),
             60,
