@@ -8,6 +8,12 @@ Two client connections per agent: TCPStore serialises the calls of one client, s
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
 connection and never hold up the heartbeat thread.
 
+No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
+for a key that does not exist, so a read that checks first and fetches second would block for
+a minute when a delete lands in between. A node that leaves therefore overwrites its heartbeat
+counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone"), which a heartbeat still
+in flight cannot bring back above zero.
+
 ``store_type=file`` (as torch allows) puts the store in a torch FileStore at the path
 given as the endpoint (a shared file system for several hosts); nobody hosts anything.
 """
@@ -27,7 +33,7 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousConnectionError
-from elastic_run.rendezvous.records import decode_heartbeat
+from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store, TCPStore
@@ -52,7 +58,6 @@ class _KeyValueStore(Protocol):
     def add(self, key: str, delta: int) -> int: ...
     def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
     def wait(self, keys: list[str], timeout: timedelta) -> None: ...
-    def delete_key(self, key: str) -> bool: ...
 
 
 def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
@@ -246,7 +251,8 @@ class C10dRendezvousBackend(RendezvousBackend):
         return [decode_heartbeat(v) for v in self.get_many([f"hb/{n}" for n in node_ids])]
 
     def forget_node(self, node_id: str) -> None:
-        self._call(lambda: self._store.delete_key(f"hb/{node_id}"))
+        # Overwrite, never delete: see the module docstring.
+        self.set(f"hb/{node_id}", str(HEARTBEAT_GONE).encode())
 
     def round_store(self, prefix: str) -> Store:
         view, _ = self._waiting_store()

@@ -14,6 +14,7 @@ from typing import Any, TypeVar
 from elastic_run.rendezvous.errors import RendezvousStateError
 
 __all__ = [
+    "HEARTBEAT_GONE",
     "SCHEMA_VERSION",
     "LostRecord",
     "NodeRecord",
@@ -25,6 +26,9 @@ __all__ = [
 ]
 
 SCHEMA_VERSION = 1
+# What a node that leaves writes over its heartbeat counter where the store cannot delete a key
+# safely (TCPStore): far enough below zero that no heartbeat still in flight lifts it.
+HEARTBEAT_GONE = -(2**62)
 
 T = TypeVar("T")
 
@@ -178,15 +182,18 @@ def decode_int(key: str, raw: bytes) -> int:
 
 
 def decode_heartbeat(raw: bytes | None) -> int | None:
-    """Decode a heartbeat counter as read from a store; None when the node's key is gone.
+    """Decode a heartbeat counter as read from a store; None when the node is gone.
 
-    A counter is never empty, so ``b""`` also means gone: a TCPStore answers a key deleted
-    between a batch read's existence check and its fetch with an empty value.
+    Gone: the key is absent (an etcd lease ended) or the counter is below zero (a node that
+    left wrote ``HEARTBEAT_GONE``; a live counter starts at 1 and only grows).
 
     Raises:
         RendezvousStateError: the value is not an integer.
     """
-    return decode_int("hb", raw) if raw else None
+    if raw is None:
+        return None
+    count = decode_int("hb", raw)
+    return count if count >= 0 else None
 
 
 def ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:

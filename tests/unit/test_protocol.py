@@ -16,7 +16,15 @@ from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
 from elastic_run.rendezvous import protocol as proto
-from elastic_run.rendezvous.records import NodeRecord, SealRecord, ranges, runs
+from elastic_run.rendezvous.errors import RendezvousStateError
+from elastic_run.rendezvous.records import (
+    HEARTBEAT_GONE,
+    NodeRecord,
+    SealRecord,
+    decode_heartbeat,
+    ranges,
+    runs,
+)
 
 SETTINGS = proto.RoundSettings(
     min_nodes=2, max_nodes=4, last_call_timeout_s=30.0, stale_after_s=3.0
@@ -87,6 +95,16 @@ def test_a_moving_heartbeat_is_alive_and_a_stopped_one_goes_stale() -> None:
     assert beats.is_gone("a", now=5.0, stale_after_s=3.0)
     beats = beats.observe({"a": 3}, now=6.0)  # it moved again: alive
     assert not beats.is_gone("a", now=6.0, stale_after_s=3.0)
+
+
+def test_a_heartbeat_counter_is_gone_when_absent_or_overwritten_by_a_node_that_left() -> None:
+    assert decode_heartbeat(b"7") == 7
+    assert decode_heartbeat(None) is None
+    assert decode_heartbeat(str(HEARTBEAT_GONE).encode()) is None
+    # A heartbeat still in flight when its node left lands on the mark and stays below zero.
+    assert decode_heartbeat(str(HEARTBEAT_GONE + 1).encode()) is None
+    with pytest.raises(RendezvousStateError, match="'hb'"):
+        decode_heartbeat(b"")
 
 
 def test_a_node_never_read_is_not_judged_and_a_vanished_one_is_gone() -> None:
