@@ -227,6 +227,9 @@ class _Handler(BaseHTTPRequestHandler):
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     block_on_close = False
+    # socketserver's default backlog of 5 drops the SYNs of a burst of probes and scrapers;
+    # a dropped SYN is retried after 1, 3, 7 s, which reads as a dead agent.
+    request_queue_size = 128
 
     def __init__(self, address: tuple[str, int], owner: HealthCheckServer) -> None:
         self.owner = owner

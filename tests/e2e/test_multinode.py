@@ -408,6 +408,35 @@ def test_sigkill_of_one_agent_of_three_goes_on_with_two(
     job.assert_no_survivors()
 
 
+def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
+    make_job: Any, backend: tuple[str, str]
+) -> None:
+    job = _three_running(make_job(backend))
+    c = job.nodes["c"]
+    # A hung host: every process of node c stops, so its sockets stay open and no death notice
+    # comes; its heartbeat stops moving, and the survivors go by that.
+    frozen = sorted(c.seen)
+    for pid in frozen:
+        os.kill(pid, signal.SIGSTOP)
+    try:
+        job.wait_running(["a", "b"], 2)
+        job.go()
+        assert job.wait_exit("a") == 0, job.report()
+        assert job.wait_exit("b") == 0, job.report()
+        assert not any("its agent ended" in job.nodes[n].output() for n in "ab"), job.report()
+        assert any("it stopped heartbeating" in job.nodes[n].output() for n in "ab"), job.report()
+        changes = _membership_changes(job, "ab")
+        assert "member_lost" in {f["reason"] for f in changes}, changes
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
+    job.assert_no_survivors()
+
+
 def test_late_agent_is_admitted_and_world_grows(make_job: Any, backend: tuple[str, str]) -> None:
     job = make_job(backend)
     job.start("a", nnodes="2:3", conf=FAST_CONF, host=True)
