@@ -21,7 +21,9 @@ middlebox dropped an idle connection). A node that leaves on purpose closes its 
 which is right: it also drops its heartbeat.
 
 Invariants:
-- One thread per object, each with ``close()`` and a bounded join.
+- One thread per object, each with ``close()`` and a bounded join. A wake-up pipe is closed
+  only after its thread ended and is never written after ``close()``: a reused descriptor
+  number would be another socket of this process (a store connection).
 - The listener holds at most ``MAX_CONNECTIONS`` clients; past that it closes new ones, so a
   stranger can delay a verdict (heartbeats then decide) but never exhaust the agent's files.
 """
@@ -94,6 +96,7 @@ class AliveListener:
         self._closed.set()
         os.write(self._wake_w, b"x")
         self._thread.join(timeout=_JOIN_S)
+        _close_pipe_after(self._thread, self._wake_r, self._wake_w)
 
     def _serve(self) -> None:
         try:
@@ -108,8 +111,6 @@ class AliveListener:
                 self._drop(conn)
             self._selector.close()
             self._server.close()
-            os.close(self._wake_r)
-            os.close(self._wake_w)
 
     def _accept(self) -> None:
         try:
@@ -182,8 +183,8 @@ class PeerWatch:
         """Watch ``node_id`` at ``addr:port`` from now on (port 0: watch nobody)."""
         target = _Target(node_id, addr, port) if port else None
         with self._lock:
-            if target == self._target:
-                return
+            if self._closed or target == self._target:
+                return  # closed: its wake-up pipe may be gone
             self._target = target
         self._poke()
 
@@ -201,8 +202,7 @@ class PeerWatch:
             self._target = None
         self._poke()
         self._thread.join(timeout=_JOIN_S)
-        os.close(self._wake_r)
-        os.close(self._wake_w)
+        _close_pipe_after(self._thread, self._wake_r, self._wake_w)
 
     # -- the thread ------------------------------------------------------------------------
 
@@ -313,6 +313,20 @@ class PeerWatch:
                         return True
                     if not data:
                         return True
+
+
+def _close_pipe_after(thread: threading.Thread, *fds: int) -> None:
+    """Close a wake-up pipe once the thread that polls it has ended.
+
+    While the thread may still run, the descriptors stay open (two leaked files): closed, their
+    numbers would be reused by the next socket the process opens (a store connection), and a
+    late read or write on them would steal or inject that socket's bytes.
+    """
+    if thread.is_alive():
+        log.warning("%s did not end in %g s; its wake-up pipe stays open", thread.name, _JOIN_S)
+        return
+    for fd in fds:
+        os.close(fd)
 
 
 def _drain_pipe(fd: int) -> None:
