@@ -460,11 +460,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         None while the round runs, and outside a round.
         """
         member = self._member
-        if member is None:
-            return None
-        key = _round_key(member.round, "lost")
-        raw = self._backend.get(key)
-        return decode(LostRecord, key, raw) if raw is not None else None
+        return self._read_lost(member.round) if member is not None else None
 
     def report_failure(self, reason: str = "worker_failure") -> bool:
         """End the current round because this node's workers failed.
@@ -565,6 +561,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if raw is None:
             raw, _ = self._backend.compare_set("round", None, b"0")
         return decode_int("round", raw)
+
+    def _read_lost(self, r: int) -> LostRecord | None:
+        """Why round r ended (one store read), or None while it runs."""
+        key = _round_key(r, "lost")
+        raw = self._backend.get(key)
+        return decode(LostRecord, key, raw) if raw is not None else None
 
     def _end_round(self, r: int, why: LostRecord) -> bool:
         """Record why round r ended (first writer wins) and advance the round past it."""
@@ -813,9 +815,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _note_round_end(self, r: int) -> None:
         """Mark round r over; a member lost (by whoever saw it) counts as lost here too."""
-        lost_key = _round_key(r, "lost")
-        raw = self._backend.get(lost_key)
-        if raw is not None and decode(LostRecord, lost_key, raw).reason == "member_lost":
+        why = self._read_lost(r)
+        if why is not None and why.reason == "member_lost":
             self._lost = True
         self._round_over = True
 
@@ -950,9 +951,9 @@ class _Coordinator:
                 for i, k, v in zip(range(n), keys, backend.get_many(keys), strict=True):
                     if v is not None and (i in admitted or i >= seal.sealed_arrivals):
                         expected.add(decode(NodeRecord, k, v).node_id)
-                raw_lost = backend.get(_round_key(prev, "lost"))
-                if raw_lost is not None:
-                    expected -= set(decode(LostRecord, _round_key(prev, "lost"), raw_lost).node_ids)
+                lost = self._h._read_lost(prev)
+                if lost is not None:
+                    expected -= set(lost.node_ids)
         self._expected = expected
         return expected
 
