@@ -18,8 +18,12 @@ class ElasticRunError(Exception):
     exit_code: int = 1
 
 
-class ConfigurationError(ElasticRunError):
-    """Bad user input: a flag, a config key, a path. The CLI exits 2."""
+class ConfigurationError(ElasticRunError, ValueError):
+    """Bad user input: a flag, a config key, a path. The CLI exits 2.
+
+    Also a ``ValueError``, as torch raises for bad rendezvous parameters, so code written
+    against torch.distributed.elastic that catches ``ValueError`` keeps working.
+    """
 
     exit_code = 2
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import enum
 from abc import ABC, abstractmethod
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
@@ -24,7 +25,7 @@ from elastic_run.agent.failures import FailureRecord
 from elastic_run.rendezvous.api import RendezvousHandler
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch.distributed import Store
 
 __all__ = [
     "ElasticAgent",
@@ -55,39 +56,67 @@ class WorkerState(str, enum.Enum):
 
 @dataclass
 class WorkerSpec:
-    """What to run on this node (as torch's WorkerSpec, minus the pickled callables).
+    """What to run on this node (torch's WorkerSpec, field for field).
 
     Attributes:
         role: the workers' role name (ROLE_NAME).
         local_world_size: how many workers this node runs.
         rdzv_handler: the rendezvous this node joins.
-        entrypoint: the script, module or program.
-        args: its arguments (``${local_rank}`` is replaced per worker).
-        max_restarts: how many failures of this node's workers are restarted.
+        fn: deprecated alias of ``entrypoint`` (as in torch).
+        entrypoint: the program (``sys.executable`` for a script, with ``args`` holding
+            ``-u script ...``), or a Python callable run in each worker process.
+        args: the program's arguments, or the callable's (``${local_rank}`` in a program's
+            arguments is replaced per worker).
+        max_restarts: how many worker failures of the job are restarted.
         monitor_interval: seconds between checks of the workers.
+        master_port: the workers' store port (static rendezvous; None: the agent picks).
+        master_addr: the workers' store address (static rendezvous).
         local_addr: the address this node advertises for the workers' store.
-        master_addr: the static backend's master address (unused by dynamic backends).
-        master_port: the static backend's master port.
+        event_log_handler: torch's event log handler name (``null``: none).
+        numa_options: NUMA binding options (None: no binding).
+        duplicate_stdout_filters: stdout lines matching any of these also go to a second file.
+        duplicate_stderr_filters: stderr lines matching any of these also go to a second file.
+        virtual_local_rank: every worker sees LOCAL_RANK=0 (its device comes from
+            CUDA_VISIBLE_DEVICES).
     """
 
     role: str
     local_world_size: int
     rdzv_handler: RendezvousHandler
-    entrypoint: str
-    args: tuple[str, ...] = ()
+    fn: Callable[..., Any] | None = None
+    entrypoint: Callable[..., Any] | str | None = None
+    args: tuple[Any, ...] = ()
     max_restarts: int = 3
     monitor_interval: float = 0.1
-    local_addr: str | None = None
-    master_addr: str | None = None
     master_port: int | None = None
+    master_addr: str | None = None
+    local_addr: str | None = None
+    event_log_handler: str = "null"
+    numa_options: Any = None
+    duplicate_stdout_filters: list[str] | None = None
+    duplicate_stderr_filters: list[str] | None = None
+    virtual_local_rank: bool = False
 
     def __post_init__(self) -> None:
         if self.local_world_size <= 0:
             raise ValueError(f"local_world_size must be positive, got {self.local_world_size}")
         if self.max_restarts < 0:
             raise ValueError(f"max_restarts must not be negative, got {self.max_restarts}")
-        if self.monitor_interval <= 0:
+        if not self.monitor_interval > 0:
             raise ValueError(f"monitor_interval must be positive, got {self.monitor_interval}")
+        if self.fn is not None:
+            if self.entrypoint is None:
+                self.entrypoint = self.fn
+        if self.entrypoint is None:
+            raise ValueError("WorkerSpec needs an entrypoint (a program path or a callable)")
+        self.args = tuple(self.args)
+
+    def get_entrypoint_name(self) -> str:
+        """The entrypoint's name: the program, or the callable's qualified name."""
+        entry = self.entrypoint
+        if isinstance(entry, str):
+            return entry
+        return str(getattr(entry, "__qualname__", repr(entry)))
 
 
 @dataclass
@@ -119,8 +148,8 @@ class WorkerGroup:
         spec: what they run.
         workers: one Worker per local rank.
         store: the round's private store (None before the first round).
-        group_rank: this node's rank in the round (GROUP_RANK).
-        group_world_size: the number of nodes in the round.
+        group_rank: this node's rank in the round (GROUP_RANK; None before the first).
+        group_world_size: the number of nodes in the round (None before the first).
         state: the group's state.
         master_addr: where the workers' store runs.
         master_port: its port.
@@ -130,8 +159,8 @@ class WorkerGroup:
     spec: WorkerSpec
     workers: list[Worker] = field(default_factory=list)
     store: Store | None = None
-    group_rank: int = -1
-    group_world_size: int = -1
+    group_rank: int | None = None
+    group_world_size: int | None = None
     state: WorkerState = WorkerState.INIT
     master_addr: str | None = None
     master_port: int | None = None

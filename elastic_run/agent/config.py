@@ -7,7 +7,14 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["LaunchConfig", "Std", "StdSpec"]
+__all__ = ["AgentOptions", "LaunchConfig", "Std", "StdSpec"]
+
+DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
+    signal.SIGTERM,
+    signal.SIGINT,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+)
 
 
 class Std(enum.IntFlag):
@@ -17,6 +24,30 @@ class Std(enum.IntFlag):
     OUT = 1
     ERR = 2
     ALL = 3
+
+    @classmethod
+    def from_str(cls, vm: str) -> Std | dict[int, Std]:
+        """Parse torch's form: ``3`` for every rank, or ``0:1,1:2`` per local rank.
+
+        Raises:
+            ValueError: the text is neither.
+        """
+        text = vm.strip()
+        if not text:
+            return cls.NONE
+        if ":" not in text:
+            return cls(int(text)) if text in ("0", "1", "2", "3") else _bad_std(vm)
+        out: dict[int, Std] = {}
+        for item in text.split(","):
+            rank, _, value = item.partition(":")
+            if not rank.strip().isdigit() or value.strip() not in ("0", "1", "2", "3"):
+                _bad_std(vm)
+            out[int(rank)] = cls(int(value))
+        return out
+
+
+def _bad_std(vm: str) -> Std:
+    raise ValueError(f"{vm!r} is not 0..3 or LOCAL_RANK:0..3 items separated by commas")
 
 
 @dataclass(frozen=True)
@@ -32,6 +63,30 @@ class StdSpec:
             if rank == local_rank:
                 return std
         return self.default
+
+
+@dataclass(frozen=True)
+class AgentOptions:
+    """What elastic-run's agent does beyond torch's LocalElasticAgent, fixed for the run.
+
+    Attributes:
+        signals: the signals the agent handles (forwarded to the workers; all but SIGUSR1 and
+            SIGUSR2 stop the job).
+        watchdog: run the file-timer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER).
+        timer_file: its FIFO (default: in the run's log directory).
+        health_check_port: serve /healthz, /status, /metrics here (None: no server).
+        health_check_addr: the health server's address.
+        health_check_timeout_s: how long without progress before /healthz fails.
+        extra_env: variables set in every worker's environment.
+    """
+
+    signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
+    watchdog: bool = False
+    timer_file: str | None = None
+    health_check_port: int | None = None
+    health_check_addr: str = "127.0.0.1"
+    health_check_timeout_s: float = 60.0
+    extra_env: tuple[tuple[str, str], ...] = ()
 
 
 @dataclass(frozen=True)

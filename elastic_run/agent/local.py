@@ -1,178 +1,105 @@
 """LocalElasticAgent: the run loop with subprocess workers on this node.
 
-It owns, for the life of the run: the guardian (no worker outlives the agent), the
-file-timer watchdog (when enabled), the health-check server (when a port is given), and the
-JSON-lines event log. Per attempt it builds each worker's command and torchrun environment
-and hands them to ``WorkerProcesses``.
-
-Logs: ``<log dir>/<run id>/attempt_<n>/<local rank>/{stdout.log,stderr.log,error.json}`` and
-``<log dir>/<run id>/events.jsonl``. When another live agent on this host already writes
-``<log dir>/<run id>`` (several nodes on one machine), this one uses
-``<log dir>/<run id>-<pid>``.
+Constructed as torch's (``LocalElasticAgent(spec, logs_specs, start_method, exit_barrier_timeout,
+log_line_prefix_template, ...)``), plus our options (``AgentOptions``: the watchdog, the health
+server, the signals, extra worker variables). It owns, for the life of the run: the guardian (no
+worker outlives the agent), the file-timer watchdog (when enabled), the health-check server
+(when a port is given), and the JSON-lines event log ``<run log dir>/events.jsonl``. Per attempt
+it builds each worker's command and torchrun environment (``worker_env.py``), asks the logs
+specs where the output goes, and hands the launches to ``WorkerProcesses``.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import fcntl
 import logging
 import os
 import signal
 import socket
-import sys
-import tempfile
-from collections.abc import Mapping
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
 
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
-from elastic_run.agent.config import LaunchConfig
-from elastic_run.agent.events import AgentEvent, EventLog, EventSink
+from elastic_run.agent.config import AgentOptions
+from elastic_run.agent.events import AgentEvent, EventLog
 from elastic_run.agent.failures import FailureRecord, WorkerErrorInfo, read_error_file
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import HealthCheckServer, Liveness
+from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.agent.simple import SimpleElasticAgent
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
+from elastic_run.agent.worker_env import build_worker_env, worker_argv
 from elastic_run.errors import AgentError, ConfigurationError
 
-__all__ = ["LocalElasticAgent", "build_worker_env", "open_run_log_dir", "worker_argv"]
+__all__ = ["LocalElasticAgent"]
 
 log = logging.getLogger(__name__)
 
 
-def worker_argv(config: LaunchConfig, local_rank: int) -> list[str]:
-    """The command of one worker: ``python -u script args`` (or ``-m module``, or the program)."""
-    args = [a.replace("${local_rank}", str(local_rank)) for a in config.args]
-    if config.no_python:
-        return [config.entrypoint, *args]
-    python = config.python_exec or os.environ.get("PYTHON_EXEC") or sys.executable
-    if config.module:
-        return [python, "-u", "-m", config.entrypoint, *args]
-    return [python, "-u", config.entrypoint, *args]
-
-
-def build_worker_env(
-    base: Mapping[str, str],
-    *,
-    group: WorkerGroup,
-    local_rank: int,
-    restart_count: int,
-    max_restarts: int,
-    run_id: str,
-    use_agent_store: bool,
-    error_file: Path,
-    timer_file: str | None,
-    extra: Mapping[str, str] = {},
-) -> dict[str, str]:
-    """The environment of one worker: the agent's, plus torchrun's variables (see DESIGN.md)."""
-    worker = group.workers[local_rank]
-    spec = group.spec
-    env = dict(base)
-    env.update(extra)
-    env.update(
-        {
-            "LOCAL_RANK": str(local_rank),
-            "RANK": str(worker.global_rank),
-            "GROUP_RANK": str(group.group_rank),
-            "ROLE_RANK": str(worker.role_rank),
-            "ROLE_NAME": spec.role,
-            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-            "WORLD_SIZE": str(worker.world_size),
-            "GROUP_WORLD_SIZE": str(group.group_world_size),
-            "ROLE_WORLD_SIZE": str(worker.role_world_size),
-            "MASTER_ADDR": str(group.master_addr),
-            "MASTER_PORT": str(group.master_port),
-            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
-            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
-            "TORCHELASTIC_RUN_ID": run_id,
-            "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
-            "TORCHELASTIC_ERROR_FILE": str(error_file),
-        }
-    )
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    if "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in extra:
-        env["OMP_NUM_THREADS"] = "1"
-    if timer_file is not None:
-        env["TORCHELASTIC_TIMER_FILE"] = timer_file
-    return env
-
-
-def open_run_log_dir(base: Path, run_id: str) -> tuple[Path, IO[str]]:
-    """Claim ``<base>/<run_id>`` for this agent (a lock file), or a sibling if it is taken.
-
-    Returns:
-        The directory and the open lock file (keep it open for the life of the agent).
-
-    Raises:
-        ConfigurationError: the directory cannot be created or written.
-    """
-    candidates = [base / run_id, base / f"{run_id}-{os.getpid()}"]
-    for path in candidates:
-        try:
-            path.mkdir(parents=True, exist_ok=True)
-            lock = (path / ".agent.lock").open("a+", encoding="utf-8")
-        except OSError as exc:
-            raise ConfigurationError(
-                f"--log-dir {base} cannot be written: {exc.strerror}"
-            ) from None
-        try:
-            fcntl.flock(lock, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except OSError:
-            lock.close()
-            continue
-        lock.seek(0)
-        lock.truncate()
-        lock.write(f"{os.getpid()}\n")
-        lock.flush()
-        return path, lock
-    raise ConfigurationError(f"--log-dir {base}: cannot claim a directory for run '{run_id}'")
-
-
 class LocalElasticAgent(SimpleElasticAgent):
-    """Runs this node's workers as subprocesses of the agent.
+    """Runs this node's workers as subprocesses of the agent (torch's LocalElasticAgent).
 
     Args:
         spec: what to run.
-        config: the launch configuration (output, logs, watchdog, health, signals).
-        log_dir: the base log directory (default: a fresh temporary directory).
-        on_event: receives every event.
+        logs_specs: where the workers' logs go (default: ``DefaultLogsSpecs()``).
+        start_method: accepted for torch's signature (workers are always subprocesses).
+        exit_barrier_timeout: how long a finished node waits for the others (s).
+        log_line_prefix_template: accepted for torch's signature.
+        shutdown_timeout: the grace period between the stop signal and SIGKILL (s).
+        health_check_server: accepted for torch's signature (see ``options``).
+        uninterruptible_state_timeout: accepted for torch's signature.
+        options: elastic-run's additions (watchdog, health server, signals, extra env).
+
+    Raises:
+        ConfigurationError: the log directory cannot be created.
     """
 
     def __init__(
         self,
         spec: WorkerSpec,
-        config: LaunchConfig,
+        logs_specs: LogsSpecs | None = None,
+        start_method: str = "spawn",
+        exit_barrier_timeout: float = 300,
+        log_line_prefix_template: str | None = None,
+        shutdown_timeout: float = 30,
+        health_check_server: Any = None,
+        uninterruptible_state_timeout: float | None = None,
         *,
-        log_dir: Path | None = None,
-        on_event: EventSink | None = None,
+        options: AgentOptions | None = None,
     ) -> None:
-        super().__init__(
-            spec,
-            exit_barrier_timeout_s=config.exit_barrier_timeout_s,
-            shutdown_timeout_s=config.shutdown_timeout_s,
-            signals=config.signals_to_handle,
-            on_event=on_event,
-        )
-        self._config = config
-        base = log_dir or config.log_dir or Path(tempfile.mkdtemp(prefix="elastic-run-"))
-        self._run_dir, self._lock_file = open_run_log_dir(base, spec.rdzv_handler.get_run_id())
-        self._event_log = EventLog(self._run_dir / "events.jsonl")
+        opts = options or AgentOptions()
+        super().__init__(spec, exit_barrier_timeout, shutdown_timeout, signals=opts.signals)
+        self._options = opts
+        self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()
+        self._start_method = start_method
+        self._log_line_prefix_template = log_line_prefix_template
+        run_id = spec.rdzv_handler.get_run_id()
+        try:
+            if isinstance(self._logs_specs, DefaultLogsSpecs):
+                self._run_dir = self._logs_specs.run_log_dir(run_id)
+            else:
+                self._run_dir = Path(self._logs_specs.root_log_dir)
+                self._run_dir.mkdir(parents=True, exist_ok=True)
+            self._event_log = EventLog(self._run_dir / "events.jsonl")
+        except OSError as exc:
+            raise ConfigurationError(
+                f"the log directory cannot be written: {exc.strerror or exc}"
+            ) from None
         self.add_event_sink(self._event_log)
         self._procs: WorkerProcesses | None = None
         self._launched: dict[int, WorkerLaunch] = {}
         self._stopped_by_agent = False
-        self._guardian = Guardian(config.python_exec)
+        self._guardian = Guardian(None)
         self._watchdog: FileTimerServer | None = None
         self._timer_file: str | None = None
         self._expiries: dict[int, TimerExpiry] = {}
         self._health: HealthCheckServer | None = None
-        self._liveness: Liveness | None = None
         self._host = socket.gethostname()
 
     @property
     def run_log_dir(self) -> Path:
-        """``<log dir>/<run id>``: where this agent writes its logs and events."""
+        """Where this agent writes its logs and events (``<log dir>/<run id>_<random>``)."""
         return self._run_dir
 
     @property
@@ -183,44 +110,45 @@ class LocalElasticAgent(SimpleElasticAgent):
     # -- services ----------------------------------------------------------------------
 
     def _setup(self) -> None:
-        config = self._config
+        opts = self._options
         self._guardian.start()
-        if config.watchdog:
-            path = config.timer_file or str(self._run_dir / "watchdog.fifo")
+        if opts.watchdog:
+            path = opts.timer_file or str(self._run_dir / "watchdog.fifo")
             self._watchdog = FileTimerServer(
-                path,
-                is_known_pid=self._is_worker_pid,
-                on_expired=self._on_timer_expired,
+                path, is_known_pid=self._is_worker_pid, on_expired=self._on_timer_expired
             )
             self._watchdog.start()
             self._timer_file = self._watchdog.file_path
-        if config.health_check_port is not None:
-            liveness = Liveness(config.health_check_timeout_s)
-            liveness.watch("agent_loop", self.loop_alive_since)
-            if self._watchdog is not None:
-                watchdog = self._watchdog
-                liveness.watch("watchdog", lambda: watchdog.last_progress)
-            self._liveness = liveness
-            self._health = HealthCheckServer(
-                config.health_check_addr,
-                config.health_check_port,
-                status_fn=self._status_json,
-                liveness_fn=liveness.check,
-                metrics_fn=self._metrics,
-            )
-            try:
-                self._health.start()
-            except OSError as exc:
-                raise AgentError(
-                    f"cannot serve the health check on {config.health_check_addr}:"
-                    f"{config.health_check_port}: {exc.strerror or exc}"
-                ) from None
-            self._emit(
-                "health.started",
-                f"health check on http://{config.health_check_addr}:{self._health.port}/healthz",
-                addr=config.health_check_addr,
-                port=self._health.port,
-            )
+        if opts.health_check_port is not None:
+            self._start_health(opts)
+
+    def _start_health(self, opts: AgentOptions) -> None:
+        liveness = Liveness(opts.health_check_timeout_s)
+        liveness.watch("agent_loop", self.loop_alive_since)
+        if self._watchdog is not None:
+            watchdog = self._watchdog
+            liveness.watch("watchdog", lambda: watchdog.last_progress)
+        assert opts.health_check_port is not None
+        self._health = HealthCheckServer(
+            opts.health_check_addr,
+            opts.health_check_port,
+            status_fn=self._status_json,
+            liveness_fn=liveness.check,
+            metrics_fn=self._metrics,
+        )
+        try:
+            self._health.start()
+        except OSError as exc:
+            raise AgentError(
+                f"cannot serve the health check on {opts.health_check_addr}:"
+                f"{opts.health_check_port}: {exc.strerror or exc}"
+            ) from None
+        self._emit(
+            "health.started",
+            f"health check on http://{opts.health_check_addr}:{self._health.port}/healthz",
+            addr=opts.health_check_addr,
+            port=self._health.port,
+        )
 
     def _teardown(self) -> None:
         if self._health is not None:
@@ -230,7 +158,6 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._watchdog = None
         self._guardian.close()
         self._event_log.close()
-        self._lock_file.close()
 
     def _emit(self, kind: str, message: str, **fields: Any) -> None:
         if kind == "agent.exited":
@@ -246,8 +173,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         super()._emit(kind, message, **fields)
 
     def _status_json(self) -> dict[str, object]:
-        snap = self.snapshot()
-        body = dataclasses.asdict(snap)
+        body = dataclasses.asdict(self.snapshot())
         body["log_dir"] = str(self._run_dir)
         if self._watchdog is not None:
             body["watchdog"] = {
@@ -284,98 +210,102 @@ class LocalElasticAgent(SimpleElasticAgent):
             scope_id=expiry.scope_id,
             signal=name,
         )
-        self._wake.set()
+        self._waker.wake()
 
     # -- workers -------------------------------------------------------------------------
 
-    def _attempt_dir(self, local_rank: int) -> Path:
-        return self._run_dir / f"attempt_{self.attempt}" / str(local_rank)
-
-    def _start_workers(self, group: WorkerGroup) -> None:
-        config, spec = self._config, self._spec
+    def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
+        spec, group = self._spec, worker_group
         handler = spec.rdzv_handler
-        launches = []
-        for worker in group.workers:
-            lr = worker.local_rank
-            rank_dir = self._attempt_dir(lr)
-            try:
-                rank_dir.mkdir(parents=True, exist_ok=True)
-            except OSError as exc:
-                raise AgentError(
-                    f"cannot create the log directory {rank_dir}: {exc.strerror}"
-                ) from None
-            error_file = rank_dir / "error.json"
-            error_file.unlink(missing_ok=True)
-            env = build_worker_env(
+        envs = {
+            w.local_rank: build_worker_env(
                 os.environ,
                 group=group,
-                local_rank=lr,
+                local_rank=w.local_rank,
                 restart_count=self.restarts,
                 max_restarts=spec.max_restarts,
                 run_id=handler.get_run_id(),
-                use_agent_store=True,
-                error_file=error_file,
+                use_agent_store=handler.use_agent_store,
                 timer_file=self._timer_file,
-                extra=dict(config.extra_env),
+                extra=dict(self._options.extra_env),
             )
-            shown = config.local_ranks_filter is None or lr in config.local_ranks_filter
+            for w in group.workers
+        }
+        try:
+            dest = self._logs_specs.reify(
+                {lr: {**env, ATTEMPT_ENV: str(self.attempt)} for lr, env in envs.items()}
+            )
+        except OSError as exc:
+            raise AgentError(f"cannot create the log directory: {exc.strerror or exc}") from None
+        launches = []
+        for worker in group.workers:
+            lr = worker.local_rank
+            error_file = Path(dest.error_files[lr])
+            error_file.unlink(missing_ok=True)
+            envs[lr]["TORCHELASTIC_ERROR_FILE"] = str(error_file)
             launches.append(
                 WorkerLaunch(
                     local_rank=lr,
                     global_rank=worker.global_rank,
-                    argv=tuple(worker_argv(config, lr)),
-                    env=env,
-                    log_dir=rank_dir,
-                    redirect=config.redirects.for_rank(lr),
-                    tee=config.tee.for_rank(lr),
-                    show_on_console=shown,
+                    argv=tuple(worker_argv(spec, lr)),
+                    env=envs[lr],
+                    log_dir=error_file.parent,
+                    redirect=self._logs_specs.redirect_for(lr),
+                    tee=self._logs_specs.tee_for(lr),
+                    show_on_console=self._logs_specs.shows_on_console(lr),
                     error_file=error_file,
                 )
             )
         self._expiries.clear()
         self._stopped_by_agent = False
-        procs = WorkerProcesses(launches, on_exit=self._wake.set, guardian=self._guardian)
+        procs = WorkerProcesses(launches, on_exit=self._waker.wake, guardian=self._guardian)
         self._procs = procs
         self._launched = {launch.local_rank: launch for launch in launches}
         procs.start()
         pids = procs.pids
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
+        return dict(pids)
 
-    def _stop_workers(self, group: WorkerGroup, sig: int, timeout_s: float) -> None:
+    def _stop_workers(self, worker_group: WorkerGroup) -> None:
+        self._shutdown(signal.SIGTERM, int(self._shutdown_timeout))
+
+    def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         procs = self._procs
         if procs is None:
             return
         self._stopped_by_agent = True
-        procs.stop(sig, timeout_s)
+        signals_before = self._signal_log.stop_count()
+        # A signal that arrives while stopping (a second one, after the one that stops us):
+        # no more grace.
+        procs.stop(
+            int(death_sig),
+            float(timeout),
+            escalate=lambda: self._signal_log.stop_count() > signals_before,
+        )
         if self._watchdog is not None:
             for pid in procs.pids.values():
                 self._watchdog.clear_pid(pid)
-        if WorkerState.is_running(group.state):
-            group.state = WorkerState.STOPPED
 
-    def _kill_workers_now(self) -> None:
-        self._signal_workers(signal.SIGKILL)
-
-    def _signal_workers(self, sig: int) -> None:
+    def _forward_signal(self, sig: int) -> None:
         procs = self._procs
         if procs is not None:
             procs.send_signal(sig)
 
-    def _monitor_workers(self, group: WorkerGroup) -> RunResult:
+    def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         procs = self._procs
         if procs is None:
             return RunResult(WorkerState.INIT)
         exits = procs.poll()
         failed = {lr: e for lr, e in exits.items() if e.exitcode != 0}
         if failed:
-            failures = [self._failure(group, e) for e in failed.values()]
+            failures = [self._failure(worker_group, e) for e in failed.values()]
             return RunResult(WorkerState.FAILED, failures={f.global_rank: f for f in failures})
-        if len(exits) == len(group.workers):
+        if len(exits) == len(worker_group.workers):
             return RunResult(
                 WorkerState.SUCCEEDED,
                 return_values={
-                    group.workers[lr].global_rank: e.exitcode for lr, e in exits.items()
+                    worker_group.workers[lr].global_rank: e.exitcode for lr, e in exits.items()
                 },
             )
         return RunResult(WorkerState.HEALTHY)

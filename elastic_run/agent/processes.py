@@ -296,7 +296,9 @@ class WorkerProcesses:
         for worker in self._live_workers():
             _signal_group(worker.proc.pid, sig)
 
-    def stop(self, sig: int, timeout_s: float) -> None:
+    def stop(
+        self, sig: int, timeout_s: float, *, escalate: Callable[[], bool] | None = None
+    ) -> None:
         """Stop every worker and all of its descendants; reap them; drain and close their output.
 
         Sends ``sig`` to each worker's process group, to every process in its session, and to
@@ -306,6 +308,8 @@ class WorkerProcesses:
         Args:
             sig: the first signal, e.g. SIGTERM (SIGKILL to kill at once).
             timeout_s: the grace period before SIGKILL.
+            escalate: checked while waiting; once it returns True the grace period ends and
+                what is left is SIGKILLed (a second signal to the agent).
         """
         with self._stop_lock:
             if self._stopped:
@@ -316,7 +320,7 @@ class WorkerProcesses:
             tree = self._snapshot_descendants(workers)
             self._signal_tree(sessions, tree, sig)
             deadline = time.monotonic() + max(0.0, timeout_s)
-            if not self._wait_tree_gone(sessions, tree, deadline):
+            if not self._wait_tree_gone(sessions, tree, deadline, escalate):
                 if sig != signal.SIGKILL or timeout_s > 0:
                     logger.info(
                         "workers still alive %.1f s after signal %s; sending SIGKILL",
@@ -375,7 +379,11 @@ class WorkerProcesses:
             _signal_process(proc, sig)
 
     def _wait_tree_gone(
-        self, sessions: set[int], tree: set[psutil.Process], deadline: float
+        self,
+        sessions: set[int],
+        tree: set[psutil.Process],
+        deadline: float,
+        escalate: Callable[[], bool] | None = None,
     ) -> bool:
         workers = list(self._workers)
         while True:
@@ -385,7 +393,7 @@ class WorkerProcesses:
                 if not _session_members(sessions):
                     return True
             remaining = deadline - time.monotonic()
-            if remaining <= 0:
+            if remaining <= 0 or (escalate is not None and escalate()):
                 return False
             with self._cond:
                 self._cond.wait(min(_POLL_S, remaining))

@@ -1,22 +1,43 @@
-"""Run one node of a job from a parsed LaunchConfig: the rendezvous, the agent, the view."""
+"""Run one node of a job from a parsed LaunchConfig: the rendezvous, the agent, the view.
+
+The one place where the CLI's frozen ``LaunchConfig`` becomes the library's objects, built
+through the same public entry points a user's Python code would use: the rendezvous registry,
+torch's ``WorkerSpec`` (``entrypoint`` the interpreter, ``args`` ``-u script ...``, as torchrun
+builds it), ``DefaultLogsSpecs`` and ``LocalElasticAgent``.
+"""
 
 from __future__ import annotations
 
 import logging
-import os
 import sys
-import time
-from collections.abc import Callable
-from pathlib import Path
-from typing import Any
+from collections.abc import Iterable
 
-from elastic_run.agent.config import LaunchConfig
+from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
+from elastic_run.agent.failures import FailureRecord
 from elastic_run.errors import ElasticRunError
 
 __all__ = ["run_job"]
 
 
-def _report_failures(run_id: str, failures: Any) -> None:
+def _std(spec: StdSpec) -> Std | dict[int, Std]:
+    if not spec.per_rank:
+        return spec.default
+    return {rank: std for rank, std in spec.per_rank}
+
+
+def _argv(config: LaunchConfig) -> tuple[str, tuple[str, ...]]:
+    """The worker command as torchrun builds it: (entrypoint, args)."""
+    if config.no_python:
+        return config.entrypoint, config.args
+    from elastic_run.agent.worker_env import python_command
+
+    python = config.python_exec or python_command()
+    if config.module:
+        return python, ("-u", "-m", config.entrypoint, *config.args)
+    return python, ("-u", config.entrypoint, *config.args)
+
+
+def _report_failures(run_id: str, failures: Iterable[FailureRecord]) -> None:
     from rich.console import Console
 
     from elastic_run.cli.views import render_failure_summary
@@ -28,8 +49,10 @@ def run_job(config: LaunchConfig) -> int:
     """Run this node's part of the job; return the process exit code."""
     from elastic_run.agent.api import WorkerSpec
     from elastic_run.agent.local import LocalElasticAgent
-    from elastic_run.rendezvous.api import RendezvousParameters
-    from elastic_run.rendezvous.registry import create_rendezvous_handler
+    from elastic_run.agent.logs_specs import DefaultLogsSpecs
+    from elastic_run.cli.views import LiveView, make_view
+    from elastic_run.rendezvous.api import AgentRendezvous, RendezvousParameters
+    from elastic_run.rendezvous.registry import rendezvous_handler_registry
 
     logging.basicConfig(
         level=logging.WARNING, format="elastic-run: %(levelname)s: %(message)s", stream=sys.stderr
@@ -43,30 +66,53 @@ def run_job(config: LaunchConfig) -> int:
         local_addr=config.local_addr,
         **dict(config.rdzv_configs),
     )
-    handler = create_rendezvous_handler(params)
-    spec = WorkerSpec(
-        role=config.role,
-        local_world_size=config.nproc_per_node,
-        rdzv_handler=handler,
-        entrypoint=config.entrypoint,
-        args=config.args,
-        max_restarts=config.max_restarts,
-        monitor_interval=config.monitor_interval_s,
-        local_addr=config.local_addr,
-        master_addr=config.master_addr,
-        master_port=config.master_port,
-    )
+    handler = rendezvous_handler_registry.create_handler(params)
+    entrypoint, args = _argv(config)
     try:
-        agent = LocalElasticAgent(spec, config)
-    except ElasticRunError:
+        spec = WorkerSpec(
+            role=config.role,
+            local_world_size=config.nproc_per_node,
+            rdzv_handler=handler,
+            entrypoint=entrypoint,
+            args=args,
+            max_restarts=config.max_restarts,
+            monitor_interval=config.monitor_interval_s,
+            local_addr=config.local_addr,
+            master_addr=config.master_addr,
+            master_port=config.master_port,
+        )
+        logs_specs = DefaultLogsSpecs(
+            log_dir=str(config.log_dir) if config.log_dir is not None else None,
+            redirects=_std(config.redirects),
+            tee=_std(config.tee),
+            local_ranks_filter=set(config.local_ranks_filter)
+            if config.local_ranks_filter is not None
+            else None,
+        )
+        agent = LocalElasticAgent(
+            spec,
+            logs_specs,
+            exit_barrier_timeout=config.exit_barrier_timeout_s,
+            shutdown_timeout=config.shutdown_timeout_s,
+            options=AgentOptions(
+                signals=config.signals_to_handle,
+                watchdog=config.watchdog,
+                timer_file=config.timer_file,
+                health_check_port=config.health_check_port,
+                health_check_addr=config.health_check_addr,
+                health_check_timeout_s=config.health_check_timeout_s,
+                extra_env=config.extra_env,
+            ),
+        )
+    except (ElasticRunError, ValueError):
         _close_backend(handler)
         raise
-    hold_file = os.environ.get("ELASTIC_RUN_TEST_HOLD_FILE")
-    if hold_file:
-        agent.set_loop_hold(_hold_while_exists(Path(hold_file)))
-    from elastic_run.cli.views import LiveView, make_view
-
-    view = make_view(config=config, run_id=config.run_id, agent=agent)
+    view = make_view(
+        config=config,
+        run_id=config.run_id,
+        agent=agent,
+        rendezvous=handler.snapshot if isinstance(handler, AgentRendezvous) else None,
+    )
     agent.add_event_sink(view)
     if isinstance(view, LiveView):
         view.start()
@@ -84,18 +130,8 @@ def run_job(config: LaunchConfig) -> int:
     return result.exit_code
 
 
-def _hold_while_exists(path: Path) -> Callable[[], None]:
-    """Test seam (ELASTIC_RUN_TEST_HOLD_FILE): the agent loop stalls while ``path`` exists."""
+def _close_backend(handler: object) -> None:
+    from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
 
-    def hold() -> None:
-        while path.exists():
-            time.sleep(0.05)
-
-    return hold
-
-
-def _close_backend(handler: Any) -> None:
-    backend = getattr(handler, "backend", None)
-    close = getattr(backend, "close", None)
-    if callable(close):
-        close()
+    if isinstance(handler, DynamicRendezvousHandler):
+        handler.backend.close()

@@ -60,14 +60,6 @@ def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[Any, Any]:
     return target, backend
 
 
-def _closed_reason(backend: Any) -> str | None:
-    from elastic_run.rendezvous.dynamic import ClosedRecord
-    from elastic_run.rendezvous.records import decode
-
-    raw = backend.get("closed")
-    return None if raw is None else decode(ClosedRecord, "closed", raw).reason
-
-
 def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict[str, float | None]:
     """Seconds since each node's heartbeat counter was seen moving, reading for ``sample_s``."""
     if not node_ids or sample_s <= 0:
@@ -105,14 +97,14 @@ def _unreachable(target: Any, exc: Exception) -> _Exit:
 
 
 def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
-    from elastic_run.rendezvous.dynamic import read_snapshot
+    from elastic_run.rendezvous.status_reader import read_snapshot
 
     snap = read_snapshot(backend, target.run_id, target.min_nodes or 0, target.max_nodes or 0)
     if snap is None:
         raise _no_rendezvous(target)
     ids = [m.node_id for m in (*snap.members, *snap.waiting)]
     ages = _sample_ages(backend, ids, sample_s)
-    return snap, ages, _closed_reason(backend)
+    return snap, ages, snap.closed_reason
 
 
 def _run(fn: Any) -> None:
@@ -196,22 +188,25 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
     """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
 
     def close() -> None:
-        from elastic_run.rendezvous.dynamic import ClosedRecord, read_snapshot
-        from elastic_run.rendezvous.records import encode
+        from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
+        from elastic_run.rendezvous.keys import ROUND
 
         target, backend = _open(ctx, values)
         try:
-            snap = read_snapshot(backend, target.run_id)
-            if snap is None:
+            # Nothing is decoded before the close is written: a job whose keys hold garbage
+            # must still be closable (the operator's kill switch).
+            if backend.get(ROUND) is None:
                 raise _no_rendezvous(target)
-            stored, wrote = backend.compare_set(
-                "closed", None, encode(ClosedRecord("closed", "elastic-run-close"))
-            )
-            if wrote:
+            handler = DynamicRendezvousHandler(target.run_id, backend, 1, 1)
+            try:
+                before = handler.closed_reason()
+            except RendezvousError:
+                before = None  # an unreadable closed record: writing ours changes nothing
+            handler.set_closed("closed")
+            if before is None:
                 click.echo(f"closed rendezvous '{target.run_id}'", err=True)
             else:
-                reason = _closed_reason(backend)
-                click.echo(f"rendezvous '{target.run_id}' was already closed ({reason})", err=True)
+                click.echo(f"rendezvous '{target.run_id}' was already closed ({before})", err=True)
             if wait:
                 _wait_until_left(backend, target, timeout)
         except RendezvousConnectionError as exc:
@@ -230,7 +225,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
 
 def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
     """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s)."""
-    from elastic_run.rendezvous.dynamic import read_snapshot
+    from elastic_run.rendezvous.status_reader import read_snapshot
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

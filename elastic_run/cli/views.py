@@ -19,7 +19,7 @@ import sys
 import threading
 import time
 from collections import deque
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any, Protocol
@@ -35,6 +35,7 @@ from elastic_run.agent.events import AgentEvent
 from elastic_run.agent.failures import FailureRecord, failure_facts, ordered_failures
 from elastic_run.agent.output import StreamName, set_console_sink, write_console
 from elastic_run.agent.snapshot import AgentSnapshot
+from elastic_run.errors import ElasticRunError
 from elastic_run.rendezvous.api import MemberSnapshot, RendezvousSnapshot
 
 __all__ = [
@@ -199,8 +200,16 @@ class LiveView:
     the console sink and is printed above the panel.
     """
 
-    def __init__(self, agent: _SnapshotSource, run_id: str, console: Console | None = None) -> None:
+    def __init__(
+        self,
+        agent: _SnapshotSource,
+        run_id: str,
+        console: Console | None = None,
+        rendezvous: Callable[[], RendezvousSnapshot | None] | None = None,
+    ) -> None:
         self._agent = agent
+        self._read_rendezvous = rendezvous
+        self._rdzv_error = ""
         self._run_id = run_id
         self._console = console or Console(stderr=True)
         self._events: deque[AgentEvent] = deque(maxlen=_EVENTS_SHOWN)
@@ -244,16 +253,14 @@ class LiveView:
 
     def _rendezvous(self) -> RendezvousSnapshot | None:
         now = time.monotonic()
-        if now - self._rdzv_at >= 1.0:
+        if self._read_rendezvous is not None and now - self._rdzv_at >= 1.0:
             self._rdzv_at = now
-            get_group = getattr(self._agent, "get_worker_group", None)
-            handler = get_group().spec.rdzv_handler if callable(get_group) else None
-            snapshot = getattr(handler, "snapshot", None)
-            if callable(snapshot):
-                try:
-                    self._rdzv = snapshot()
-                except Exception:  # noqa: BLE001 - a view must never stop the agent
-                    pass
+            try:
+                self._rdzv = self._read_rendezvous()
+                self._rdzv_error = ""
+            except ElasticRunError as exc:
+                # Shown in the panel (the last picture stays); the agent acts on its own reads.
+                self._rdzv_error = str(exc)
         return self._rdzv
 
     def _usage(self, pid: int | None) -> tuple[str, str]:
@@ -299,6 +306,8 @@ class LiveView:
         rdzv = self._rendezvous()
         if rdzv is not None:
             parts.append(render_status(rdzv))
+        if self._rdzv_error:
+            parts.append(Text(f"rendezvous unreadable: {self._rdzv_error}", style="yellow"))
         parts.append(workers)
         with self._lock:
             events = list(self._events)
@@ -310,11 +319,21 @@ class LiveView:
         return Panel(Group(*parts), title=f"elastic-run {self._run_id}", title_align="left")
 
 
-def make_view(*, config: LaunchConfig, run_id: str, agent: Any) -> LiveView | PlainLines:
-    """The live panel when ``--live`` (or, by default, when stderr is a terminal), else plain lines."""
+def make_view(
+    *,
+    config: LaunchConfig,
+    run_id: str,
+    agent: _SnapshotSource,
+    rendezvous: Callable[[], RendezvousSnapshot | None] | None = None,
+) -> LiveView | PlainLines:
+    """The live panel when ``--live`` (or, by default, when stderr is a terminal), else plain lines.
+
+    Args:
+        rendezvous: reads the rendezvous picture for the panel (None: not shown).
+    """
     live = config.live if config.live is not None else sys.stderr.isatty()
     if live:
-        return LiveView(agent, run_id)
+        return LiveView(agent, run_id, rendezvous=rendezvous)
     return PlainLines(run_id)
 
 

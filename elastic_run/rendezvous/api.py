@@ -7,21 +7,28 @@ code ports; the implementation is ours.
 from __future__ import annotations
 
 from abc import ABC, abstractmethod
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
 
 from elastic_run.errors import ConfigurationError
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch.distributed import Store
 
 __all__ = [
+    "AgentRendezvous",
+    "Assignment",
+    "InterruptibleRendezvous",
+    "LivenessReport",
     "MemberSnapshot",
     "RendezvousHandler",
     "RendezvousInfo",
     "RendezvousParameters",
     "RendezvousSnapshot",
     "RendezvousStoreInfo",
+    "RoundEnd",
+    "RoundPoll",
 ]
 
 _TRUE = {"1", "true", "t", "yes", "y"}
@@ -177,7 +184,8 @@ class RendezvousSnapshot:
     """A read-only picture of a rendezvous, for ``elastic-run status``.
 
     Heartbeat ages are not here: a single read cannot tell them without comparing
-    clocks. The status view reads twice and reports which counters moved.
+    clocks. The status view reads twice and reports which counters moved. ``problems``
+    names each key whose value could not be decoded (the rest is shown).
     """
 
     run_id: str
@@ -193,6 +201,8 @@ class RendezvousSnapshot:
     arrivals: int = 0
     lost: tuple[str, ...] = ()
     events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
+    closed_reason: str | None = None
+    problems: tuple[str, ...] = ()
 
 
 class RendezvousHandler(ABC):
@@ -238,10 +248,166 @@ class RendezvousHandler(ABC):
         """Whether workers use the store the agent hosts (TORCHELASTIC_USE_AGENT_STORE)."""
         return False
 
-    def has_lost_member(self) -> bool:
-        """Return whether the current round lost a member (beyond torch's API)."""
-        return False
+
+# -- the agent's contract with its rendezvous, beyond torch's RendezvousHandler -------------
+
+
+@dataclass(frozen=True)
+class Assignment:
+    """One member's place in a completed round, computed from the seal alone.
+
+    Attributes:
+        rank: the node's rank (GROUP_RANK).
+        world_size: the number of nodes.
+        rank_offset: the global rank of this node's first worker.
+        total_workers: WORLD_SIZE, the sum of every node's local world size.
+        role_offset: the role rank of this node's first worker.
+        role_total: ROLE_WORLD_SIZE.
+        successor_index: the arrival index this member watches (a ring); -1 alone.
+        restart_count: the job's restart count (TORCHELASTIC_RESTART_COUNT), the same for
+            every member of the round.
+    """
+
+    rank: int
+    world_size: int
+    rank_offset: int
+    total_workers: int
+    role_offset: int
+    role_total: int
+    successor_index: int = -1
+    restart_count: int = 0
+
+
+@dataclass(frozen=True)
+class RoundEnd:
+    """Who ended a round and why (for the agent's ``membership.changed`` event).
+
+    Attributes:
+        cause: ``member_lost``, ``worker_failure``, ``rejoin`` or ``liveness_lost``.
+        ended_by: the node id that ended it.
+        lost: the node ids judged dead, for ``member_lost``.
+    """
+
+    cause: str
+    ended_by: str
+    lost: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class RoundPoll:
+    """What one read of the store says about this node's round (the agent's safety net).
+
+    Attributes:
+        closed: why the job is closed (``closed``, ``succeeded``, ``failed``), None while open.
+        round_over: the round this node is a member of has ended.
+        member_lost: it ended because a member was judged dead.
+        nodes_waiting: how many nodes wait at the door of the round.
+        end_cause: why the round ended, as recorded by the node that ended it (None: unknown
+            or still running).
+    """
+
+    closed: str | None = None
+    round_over: bool = False
+    member_lost: bool = False
+    nodes_waiting: int = 0
+    end_cause: str | None = None
+
+
+@dataclass(frozen=True)
+class LivenessReport:
+    """How this node's own liveness stands (no I/O: what the heartbeat thread recorded).
+
+    Attributes:
+        since_ok_s: seconds since this node's last successful heartbeat (0 before the first).
+        budget_s: how long peers let a heartbeat stand still before judging a node gone.
+        error: the error of the last heartbeat attempt, when it failed.
+    """
+
+    since_ok_s: float
+    budget_s: float
+    error: str | None = None
+
+    @property
+    def is_lost(self) -> bool:
+        """Whether the peers have (or may have) judged this node gone by now."""
+        return self.since_ok_s >= self.budget_s
+
+
+SupportedClosedReason = Literal["closed", "succeeded", "failed"]
+
+
+@runtime_checkable
+class InterruptibleRendezvous(Protocol):
+    """A rendezvous whose blocking calls the agent can interrupt (a signal arrived).
+
+    Both of ours implement it (the static one too); a torch-style handler that does not makes
+    a signal wait until its blocking call returns.
+    """
+
+    def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
+        """Make blocking calls give up (``RendezvousInterruptedError``) once this returns True."""
+
+
+@runtime_checkable
+class AgentRendezvous(InterruptibleRendezvous, Protocol):
+    """What the elastic agent needs of a rendezvous beyond torch's :class:`RendezvousHandler`.
+
+    The dynamic handler implements it; a torch-style handler that does not still runs under
+    the agent, with ranks exchanged through the round's store and without the extras (no
+    change callback, no telemetry, no liveness report). mypy checks the implementation
+    against this protocol.
+    """
+
+    def set_local_info(self, local_world_size: int, role: str) -> None:
+        """Tell the rendezvous how many workers this node runs and their role (before joining)."""
+
+    def set_change_callback(self, callback: Callable[[], None] | None) -> None:
+        """Have ``callback`` called (from a rendezvous thread) when this node's round changes."""
+
+    @property
+    def assignment(self) -> Assignment | None:
+        """This node's place in its current round (worker rank offsets), or None."""
+
+    @property
+    def advertised_addr(self) -> str:
+        """The address this node advertises to the other nodes (for the workers' store)."""
+
+    @property
+    def is_hosting(self) -> bool:
+        """Whether this node hosts the rendezvous store itself (it must leave last)."""
+
+    @property
+    def endpoint(self) -> str:
+        """Where the backend is, for messages."""
+
+    def poll(self) -> RoundPoll:
+        """Read the store once: closed, round over, nodes waiting."""
+
+    def round_end(self) -> RoundEnd | None:
+        """Who ended this node's round and why (one store read), None while it runs."""
+
+    def report_failure(self) -> bool:
+        """End the round for this node's worker failure; True when this node ended it first."""
+
+    def leave_round(self, reason: str) -> None:
+        """End this node's round for ``reason`` (first writer wins), before re-rendezvousing."""
+
+    def liveness(self) -> LivenessReport:
+        """This node's own heartbeat standing (no I/O)."""
+
+    def publish_state(self, state: str, restarts: int, message: str = "") -> None:
+        """Publish this agent's state for ``status`` (best-effort, never raises)."""
+
+    def publish_event(
+        self, kind: str, message: str, fields: Mapping[str, Any] | None = None
+    ) -> None:
+        """Publish an event for ``status`` (best-effort, never raises)."""
+
+    def closed_reason(self) -> str | None:
+        """Why the job is closed, or None while it is open (one store read)."""
+
+    def set_closed(self, reason: SupportedClosedReason = "closed") -> None:
+        """Close the rendezvous, recording why (first close wins)."""
 
     def snapshot(self) -> RendezvousSnapshot | None:
-        """Return a read-only picture of the rendezvous, or None when not supported."""
-        return None
+        """A read-only picture of the rendezvous, for views."""

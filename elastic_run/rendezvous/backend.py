@@ -13,6 +13,10 @@ Contract, for every implementation:
   poll, where the store allows). It returns whether they all exist.
 - ``heartbeat``/``read_heartbeats``: a node bumps its own counter; a reader sees the
   counter (or ``None`` once the backend knows the node is gone, e.g. a lease expired).
+  ``heartbeat`` raises when this node's liveness is not being kept (the write failed, or
+  etcd's lease could not be refreshed), so the node learns it before its peers evict it.
+- ``read_counter`` reads an integer key in one request that never blocks (0 when absent).
+- ``CONF_KEYS``: the ``--rdzv-conf`` keys the backend reads itself (beside the handler's).
 - Every method raises ``RendezvousConnectionError`` when the store cannot be
   reached within the backend's read timeout; no third-party error escapes.
 """
@@ -21,16 +25,18 @@ from __future__ import annotations
 
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, ClassVar
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch.distributed import Store
 
 __all__ = ["RendezvousBackend"]
 
 
 class RendezvousBackend(ABC):
     """A store the dynamic rendezvous handler runs its protocol on."""
+
+    CONF_KEYS: ClassVar[frozenset[str]] = frozenset()
 
     @property
     @abstractmethod
@@ -88,6 +94,22 @@ class RendezvousBackend(ABC):
     @abstractmethod
     def round_store(self, prefix: str) -> Store:
         """Return a torch ``Store`` view of the backend under ``prefix``, private to a round."""
+
+    def read_counter(self, key: str) -> int:
+        """Return the integer at ``key`` (0 when absent) in one request, never blocking.
+
+        Raises:
+            RendezvousStateError: the value is not an integer.
+        """
+        from elastic_run.rendezvous.records import decode_int
+
+        raw = self.get(key)
+        return decode_int(key, raw) if raw is not None else 0
+
+    @property
+    def is_hosting(self) -> bool:
+        """Whether this process hosts the store (it must outlive the job's other agents)."""
+        return False
 
     def exists(self) -> bool:
         """Return whether anything was ever written for this run id."""

@@ -11,8 +11,17 @@ connection and never hold up the heartbeat thread.
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
 for a key that does not exist, so a read that checks first and fetches second would block for
 a minute when a delete lands in between. A node that leaves therefore overwrites its heartbeat
-counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone"), which a heartbeat still
-in flight cannot bring back above zero.
+counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone").
+
+A read is ``check`` then ``get`` (or ``multi_get``). The one-request trick of reading with
+``compare_set(key, X, X)`` is not used: on a missing key the server wakes every client waiting
+for that key, so the waiters would see a seal that does not exist. ``read_counter`` (the epoch
+every member's agent reads once a second) is one request: ``add(key, 0)``.
+
+Heartbeats are written with ``set`` of this node's own counter, never ``add``: the TCPStore
+server parses the stored value on ``add`` and drops the client's connection when it is not an
+integer, so a garbage value under a node's key would cut that node off its store. Only the node
+itself writes its heartbeat key, so no atomic increment is needed.
 
 ``store_type=file`` (as torch allows) puts the store in a torch FileStore at the path
 given as the endpoint (a shared file system for several hosts); nobody hosts anything.
@@ -30,17 +39,25 @@ from datetime import timedelta
 from typing import TYPE_CHECKING, Protocol, TypeVar, cast
 
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store, TCPStore
+    from torch.distributed import Store, TCPStore
 
-__all__ = ["DEFAULT_PORT", "C10dRendezvousBackend", "create_c10d_backend", "parse_endpoint"]
+__all__ = [
+    "CONF_KEYS",
+    "DEFAULT_PORT",
+    "C10dRendezvousBackend",
+    "create_c10d_backend",
+    "parse_endpoint",
+]
 
 DEFAULT_PORT = 29400
+CONF_KEYS = frozenset({"read_timeout", "is_host", "store_type", "use_libuv", "local_addr"})
 _T = TypeVar("_T")
 
 
@@ -61,7 +78,7 @@ class _KeyValueStore(Protocol):
 
 
 def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
-    from torch._C._distributed_c10d import PrefixStore
+    from torch.distributed import PrefixStore
 
     view = PrefixStore(prefix, store)
     return view, cast(_KeyValueStore, view)
@@ -120,7 +137,7 @@ def _translate(endpoint: str) -> Callable[[Callable[[], _T]], _T]:
     def call(fn: Callable[[], _T]) -> _T:
         try:
             return fn()
-        except (RuntimeError, ValueError) as exc:  # DistError subclasses RuntimeError
+        except (RuntimeError, ValueError) as exc:  # torch's DistError subclasses RuntimeError
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
             raise RendezvousConnectionError(
                 f"the c10d rendezvous store at {endpoint} failed: {first}"
@@ -161,7 +178,11 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._endpoint = endpoint
         self._read_timeout_s = read_timeout_s
         self._server = server
+        self._is_file = endpoint.startswith("file:")
         self._call = _translate(endpoint)
+        self._beats: dict[str, int] = {}
+
+    CONF_KEYS = CONF_KEYS
 
     @property
     def name(self) -> str:
@@ -187,13 +208,11 @@ class C10dRendezvousBackend(RendezvousBackend):
                     self._waiter = _prefixed(self._prefix, raw)
             return self._waiter
 
-    def get(self, key: str) -> bytes | None:
-        def read() -> bytes | None:
-            if not self._store.check([key]):
-                return None
-            return bytes(self._store.get(key))
+    def _read_one(self, key: str) -> bytes | None:
+        return bytes(self._store.get(key)) if self._store.check([key]) else None
 
-        return self._call(read)
+    def get(self, key: str) -> bytes | None:
+        return self._call(lambda: self._read_one(key))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
@@ -209,6 +228,10 @@ class C10dRendezvousBackend(RendezvousBackend):
             return [bytes(values[k]) if k in values else None for k in keys]
 
         return self._call(read)
+
+    def read_counter(self, key: str) -> int:
+        # One request, never blocking; only counters (written with add) are read this way.
+        return int(self._call(lambda: self._store.add(key, 0)))
 
     def set(self, key: str, value: bytes) -> None:
         self._call(lambda: self._store.set(key, value))
@@ -230,29 +253,39 @@ class C10dRendezvousBackend(RendezvousBackend):
         return stored, stored == desired
 
     def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
+        from torch.distributed import DistNetworkError, DistStoreError
+
         _, waiter = self._waiting_store()
 
         def wait() -> bool:
             try:
                 waiter.wait(list(keys), timedelta(seconds=max(timeout_s, 0.001)))
-            except RuntimeError as exc:
-                # TCPStore raises DistStoreError, FileStore a RuntimeError ("Wait timeout").
-                if "timeout" in str(exc).lower() and "socket" not in str(exc).lower():
-                    return False
+            except DistNetworkError:
+                raise
+            except DistStoreError:
+                return False  # TCPStore: the keys did not come in time
+            except RuntimeError:
+                if self._is_file:
+                    return False  # a FileStore's only failure to wait is its timeout
                 raise
             return True
 
         return self._call(wait)
 
     def heartbeat(self, node_id: str) -> None:
-        self.add(f"hb/{node_id}", 1)
+        count = self._beats.get(node_id, 0) + 1
+        self.set(keys.heartbeat(node_id), str(count).encode())
+        self._beats[node_id] = count
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
-        return [decode_heartbeat(v) for v in self.get_many([f"hb/{n}" for n in node_ids])]
+        hb_keys = [keys.heartbeat(n) for n in node_ids]
+        return [
+            decode_heartbeat(v, k) for k, v in zip(hb_keys, self.get_many(hb_keys), strict=True)
+        ]
 
     def forget_node(self, node_id: str) -> None:
         # Overwrite, never delete: see the module docstring.
-        self.set(f"hb/{node_id}", str(HEARTBEAT_GONE).encode())
+        self.set(keys.heartbeat(node_id), str(HEARTBEAT_GONE).encode())
 
     def round_store(self, prefix: str) -> Store:
         view, _ = self._waiting_store()
@@ -267,7 +300,7 @@ class C10dRendezvousBackend(RendezvousBackend):
 def _connect(
     host: str, port: int, timeout_s: float, *, master: bool, use_libuv: bool | None = None
 ) -> TCPStore:
-    from torch._C._distributed_c10d import TCPStore
+    from torch.distributed import TCPStore
 
     if use_libuv is None:
         return TCPStore(
@@ -291,7 +324,7 @@ def _create_file_backend(params: RendezvousParameters, timeout_s: float) -> C10d
     """A backend on a torch FileStore at the endpoint path (torch's ``store_type=file``)."""
     import tempfile
 
-    from torch._C._distributed_c10d import FileStore
+    from torch.distributed import FileStore
 
     path = params.endpoint
     if not path:

@@ -35,3 +35,7 @@ class RendezvousGracefulExitError(RendezvousError):
 
 class RendezvousNotFoundError(RendezvousError):
     """No rendezvous with this run id exists on the backend."""
+
+
+class RendezvousInterruptedError(RendezvousGracefulExitError):
+    """A blocking rendezvous call gave up because the agent asked it to (a signal arrived)."""

@@ -11,7 +11,7 @@ notice (``with_closed``: the node's agent process was seen to end, see ``peerwat
 that verdict is final, as node ids are never reused.
 
 The barrier (``decide_barrier``), evaluated by the round's coordinator (the lowest
-live arrival):
+live arrival) and once by the arrival that brings the count to max:
 
     live >= max                                         -> seal the first max live, "max"
     live >= min and every expected node of the previous
@@ -19,6 +19,18 @@ live arrival):
     live >= min and now >= last arrival + last_call     -> seal all live, "last_call"
     live >= min                                         -> wait until last arrival + last_call
     otherwise                                           -> wait for arrivals
+
+The seal (``build_seal``): the admitted arrivals whose records could be read, never fewer than
+min (an arrival that took its index but never wrote its record within the stale window is left
+out; if that leaves fewer than min, no seal).
+
+Judging members after completion (``judge_ring``, by each member about its ring successor, and
+``judge_watched``, by a waiting node about the members it watches):
+
+    the store's round moved past the member's round     -> RoundEnded (someone else ended it)
+    the job is closed                                   -> Keep (a finished job loses no one)
+    the successor is gone (stale heartbeat or notice)   -> MemberLost(successor)
+    otherwise                                           -> Keep
 
 Ranks (``assignment_for``): position in the admitted list; worker rank offsets are the
 prefix sums of the members' local world sizes (carried run-length encoded in the seal,
@@ -29,19 +41,32 @@ alive.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field, replace
 
-from elastic_run.rendezvous.records import NodeRecord, SealRecord
+from elastic_run.rendezvous.api import Assignment
+from elastic_run.rendezvous.records import NodeRecord, SealReason, SealRecord, ranges, runs
 
 __all__ = [
+    "Assignment",
+    "BarrierReading",
     "Heartbeats",
+    "Keep",
+    "MemberLost",
+    "RingVerdict",
+    "RoundEnded",
     "RoundSettings",
     "Seal",
     "Wait",
-    "Assignment",
     "assignment_for",
+    "build_seal",
     "decide_barrier",
+    "expected_pending",
+    "first_live_predecessor",
+    "judge_ring",
+    "judge_watched",
+    "live_arrivals",
+    "with_round",
 ]
 
 
@@ -123,7 +148,7 @@ class Seal:
     """Complete the round with ``admitted`` (arrival indices in rank order)."""
 
     admitted: tuple[int, ...]
-    reason: str
+    reason: SealReason
 
 
 @dataclass(frozen=True)
@@ -196,29 +221,6 @@ def expected_pending(
     )
 
 
-@dataclass(frozen=True)
-class Assignment:
-    """One member's place in a completed round, computed from the seal alone.
-
-    Attributes:
-        rank: the node's rank (GROUP_RANK).
-        world_size: the number of nodes.
-        rank_offset: the global rank of this node's first worker.
-        total_workers: WORLD_SIZE, the sum of every node's local world size.
-        role_offset: the role rank of this node's first worker.
-        role_total: ROLE_WORLD_SIZE.
-        successor_index: the arrival index this member watches (a ring); -1 alone.
-    """
-
-    rank: int
-    world_size: int
-    rank_offset: int
-    total_workers: int
-    role_offset: int
-    role_total: int
-    successor_index: int
-
-
 def _spans(seal: SealRecord) -> list[tuple[tuple[int, int], int, str]]:
     """The seal's worker runs as ((first rank, end rank), local_world_size, role)."""
     spans = []
@@ -258,6 +260,7 @@ def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
         role_offset=role_offset,
         role_total=role_totals.get(my_role, 0),
         successor_index=admitted[(rank + 1) % n] if n > 1 else -1,
+        restart_count=seal.restarts,
     )
 
 
@@ -282,3 +285,82 @@ def first_live_predecessor(
 def with_round(record: NodeRecord, prev_round: int) -> NodeRecord:
     """Return ``record`` remembering the last round the node took part in."""
     return replace(record, prev_round=prev_round)
+
+
+def build_seal(
+    r: int,
+    admitted: Sequence[int],
+    records: Mapping[int, NodeRecord],
+    reason: SealReason,
+    sealed_arrivals: int,
+    min_nodes: int,
+    restarts: int = 0,
+) -> SealRecord | None:
+    """The seal of round ``r`` admitting ``admitted`` (in rank order), or None below min.
+
+    Arrivals whose record is missing from ``records`` (they took an index and never wrote)
+    are left out; when that leaves fewer than ``min_nodes``, there is no seal.
+    """
+    live = [i for i in admitted if i in records]
+    if len(live) < min_nodes:
+        return None
+    workers = runs([(records[i].local_world_size, records[i].role) for i in live])
+    return SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers, restarts)
+
+
+@dataclass(frozen=True)
+class Keep:
+    """Nothing to do: the round goes on."""
+
+
+@dataclass(frozen=True)
+class RoundEnded:
+    """The round ended without this node's doing (the store's round moved on)."""
+
+
+@dataclass(frozen=True)
+class MemberLost:
+    """End the round: these members are judged dead."""
+
+    node_ids: tuple[str, ...]
+
+
+RingVerdict = Keep | RoundEnded | MemberLost
+
+
+def judge_ring(
+    member_round: int,
+    store_round: int | None,
+    successor: str,
+    heartbeats: Heartbeats,
+    now: float,
+    stale_after_s: float,
+    *,
+    closed: bool,
+) -> RingVerdict:
+    """A member's verdict about its round and its ring successor. See the module's table.
+
+    Args:
+        member_round: the round this node is a member of.
+        store_round: the round the store holds now (None: not written).
+        successor: the node id this member watches ("" when alone).
+        heartbeats: this node's view of the successor's heartbeat (death notices applied).
+        now: this node's monotonic clock.
+        stale_after_s: how long a heartbeat may stand still.
+        closed: whether the job is closed.
+    """
+    if store_round is not None and store_round != member_round:
+        return RoundEnded()
+    if closed or not successor:
+        return Keep()
+    if heartbeats.is_gone(successor, now, stale_after_s):
+        return MemberLost((successor,))
+    return Keep()
+
+
+def judge_watched(
+    watched: Iterable[str], heartbeats: Heartbeats, now: float, stale_after_s: float
+) -> RingVerdict:
+    """A waiting node's verdict about the members it watches: the gone ones, or Keep."""
+    gone = tuple(n for n in watched if heartbeats.is_gone(n, now, stale_after_s))
+    return MemberLost(gone) if gone else Keep()

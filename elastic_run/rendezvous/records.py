@@ -9,21 +9,41 @@ from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass
-from typing import Any, TypeVar
+from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from elastic_run.rendezvous.errors import RendezvousStateError
 
 __all__ = [
+    "CLOSED_REASONS",
     "HEARTBEAT_GONE",
     "SCHEMA_VERSION",
+    "ClosedReason",
+    "ClosedRecord",
+    "LostReason",
     "LostRecord",
     "NodeRecord",
+    "SealReason",
     "SealRecord",
     "decode",
     "decode_heartbeat",
     "decode_int",
     "encode",
+    "ranges",
+    "runs",
 ]
+
+SealReason = Literal["max", "last_call", "reform"]
+"""Why a round completed: max nodes arrived, the last call passed, every expected node is back."""
+
+LostReason = Literal["member_lost", "worker_failure", "nodes_waiting", "rejoin", "liveness_lost"]
+"""Why a round ended: a member was judged dead, a node's workers failed, nodes wait at the door,
+a node re-rendezvoused for another reason, or a node lost its own liveness (its heartbeats
+failed)."""
+
+ClosedReason = Literal["closed", "succeeded", "failed"]
+"""Why a job is closed: by a user (``elastic-run close``), or because it ended."""
+
+CLOSED_REASONS: tuple[ClosedReason, ...] = get_args(ClosedReason)
 
 SCHEMA_VERSION = 1
 # What a node that leaves writes over its heartbeat counter where the store cannot delete a key
@@ -47,6 +67,8 @@ class NodeRecord:
         prev_round: the last round this node completed as a member or waited in (-1: none).
         alive_port: the TCP port at ``addr`` whose connection closes when this node's agent
             ends (see ``peerwatch.py``); 0: none, heartbeats alone judge the node.
+        min_nodes: the job's MIN nodes as this node was started with (0: not said).
+        max_nodes: the job's MAX nodes as this node was started with (0: not said).
     """
 
     node_id: str
@@ -57,6 +79,8 @@ class NodeRecord:
     role: str = "default"
     prev_round: int = -1
     alive_port: int = 0
+    min_nodes: int = 0
+    max_nodes: int = 0
 
 
 @dataclass(frozen=True)
@@ -71,14 +95,17 @@ class SealRecord:
         reason: why the round completed (max, last_call, reform).
         workers: the members' (local world size, role) in rank order, run-length
             encoded as (count, local_world_size, role): O(1) for a uniform job.
+        restarts: the job's restart count when the round was sealed (every member's workers
+            see it as TORCHELASTIC_RESTART_COUNT).
     """
 
     round: int
     sealed_arrivals: int
     admitted: tuple[tuple[int, int], ...]
     world_size: int
-    reason: str
+    reason: SealReason
     workers: tuple[tuple[int, int, str], ...] = ()
+    restarts: int = 0
 
     def admitted_indices(self) -> list[int]:
         """Return the admitted arrival indices in rank order."""
@@ -104,8 +131,16 @@ class LostRecord:
     """Why a round ended: a member was lost, or members re-rendezvous on purpose."""
 
     round: int
-    reason: str
+    reason: LostReason
     node_ids: tuple[str, ...] = ()
+    by: str = ""
+
+
+@dataclass(frozen=True)
+class ClosedRecord:
+    """Why the job is closed (written once, first writer wins) and by whom."""
+
+    reason: ClosedReason
     by: str = ""
 
 
@@ -157,11 +192,27 @@ def decode(cls: type[T], key: str, raw: bytes) -> T:
     return record
 
 
+_FIELD_TYPES: dict[str, dict[str, Any]] = {}
+
+
+def _field_types(cls: type) -> dict[str, Any]:
+    hints = _FIELD_TYPES.get(cls.__qualname__)
+    if hints is None:
+        hints = _FIELD_TYPES[cls.__qualname__] = get_type_hints(cls)
+    return hints
+
+
 def _check_types(record: Any, key: str) -> None:
-    for name, annotation in record.__dataclass_fields__.items():
+    """Check the scalar fields: ints are ints (not bools), strs are strs, literals are allowed."""
+    for name, annotation in _field_types(type(record)).items():
         value = getattr(record, name)
-        expected = {"int": int, "str": str}.get(str(annotation.type))
-        if expected is not None and (not isinstance(value, expected) or isinstance(value, bool)):
+        if get_origin(annotation) is Literal:
+            ok = value in get_args(annotation)
+        elif annotation in (int, str):
+            ok = isinstance(value, annotation) and not isinstance(value, bool)
+        else:
+            continue
+        if not ok:
             raise RendezvousStateError(
                 f"the value under rendezvous key '{key}' has a bad field '{name}': {value!r}"
             )
@@ -181,18 +232,22 @@ def decode_int(key: str, raw: bytes) -> int:
         ) from None
 
 
-def decode_heartbeat(raw: bytes | None) -> int | None:
+def decode_heartbeat(raw: bytes | None, key: str = "hb") -> int | None:
     """Decode a heartbeat counter as read from a store; None when the node is gone.
 
     Gone: the key is absent (an etcd lease ended) or the counter is below zero (a node that
     left wrote ``HEARTBEAT_GONE``; a live counter starts at 1 and only grows).
+
+    Args:
+        raw: the stored value, or None when the key is absent.
+        key: the key it was read under (``hb/<node id>``), named in the error.
 
     Raises:
         RendezvousStateError: the value is not an integer.
     """
     if raw is None:
         return None
-    count = decode_int("hb", raw)
+    count = decode_int(key, raw)
     return count if count >= 0 else None
 
 

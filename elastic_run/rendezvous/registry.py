@@ -54,12 +54,13 @@ def create_backend(
 
 
 def _dynamic(params: RendezvousParameters) -> RendezvousHandler:
-    from elastic_run.rendezvous.dynamic import RendezvousSettings, create_handler
+    from elastic_run.rendezvous.dynamic import create_handler
+    from elastic_run.rendezvous.settings import RendezvousSettings
 
-    RendezvousSettings.from_params(params)  # reject bad config before touching the network
+    RendezvousSettings.from_params(params)  # reject bad values before touching the network
     backend = create_backend(params)
     try:
-        return create_handler(backend, params)
+        return create_handler(None, backend, params)
     except BaseException:
         backend.close()
         raise

@@ -4,26 +4,46 @@ Used when ``--rdzv-backend`` is ``static`` (torchrun's default without ``--stand
 ``--nnodes N`` with ``--node-rank`` and ``--master-addr/--master-port``. Node 0 hosts a
 TCPStore at the master address; the others connect to it. No node may join or leave; each
 restart is one more round, private by prefix.
+
+As in torchrun, the workers use that same store: each round's ``RendezvousInfo`` carries
+``bootstrap_store_info`` = (master address, master port), so the workers get exactly
+``MASTER_ADDR``/``MASTER_PORT`` as given, and torch's env:// rendezvous in each worker
+connects to it as a client (keys under ``/worker/attempt_<restart count>``).
+
+Waits are sliced (``_SLICE_S``) so the agent's interrupt check (a signal) is honoured.
 """
 
 from __future__ import annotations
 
+import time
+from collections.abc import Callable
 from datetime import timedelta
 from typing import TYPE_CHECKING
 
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.api import RendezvousHandler, RendezvousInfo, RendezvousParameters
+from elastic_run.rendezvous.api import (
+    InterruptibleRendezvous,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousStoreInfo,
+)
 from elastic_run.rendezvous.c10d import parse_endpoint
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
+    RendezvousInterruptedError,
     RendezvousTimeoutError,
 )
+from elastic_run.rendezvous.settings import conf_seconds
 
 if TYPE_CHECKING:
-    from torch._C._distributed_c10d import Store
+    from torch.distributed import Store
 
-__all__ = ["StaticRendezvousHandler", "create_static_handler"]
+__all__ = ["CONF_KEYS", "StaticRendezvousHandler", "create_static_handler"]
+
+CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "read_timeout", "local_addr"})
+_SLICE_S = 0.5
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -53,6 +73,7 @@ class StaticRendezvousHandler(RendezvousHandler):
         self._timeout_s = timeout_s
         self._store: Store | None = None
         self._round = -1
+        self._is_interrupted: Callable[[], bool] = lambda: False
 
     def get_backend(self) -> str:
         return "static"
@@ -64,8 +85,12 @@ class StaticRendezvousHandler(RendezvousHandler):
     def use_agent_store(self) -> bool:
         return True
 
+    def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
+        """Make ``next_rendezvous`` give up once ``is_interrupted()`` is True (sliced waits)."""
+        self._is_interrupted = is_interrupted or (lambda: False)
+
     def _connect(self) -> Store:
-        from torch._C._distributed_c10d import PrefixStore, TCPStore
+        from torch.distributed import PrefixStore, TCPStore
 
         if self._store is None:
             try:
@@ -79,61 +104,101 @@ class StaticRendezvousHandler(RendezvousHandler):
                 )
             except RuntimeError as exc:
                 role = "host" if self._node_rank == 0 else "reach"
+                first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
                 raise RendezvousConnectionError(
                     f"cannot {role} the static rendezvous store at {self._host}:{self._port}: "
-                    f"{str(exc).strip().splitlines()[0] if str(exc).strip() else exc}"
+                    f"{first}"
                 ) from exc
             self._store = PrefixStore(f"elastic-run/{self._run_id}/", raw)
         return self._store
 
     def next_rendezvous(self) -> RendezvousInfo:
-        from torch._C._distributed_c10d import PrefixStore
-        from torch.distributed import DistStoreError
+        from torch.distributed import DistNetworkError, DistStoreError, PrefixStore
 
         store = self._connect()
         if self.is_closed():
             raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed")
         self._round += 1
         round_store = PrefixStore(f"static/r{self._round}/", store)
+        deadline = time.monotonic() + self._timeout_s
+        names = [f"node/{i}" for i in range(self._world_size)]
         try:
             # Every node arrives before any starts its workers.
             round_store.set(f"node/{self._node_rank}", "1")
-            round_store.wait(
-                [f"node/{i}" for i in range(self._world_size)],
-                timedelta(seconds=self._timeout_s),
-            )
-        except DistStoreError as exc:
-            raise RendezvousTimeoutError(
-                f"static rendezvous '{self._run_id}' timed out after {self._timeout_s:g} s "
-                f"waiting for {self._world_size} nodes at {self._host}:{self._port}"
-            ) from exc
+            while True:
+                if self._is_interrupted():
+                    raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise RendezvousTimeoutError(
+                        f"static rendezvous '{self._run_id}' timed out after "
+                        f"{self._timeout_s:g} s waiting for {self._world_size} nodes at "
+                        f"{self._host}:{self._port}"
+                    )
+                try:
+                    round_store.wait(names, timedelta(seconds=min(_SLICE_S, left)))
+                    break
+                except DistNetworkError:
+                    raise
+                except DistStoreError:
+                    continue
+        except DistNetworkError as exc:
+            raise self._gone(exc) from exc
         return RendezvousInfo(
-            store=round_store, rank=self._node_rank, world_size=self._world_size, round=self._round
+            store=round_store,
+            rank=self._node_rank,
+            world_size=self._world_size,
+            bootstrap_store_info=RendezvousStoreInfo(self._host, self._port),
+            round=self._round,
         )
 
     def is_closed(self) -> bool:
         store = self._connect()
-        return bool(store.check(["closed"]))
+        try:
+            return bool(store.check(["closed"]))
+        except RuntimeError as exc:
+            raise self._gone(exc) from exc
 
     def set_closed(self) -> None:
-        self._connect().set("closed", "closed")
+        store = self._connect()
+        try:
+            store.set("closed", "closed")
+        except RuntimeError as exc:
+            raise self._gone(exc) from exc
+
+    def _gone(self, exc: BaseException) -> RendezvousConnectionError:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        return RendezvousConnectionError(
+            f"the static rendezvous store at {self._host}:{self._port} went away: {first}"
+        )
 
     def num_nodes_waiting(self) -> int:
         return 0
+
+
+def _conforms(handler: StaticRendezvousHandler) -> InterruptibleRendezvous:
+    return handler  # mypy checks the handler against the agent's contract here
 
 
 def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandler:
     """Build the static handler from the parameters the CLI gives it.
 
     The CLI passes ``rank`` (--node-rank) in the config, and the master address as the
-    endpoint; ``timeout`` (s) bounds the wait for the other nodes (default 900).
+    endpoint; ``timeout`` or ``join_timeout`` (s) bounds the wait for the other nodes
+    (default 900).
+
+    Raises:
+        ConfigurationError: a bad node count, rank or timeout.
     """
+    from elastic_run.rendezvous.settings import check_conf_keys
+
     if params.min_nodes != params.max_nodes:
         raise ConfigurationError(
             "the static rendezvous needs a fixed --nnodes (use --rdzv-backend c10d for MIN:MAX)"
         )
+    check_conf_keys(params, CONF_KEYS, "static")
     host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
     rank = params.get_as_int("rank", 0)
-    timeout_s = params.get_as_float("timeout", 900.0)
-    assert rank is not None and timeout_s is not None
+    assert rank is not None
+    timeout_s = conf_seconds(params, "join_timeout", conf_seconds(params, "timeout", 900.0))
     return StaticRendezvousHandler(params.run_id, host, port, rank, params.max_nodes, timeout_s)

@@ -194,7 +194,7 @@ def test_env_contract_value_by_value(launch: Launch, tmp_path: Path) -> None:
             "ROLE_WORLD_SIZE": "2",
             "TORCHELASTIC_RESTART_COUNT": "0",
             "TORCHELASTIC_MAX_RESTARTS": "3",
-            "TORCHELASTIC_RUN_ID": run_dir.name,
+            "TORCHELASTIC_RUN_ID": run_dir.name.rpartition("_")[0],
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_ERROR_FILE": str(run_dir / "attempt_0" / str(lr) / "error.json"),
             "TORCH_NCCL_ASYNC_ERROR_HANDLING": "1",

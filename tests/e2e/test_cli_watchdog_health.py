@@ -3,7 +3,7 @@ health-check server (/healthz, /status, /metrics).
 
 A worker that hangs inside a watchdog timer (ours, then torch's FileTimerClient) is killed and
 restarted; /healthz turns 503 while the agent loop is held through the test seam
-ELASTIC_RUN_TEST_HOLD_FILE and 200 once it resumes; /status names the workers psutil sees.
+a ptrace freeze of its loop thread and 200 once it resumes; /status names the workers psutil sees.
 """
 
 from __future__ import annotations
@@ -18,6 +18,7 @@ import pytest
 from cli_harness import Agent, Launch, only_run_dir, read_events, read_pid_file, script
 
 from tests.helpers import is_alive, no_process_left, wait_until
+from tests.thread_freeze import frozen_thread
 
 launch = cli_harness.launch
 
@@ -101,7 +102,6 @@ def test_health_server_follows_the_agent_loop_and_lists_the_workers(
     out = tmp_path / "out"
     out.mkdir()
     logs = tmp_path / "logs"
-    hold = tmp_path / "hold"
     agent = launch(
         [
             "--standalone",
@@ -115,7 +115,7 @@ def test_health_server_follows_the_agent_loop_and_lists_the_workers(
             str(logs),
             script("hang.py"),
         ],
-        env={"OUT_DIR": str(out), "ELASTIC_RUN_TEST_HOLD_FILE": str(hold)},
+        env={"OUT_DIR": str(out)},
     )
     run_dir = only_run_dir(logs)
     port = _health_port(agent, run_dir)
@@ -153,12 +153,12 @@ def test_health_server_follows_the_agent_loop_and_lists_the_workers(
     assert "elastic_run_elastic_run_" not in metrics
     assert _get(port, "/no-such-path")[0] == 404
 
-    # the agent loop stalls while the hold file exists: 503, then 200 once it is gone
-    hold.touch()
-    unhealthy = json.loads(_wait_for_status(port, 503, agent))
+    # the agent's loop thread stalls (frozen by ptrace, the rest of the agent runs on): 503,
+    # then 200 once it runs again
+    with frozen_thread(agent.proc.pid):
+        unhealthy = json.loads(_wait_for_status(port, 503, agent))
     assert unhealthy["status"] == "unhealthy"
     assert "agent_loop" in unhealthy["reason"]
-    hold.unlink()
     assert json.loads(_wait_for_status(port, 200, agent))["status"] == "ok"
 
     agent.proc.send_signal(signal.SIGTERM)

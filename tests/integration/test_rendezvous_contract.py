@@ -425,10 +425,12 @@ def test_member_killed_after_completion_is_lost_by_its_death_notice(job: Job) ->
         dead_id = read_line(proc, "node").split()[1]
         assert read_line(proc, "rank").split()[2] == "2"
         assert info.world_size == 2
-        assert not survivor.has_lost_member() and not survivor.is_round_over()
+        assert survivor.poll().round_over is False
         kill_once_watched(proc, dead_id, [survivor])
-        wait_until(survivor.has_lost_member, 60, message="the dead member was not noticed")
-        assert survivor.is_round_over()
+        wait_until(
+            lambda: survivor.poll().member_lost, 60, message="the dead member was not noticed"
+        )
+        assert survivor.poll().round_over
         assert survivor.closed_peers() == {dead_id}
         raw = job.reader().get("r0/lost")
         assert raw is not None
@@ -456,7 +458,7 @@ def test_survivors_of_a_killed_member_reform_at_once(job: Job) -> None:
         assert {info.world_size for info in infos} == {3}
         kill_once_watched(proc, dead_id, survivors)
         wait_until(
-            lambda: any(h.has_lost_member() for h in survivors),
+            lambda: any(h.poll().member_lost for h in survivors),
             60,
             message="no survivor noticed the dead member",
         )
@@ -481,7 +483,9 @@ def test_a_frozen_member_is_lost_by_its_heartbeat(job: Job) -> None:
         survivor.next_rendezvous()
         read_line(proc, "rank")
         proc.send_signal(signal.SIGSTOP)
-        wait_until(survivor.has_lost_member, 60, message="the frozen member was not noticed")
+        wait_until(
+            lambda: survivor.poll().member_lost, 60, message="the frozen member was not noticed"
+        )
         assert survivor.closed_peers() == frozenset()
     finally:
         kill(proc)

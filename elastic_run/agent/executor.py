@@ -1,0 +1,238 @@
+"""Executing the state machine's actions: the agent's run loop, from start to exit code.
+
+``run_to_end(agent)``: join a round, start the workers, then each turn observe, ``decide``
+and apply, until an action ends the run. Every effect of an action lives here (stop the
+workers, report a failure, close the rendezvous, emit events, publish state); every decision
+lives in ``state_machine.py``. Library errors become actions too: a rendezvous that fails ends
+the run with its documented exit code; an agent error (a worker that cannot be spawned) exits 1.
+"""
+
+from __future__ import annotations
+
+import signal
+from dataclasses import replace
+from typing import TYPE_CHECKING, Any
+
+from elastic_run.agent import state_machine as sm
+from elastic_run.agent.api import RunResult, WorkerState
+from elastic_run.errors import AgentError
+from elastic_run.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousError,
+    RendezvousInterruptedError,
+)
+
+if TYPE_CHECKING:
+    from elastic_run.agent.simple import SimpleElasticAgent
+
+__all__ = ["run_to_end"]
+
+
+def run_to_end(agent: SimpleElasticAgent) -> RunResult:
+    """Run ``agent``'s loop until the job ends for this node; return the result."""
+    from elastic_run.agent.simple import _RoundEnded
+
+    handler = agent._spec.rdzv_handler
+    group = agent._worker_group
+    try:
+        agent._setup()
+        agent._emit(
+            "agent.started",
+            f"agent up: {agent._spec.local_world_size} workers, "
+            f"{handler.get_backend()} rendezvous '{handler.get_run_id()}'",
+            run_id=handler.get_run_id(),
+            nproc_per_node=agent._spec.local_world_size,
+            backend=handler.get_backend(),
+            endpoint=agent._rdzv.endpoint if agent._rdzv is not None else "",
+        )
+        while True:
+            try:
+                action = _join(agent)
+            except _RoundEnded:
+                continue  # the round ended while it was set up: join the next
+            if not isinstance(action, sm.Start):
+                return _apply_end(agent, action, RunResult(WorkerState.INIT))
+            agent._start_attempt(group)
+            while True:
+                agent._wait_tick()
+                result = agent._monitor_workers(group)
+                action = _decide_turn(agent, result)
+                if isinstance(action, sm.Wait):
+                    continue
+                if isinstance(action, (sm.Restart, sm.Rejoin)):
+                    _apply_again(agent, action, result)
+                    break
+                return _apply_end(agent, action, result)
+    except RendezvousError as exc:
+        return _fail(agent, exc.exit_code, str(exc))
+    except AgentError as exc:
+        return _fail(agent, exc.exit_code, str(exc))
+
+
+def _join(agent: SimpleElasticAgent) -> sm.Action:
+    obs = sm.Observation(sm.Phase.JOINING)
+    reason = ""
+    try:
+        agent._rendezvous(agent._worker_group)
+    except RendezvousInterruptedError:
+        pass  # the signal is in the log: decide() stops
+    except RendezvousClosedError as exc:
+        reason = str(exc)
+        obs = replace(obs, closed=_closed_now(agent))
+    except RendezvousError as exc:
+        reason = str(exc)
+        obs = replace(obs, rendezvous_error=exc.exit_code)
+    action = sm.decide(replace(obs, signal=agent._signal_log.pending_stop()))
+    if isinstance(action, sm.End) and reason and action.closed in (None, "closed"):
+        return replace(action, reason=reason)
+    return action
+
+
+def _closed_now(agent: SimpleElasticAgent) -> sm.ClosedReason:
+    from elastic_run.agent.simple import _closed_reason
+
+    if agent._rdzv is None:
+        return "closed"
+    try:
+        return _closed_reason(agent._rdzv.closed_reason()) or "closed"
+    except RendezvousError:
+        return "closed"
+
+
+def _decide_turn(agent: SimpleElasticAgent, result: RunResult) -> sm.Action:
+    obs = agent._observe(result)
+    action = sm.decide(obs)
+    if not isinstance(action, sm.ReportFailure):
+        return action
+    agent._set_state(action.state)
+    counted = agent._rdzv.report_failure() if agent._rdzv is not None else True
+    failed = sorted(result.failures.values(), key=lambda f: f.timestamp)
+    head = failed[0] if failed else None
+    agent._emit(
+        "worker.failed",
+        f"worker rank {head.global_rank} (local {head.local_rank}) failed: {head.how}"
+        if head
+        else "a worker failed",
+        local_rank=head.local_rank if head else -1,
+        rank=head.global_rank if head else -1,
+        exitcode=head.exitcode if head else None,
+        counted=counted,
+    )
+    return sm.decide(replace(obs, failure_counted=counted))
+
+
+def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, result: Any) -> None:
+    """Stop the workers so that the loop can rendezvous again."""
+    spec = agent._spec
+    if isinstance(action, sm.Restart):
+        after = agent._restarts + (1 if action.counted else 0)
+        agent._emit(
+            "restart",
+            f"restarting the workers ({after}/{spec.max_restarts} restarts"
+            f"{' spent' if action.counted else ', not counted: another node failed first'})",
+            restarts=after,
+            max_restarts=spec.max_restarts,
+            counted=action.counted,
+        )
+    else:
+        fields = _round_end_fields(agent)
+        waiting = agent._poll.nodes_waiting
+        who = ", ".join(fields.get("lost", ())) or fields.get("ended_by", "")
+        text = _REJOIN_TEXT(action.reason, waiting)
+        if who and action.reason in ("member_lost", "round_ended"):
+            text += f" ({who})"
+        if action.reason == "liveness_lost" and agent._rdzv is not None:
+            report = agent._rdzv.liveness()
+            text += f": no successful heartbeat for {report.since_ok_s:.1f} s"
+            if report.error:
+                text += f" ({report.error})"
+        agent._emit(
+            "membership.changed",
+            f"{text}: stopping the workers to re-rendezvous",
+            reason=action.reason,
+            waiting=waiting,
+            **fields,
+        )
+    agent._set_state(action.state)
+    if isinstance(action, sm.Rejoin) and agent._rdzv is not None:
+        if action.reason in ("nodes_waiting", "liveness_lost"):
+            # This node ends the round: record why, so the others tell the same story.
+            agent._rdzv.leave_round(action.reason)
+    agent._stop_workers(agent._worker_group)
+
+
+def _REJOIN_TEXT(reason: sm.RejoinReason, waiting: int) -> str:  # noqa: N802 - a table
+    if reason == "nodes_waiting":
+        return f"{waiting} node{'s' if waiting != 1 else ''} waiting to join"
+    return {
+        "liveness_lost": "this node lost its liveness (its heartbeat failed)",
+        "member_lost": "a member of the round was lost",
+        "round_ended": "the round ended on another node",
+    }[reason]
+
+
+def _round_end_fields(agent: SimpleElasticAgent) -> dict[str, Any]:
+    """Who ended this node's round and why (event fields); none when it cannot be read."""
+    if agent._rdzv is None:
+        return {}
+    try:
+        end = agent._rdzv.round_end()
+    except RendezvousError:
+        return {}
+    if end is None:
+        return {}
+    fields: dict[str, Any] = {"cause": end.cause, "ended_by": end.ended_by}
+    if end.lost:
+        fields["lost"] = list(end.lost)
+    return fields
+
+
+def _apply_end(agent: SimpleElasticAgent, action: sm.Action, result: RunResult) -> RunResult:
+    """Apply an action that ends the run; return the run's result."""
+    spec = agent._spec
+    if isinstance(action, sm.Stop):
+        name = signal.Signals(action.signal).name
+        agent._emit("signal", f"received {name}: stopping the workers", signal=name)
+        agent._shutdown(signal.Signals(action.signal), int(agent._shutdown_timeout))
+        agent._set_state(action.state)
+        agent._publish_state("STOPPED", f"received {name}")
+        agent._emit("workers.stopped", f"workers stopped ({name})", signal=name, reason="signal")
+        return RunResult(action.state, exit_code=action.exit_code, reason=f"stopped by {name}")
+    if isinstance(action, sm.Fail):
+        agent._stop_workers(agent._worker_group)
+        reason = (
+            f"worker failure and {spec.max_restarts} restart"
+            f"{'' if spec.max_restarts == 1 else 's'} used up"
+        )
+        agent._close_rendezvous("failed")
+        agent._set_state(action.state)
+        agent._publish_state("FAILED", reason)
+        agent._emit("failed", f"the job failed: {reason}", reason=reason, exit_code=1)
+        return RunResult(
+            action.state, failures=result.failures, exit_code=action.exit_code, reason=reason
+        )
+    if isinstance(action, sm.Finish):
+        agent._set_state(action.state)
+        agent._publish_state("SUCCEEDED")
+        agent._emit("succeeded", "every local worker succeeded")
+        agent._exit_barrier()
+        return RunResult(
+            action.state, return_values=result.return_values, exit_code=action.exit_code
+        )
+    if isinstance(action, sm.End):
+        agent._stop_workers(agent._worker_group)
+        agent._set_state(action.state)
+        if action.closed is not None:
+            agent._leave_last()
+            agent._emit("closed", action.reason, reason=action.closed)
+        else:
+            agent._emit("failed", action.reason, reason=action.reason, exit_code=action.exit_code)
+        return RunResult(action.state, exit_code=action.exit_code, reason=action.reason)
+    raise AssertionError(f"not an ending action: {action}")
+
+
+def _fail(agent: SimpleElasticAgent, exit_code: int, reason: str) -> RunResult:
+    agent._stop_workers(agent._worker_group)
+    agent._set_state(WorkerState.FAILED)
+    agent._emit("failed", reason, reason=reason, exit_code=exit_code)
+    return RunResult(WorkerState.FAILED, exit_code=exit_code, reason=reason)

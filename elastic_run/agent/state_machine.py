@@ -1,0 +1,247 @@
+"""The agent's decisions: what the run loop observed -> what it does next. Pure.
+
+``decide(observation) -> action`` over frozen dataclasses; no clock, store, process or signal
+here. The run loop (``simple.py``) observes, calls ``decide``, and executes the action; it
+sets the worker group's state only from the action's ``state``.
+
+While joining a round (``Phase.JOINING``), first match wins:
+
+    a terminating signal is pending                     -> Stop(signal)        STOPPED  128+N
+    the rendezvous is closed: succeeded                 -> End(0)              SUCCEEDED
+    the rendezvous is closed: failed                    -> End(1)              FAILED
+    the rendezvous is closed: by a user                 -> End(3)              STOPPED
+    the rendezvous failed (timeout, unreachable, state) -> End(its code)       FAILED
+    the round completed                                 -> Start               HEALTHY
+
+While the workers run (``Phase.RUNNING``), first match wins:
+
+    a terminating signal is pending                     -> Stop(signal)        STOPPED  128+N
+    workers FAILED, failure not yet reported            -> ReportFailure       FAILED
+    workers FAILED, counted, restarts used up           -> Fail                FAILED   1
+    workers FAILED                                      -> Restart(counted)    STOPPED
+    workers SUCCEEDED                                   -> Finish              SUCCEEDED 0
+    the rendezvous is closed                            -> End(as above)
+    this node's own heartbeat failed past the budget    -> Rejoin(liveness_lost)
+    the round ended: a member was lost                  -> Rejoin(member_lost)
+    the round ended: another node saw nodes waiting     -> Rejoin(nodes_waiting)
+    the round ended otherwise                           -> Rejoin(round_ended)
+    nodes wait at the door                              -> Rejoin(nodes_waiting)
+    otherwise                                           -> Wait                HEALTHY
+
+"Counted": the first node to report a failure of the round ends it, and only that failure
+counts against ``max_restarts`` (the other nodes restart without spending one). ``Restart`` and
+``Rejoin`` both stop the workers and rendezvous again; only ``Restart(counted=True)`` spends a
+restart. The restart count is the job's: every worker of a round sees the same value.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Literal
+
+from elastic_run.agent.api import WorkerState
+
+__all__ = [
+    "Action",
+    "ClosedReason",
+    "End",
+    "Fail",
+    "Finish",
+    "Observation",
+    "Phase",
+    "Rejoin",
+    "RejoinReason",
+    "ReportFailure",
+    "Restart",
+    "Start",
+    "Stop",
+    "Wait",
+    "WorkersStatus",
+    "decide",
+]
+
+ClosedReason = Literal["closed", "succeeded", "failed"]
+RejoinReason = Literal["liveness_lost", "member_lost", "round_ended", "nodes_waiting"]
+
+EXIT_SUCCEEDED = 0
+EXIT_FAILED = 1
+EXIT_CLOSED = 3
+
+
+class Phase(enum.Enum):
+    """Where the loop is: joining a round, or running its workers."""
+
+    JOINING = "joining"
+    RUNNING = "running"
+
+
+class WorkersStatus(enum.Enum):
+    """The local workers as a whole."""
+
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
+@dataclass(frozen=True)
+class Observation:
+    """What the loop saw this turn.
+
+    Attributes:
+        phase: joining a round or running the workers.
+        signal: the terminating signal pending (None: none).
+        workers: the local workers (RUNNING phase).
+        failure_counted: after ReportFailure: whether this node's failure ended the round
+            first; None before reporting.
+        restarts: restarts the job has spent.
+        max_restarts: restarts allowed.
+        closed: why the job is closed, None while open.
+        rendezvous_error: the exit code of a failed rendezvous (JOINING phase), None if none.
+        liveness_lost: this node's own heartbeat failed for the peers' whole budget.
+        round_over: the round this node is a member of has ended.
+        member_lost: it ended because a member was judged dead.
+        end_cause: why it ended, as recorded by the node that ended it.
+        nodes_waiting: nodes waiting at the door of the round.
+    """
+
+    phase: Phase
+    signal: int | None = None
+    workers: WorkersStatus = WorkersStatus.RUNNING
+    failure_counted: bool | None = None
+    restarts: int = 0
+    max_restarts: int = 0
+    closed: ClosedReason | None = None
+    rendezvous_error: int | None = None
+    liveness_lost: bool = False
+    round_over: bool = False
+    member_lost: bool = False
+    end_cause: str | None = None
+    nodes_waiting: int = 0
+
+
+@dataclass(frozen=True)
+class Wait:
+    """Nothing to do: wait for the next turn."""
+
+    state: WorkerState = WorkerState.HEALTHY
+
+
+@dataclass(frozen=True)
+class Start:
+    """The round completed: start the workers."""
+
+    state: WorkerState = WorkerState.HEALTHY
+
+
+@dataclass(frozen=True)
+class Stop:
+    """A signal: stop the workers with it and exit 128+N."""
+
+    signal: int
+    state: WorkerState = WorkerState.STOPPED
+
+    @property
+    def exit_code(self) -> int:
+        """128 + the signal number."""
+        return 128 + self.signal
+
+
+@dataclass(frozen=True)
+class ReportFailure:
+    """Tell the rendezvous this node's workers failed (it answers whether it counts)."""
+
+    state: WorkerState = WorkerState.FAILED
+
+
+@dataclass(frozen=True)
+class Fail:
+    """The job failed: its restarts are used up. Close the rendezvous as failed, exit 1."""
+
+    exit_code: int = EXIT_FAILED
+    state: WorkerState = WorkerState.FAILED
+
+
+@dataclass(frozen=True)
+class Restart:
+    """Stop the workers and rendezvous again; ``counted``: this restart spends one."""
+
+    counted: bool
+    state: WorkerState = WorkerState.STOPPED
+
+
+@dataclass(frozen=True)
+class Finish:
+    """Every local worker succeeded: exit barrier, close as succeeded, exit 0."""
+
+    exit_code: int = EXIT_SUCCEEDED
+    state: WorkerState = WorkerState.SUCCEEDED
+
+
+@dataclass(frozen=True)
+class End:
+    """The job ended elsewhere (closed) or the rendezvous failed: stop and exit.
+
+    Attributes:
+        exit_code: what the agent exits with.
+        reason: one line for people.
+        state: the worker group's final state.
+        closed: why the job is closed, or None when the rendezvous failed instead.
+    """
+
+    exit_code: int
+    reason: str
+    state: WorkerState
+    closed: ClosedReason | None = None
+
+
+@dataclass(frozen=True)
+class Rejoin:
+    """Stop the workers and rendezvous again without spending a restart."""
+
+    reason: RejoinReason
+    state: WorkerState = WorkerState.STOPPED
+
+
+Action = Wait | Start | Stop | ReportFailure | Fail | Restart | Finish | End | Rejoin
+
+
+def _closed(reason: ClosedReason) -> End:
+    if reason == "succeeded":
+        text = "the job already finished on the other nodes"
+        return End(EXIT_SUCCEEDED, text, WorkerState.SUCCEEDED, reason)
+    if reason == "failed":
+        text = "the job failed on another node (its restarts are used up)"
+        return End(EXIT_FAILED, text, WorkerState.FAILED, reason)
+    return End(EXIT_CLOSED, "the rendezvous was closed", WorkerState.STOPPED, reason)
+
+
+def decide(obs: Observation) -> Action:
+    """The next action for ``obs``. See the module docstring for the tables."""
+    if obs.signal is not None:
+        return Stop(obs.signal)
+    if obs.phase is Phase.JOINING:
+        if obs.closed is not None:
+            return _closed(obs.closed)
+        if obs.rendezvous_error is not None:
+            return End(obs.rendezvous_error, "the rendezvous failed", WorkerState.FAILED)
+        return Start()
+    if obs.workers is WorkersStatus.FAILED:
+        if obs.failure_counted is None:
+            return ReportFailure()
+        if obs.failure_counted and obs.restarts >= obs.max_restarts:
+            return Fail()
+        return Restart(counted=obs.failure_counted)
+    if obs.workers is WorkersStatus.SUCCEEDED:
+        return Finish()
+    if obs.closed is not None:
+        return _closed(obs.closed)
+    if obs.liveness_lost:
+        return Rejoin("liveness_lost")
+    if obs.round_over:
+        if obs.member_lost:
+            return Rejoin("member_lost")
+        return Rejoin("nodes_waiting" if obs.end_cause == "nodes_waiting" else "round_ended")
+    if obs.nodes_waiting > 0:
+        return Rejoin("nodes_waiting")
+    return Wait()

@@ -1,0 +1,87 @@
+"""What one worker process is given: its command and torchrun's environment.
+
+The environment is the agent's, plus the launcher contract (see DESIGN.md and
+shared/TORCHRUN-CONTRACT.md): ranks and world sizes, the workers' store, the restart count (the
+job's, the same on every node), the error file, the timer file when the watchdog is on.
+OMP_NUM_THREADS is set to 1 only when the node runs more than one worker and the user did not
+set it, as torchrun does.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from collections.abc import Mapping
+
+from elastic_run.agent.api import WorkerGroup, WorkerSpec
+from elastic_run.errors import ConfigurationError
+
+__all__ = ["build_worker_env", "worker_argv"]
+
+
+def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
+    """The command of one worker: the entrypoint and its arguments, ``${local_rank}`` replaced.
+
+    Raises:
+        ConfigurationError: the entrypoint is a Python callable (not run as a program here).
+    """
+    entry = spec.entrypoint
+    if not isinstance(entry, str):
+        raise ConfigurationError(
+            f"the entrypoint {spec.get_entrypoint_name()} is a callable; this agent runs programs"
+        )
+    args = [str(a).replace("${local_rank}", str(local_rank)) for a in spec.args]
+    return [entry, *args]
+
+
+def python_command() -> str:
+    """The interpreter workers run: ``$PYTHON_EXEC`` or this one (torchrun's rule)."""
+    return os.environ.get("PYTHON_EXEC") or sys.executable
+
+
+def build_worker_env(
+    base: Mapping[str, str],
+    *,
+    group: WorkerGroup,
+    local_rank: int,
+    restart_count: int,
+    max_restarts: int,
+    run_id: str,
+    use_agent_store: bool,
+    timer_file: str | None,
+    extra: Mapping[str, str] = {},
+) -> dict[str, str]:
+    """The environment of one worker (TORCHELASTIC_ERROR_FILE is added once the logs are placed)."""
+    worker = group.workers[local_rank]
+    spec = group.spec
+    env = dict(base)
+    env.update(extra)
+    env.update(
+        {
+            "LOCAL_RANK": str(local_rank),
+            "RANK": str(worker.global_rank),
+            "GROUP_RANK": str(group.group_rank),
+            "ROLE_RANK": str(worker.role_rank),
+            "ROLE_NAME": spec.role,
+            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
+            "WORLD_SIZE": str(worker.world_size),
+            "GROUP_WORLD_SIZE": str(group.group_world_size),
+            "ROLE_WORLD_SIZE": str(worker.role_world_size),
+            "MASTER_ADDR": str(group.master_addr),
+            "MASTER_PORT": str(group.master_port),
+            "TORCHELASTIC_RESTART_COUNT": str(restart_count),
+            "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
+            "TORCHELASTIC_RUN_ID": run_id,
+            "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
+        }
+    )
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if (
+        spec.local_world_size > 1
+        and "OMP_NUM_THREADS" not in base
+        and "OMP_NUM_THREADS" not in extra
+    ):
+        env["OMP_NUM_THREADS"] = "1"
+    if timer_file is not None:
+        env["TORCHELASTIC_TIMER_FILE"] = timer_file
+    return env

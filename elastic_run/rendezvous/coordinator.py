@@ -1,0 +1,223 @@
+"""The barrier duties of one arrival in a forming round: find the coordinator, seal the round.
+
+Each arrival in round r walks down its predecessors to the first one not judged gone: while
+there is one, that one coordinates and this arrival only watches it (O(1) reads a step). The
+lowest live arrival coordinates: it reads the arrival count, the arrivals' records and
+heartbeats, and the nodes expected back from the previous round, and asks the protocol
+(``protocol.decide_barrier``) whether to seal. The arrival that brings the count to max takes
+one coordinator step at once, so a full round completes without waiting for a tick, and only
+if the max arrivals are alive (the protocol decides, not this module).
+
+A seal is written once, by compare-set from absent (``protocol.build_seal`` decides what it
+admits). Every decision is in ``protocol.py``; this module reads, asks, and writes.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from elastic_run.rendezvous import keys
+from elastic_run.rendezvous import protocol as proto
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.records import (
+    LostRecord,
+    NodeRecord,
+    SealReason,
+    SealRecord,
+    decode,
+    decode_int,
+    encode,
+)
+from elastic_run.rendezvous.settings import RendezvousSettings
+
+__all__ = ["Coordinator", "read_lost", "write_seal"]
+
+
+def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
+    """Why round ``r`` ended (one store read), or None while it runs."""
+    raw = backend.get(keys.lost(r))
+    return decode(LostRecord, keys.lost(r), raw) if raw is not None else None
+
+
+def write_seal(
+    backend: RendezvousBackend,
+    r: int,
+    admitted: tuple[int, ...],
+    reason: SealReason,
+    sealed_arrivals: int,
+    settings: RendezvousSettings,
+    min_nodes: int,
+) -> None:
+    """Complete round ``r`` with ``admitted`` if the protocol allows (first sealer wins)."""
+    node_keys = [keys.node(r, i) for i in admitted]
+    values = backend.get_many(node_keys)
+    missing = [k for k, v in zip(node_keys, values, strict=True) if v is None]
+    if missing:
+        # An arrival between its add and its set: give it a moment, then leave it out.
+        backend.wait_for(missing, settings.stale_after_s)
+        values = backend.get_many(node_keys)
+    records = {
+        i: decode(NodeRecord, k, v)
+        for i, k, v in zip(admitted, node_keys, values, strict=True)
+        if v is not None
+    }
+    restarts = backend.read_counter(keys.RESTARTS)
+    seal = proto.build_seal(r, admitted, records, reason, sealed_arrivals, min_nodes, restarts)
+    if seal is not None:
+        backend.compare_set(keys.seal(r), None, encode(seal))
+
+
+class Coordinator:
+    """The barrier duties of arrival ``index`` in round ``r``.
+
+    Args:
+        backend: the job's backend.
+        node_id: this node's id.
+        r: the forming round.
+        index: this node's arrival index.
+        settings: the timing.
+        round_settings: min, max, last call and staleness for the barrier.
+        beats: what this node already knows of others' heartbeats (its liveness thread's view).
+        with_notices: applies this node's death notices to a heartbeat view.
+        now: the monotonic time of the arrival.
+    """
+
+    def __init__(
+        self,
+        backend: RendezvousBackend,
+        node_id: str,
+        r: int,
+        index: int,
+        settings: RendezvousSettings,
+        round_settings: proto.RoundSettings,
+        beats: proto.Heartbeats,
+        with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        now: float,
+    ) -> None:
+        self._backend = backend
+        self._node_id = node_id
+        self._r = r
+        self._index = index
+        self._settings = settings
+        self._round = round_settings
+        self._beats = beats
+        self._with_notices = with_notices
+        self._records: dict[int, NodeRecord] = {}
+        self._arrivals = index + 1
+        self._last_arrival_at = now
+        self._expected: set[str] | None = None
+        self._next_at: float | None = None
+        self._pending = 0
+
+    def next_wait(self, now: float) -> float:
+        """How long to wait for the seal before the next step."""
+        tick = self._settings.keep_alive_interval_s
+        if self._pending:
+            # A re-forming round waits on nodes of the last one: judge them 4 times a tick, so
+            # a dead one is dropped soon after its heartbeat went stale (O(expected) reads).
+            tick = tick / 4
+        if self._next_at is None:
+            return tick
+        return max(0.01, min(tick, self._next_at - now))
+
+    def step(self, now: float) -> None:
+        """One look at the round: watch the predecessor, or coordinate (and maybe seal)."""
+        stale = self._round.stale_after_s
+        self._beats = self._with_notices(self._beats)
+        self._load_predecessors(now, stale)
+        pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
+        if pred is not None:
+            chain = [
+                self._records[j].node_id for j in range(pred, self._index) if j in self._records
+            ]
+            self._observe(chain, now)
+            self._next_at = None
+            return
+        self._coordinate(now)
+
+    def _coordinate(self, now: float) -> None:
+        r, backend, stale = self._r, self._backend, self._round.stale_after_s
+        raw = backend.get(keys.arrivals(r))
+        arrivals = decode_int(keys.arrivals(r), raw) if raw is not None else self._arrivals
+        if arrivals > self._arrivals:
+            self._arrivals, self._last_arrival_at = arrivals, now
+        self._load_records(arrivals)
+        ids = [rec.node_id for i, rec in sorted(self._records.items()) if i != self._index]
+        expected = self._expected_nodes()
+        self._observe(sorted(set(ids) | (expected - {self._node_id})), now)
+        live = proto.live_arrivals(self._records, arrivals, self._beats, now, stale)
+        self._pending = proto.expected_pending(
+            expected, (rec.node_id for rec in self._records.values()), self._beats, now, stale
+        )
+        reading = proto.BarrierReading(
+            live=live,
+            last_arrival_at=self._last_arrival_at,
+            expected_pending=self._pending,
+            is_reform=bool(expected),
+        )
+        action = proto.decide_barrier(reading, self._round, now)
+        if isinstance(action, proto.Seal):
+            write_seal(
+                backend,
+                r,
+                action.admitted,
+                action.reason,
+                arrivals,
+                self._settings,
+                self._round.min_nodes,
+            )
+            self._next_at = None
+        else:
+            self._next_at = action.until
+
+    def _observe(self, node_ids: list[str], now: float) -> None:
+        beats = self._backend.read_heartbeats(node_ids)
+        self._beats = self._beats.observe(dict(zip(node_ids, beats, strict=True)), now)
+
+    def _load_records(self, upto: int, start: int = 0) -> None:
+        want = [i for i in range(start, upto) if i not in self._records]
+        if not want:
+            return
+        node_keys = [keys.node(self._r, i) for i in want]
+        for i, k, v in zip(want, node_keys, self._backend.get_many(node_keys), strict=True):
+            if v is not None:
+                self._records[i] = decode(NodeRecord, k, v)
+
+    def _load_predecessors(self, now: float, stale: float) -> None:
+        """Read the records below this arrival down to the first one not judged gone.
+
+        Only that walk decides who coordinates, so a node reads O(1) records per step, not
+        every lower arrival's (which would cost the round O(N²) bytes).
+        """
+        j = self._index - 1
+        while j >= 0:
+            if j not in self._records:
+                # The next one first; past a gone one, a few at once (gone ones come in runs).
+                batch = 1 if j == self._index - 1 else 8
+                self._load_records(j + 1, start=max(0, j + 1 - batch))
+            rec = self._records.get(j)
+            if rec is None or not self._beats.is_gone(rec.node_id, now, stale):
+                return
+            j -= 1
+
+    def _expected_nodes(self) -> set[str]:
+        """The nodes of the previous round (members and waiters) not already known lost."""
+        if self._expected is not None:
+            return self._expected
+        backend, prev = self._backend, self._r - 1
+        expected: set[str] = set()
+        if prev >= 0:
+            raw_arrivals, raw_seal = backend.get_many([keys.arrivals(prev), keys.seal(prev)])
+            n = decode_int(keys.arrivals(prev), raw_arrivals) if raw_arrivals is not None else 0
+            if n and raw_seal is not None:
+                seal = decode(SealRecord, keys.seal(prev), raw_seal)
+                admitted = set(seal.admitted_indices())
+                node_keys = [keys.node(prev, i) for i in range(n)]
+                for i, k, v in zip(range(n), node_keys, backend.get_many(node_keys), strict=True):
+                    if v is not None and (i in admitted or i >= seal.sealed_arrivals):
+                        expected.add(decode(NodeRecord, k, v).node_id)
+                lost = read_lost(backend, prev)
+                if lost is not None:
+                    expected -= set(lost.node_ids)
+        self._expected = expected
+        return expected

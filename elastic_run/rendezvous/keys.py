@@ -1,0 +1,88 @@
+"""The key schema of the dynamic rendezvous: every key the protocol reads or writes, in one place.
+
+Keys are relative to the job; a backend adds its own prefix and the run id
+(``elastic-run/<run id>/`` on c10d, ``/elastic-run/<run id>/`` on etcd).
+
+    round               the current round r (ASCII digits); advanced by compare-set r -> r+1
+    closed              a JSON ClosedRecord once the job is closed (first writer wins)
+    restarts            the job's restart count: bumped by the node whose worker failure ended
+                        a round first, before the round advances; each seal carries it
+    epoch               a counter bumped after every change a member must notice (a round
+                        ended, a node waits at the door, the job closed): a member's agent
+                        reads only this, once a second, and reads more when it moved
+    r<r>/arrivals       atomic counter: each joiner takes arrival index = add(1) - 1
+    r<r>/node/<i>       the NodeRecord of arrival i
+    r<r>/seal           the SealRecord, written once (compare-set from absent)
+    r<r>/lost           why round r ended (LostRecord), written once
+    r<r>/shared/        the round's private store (RendezvousInfo.store)
+    hb/<node id>        each node's heartbeat counter (a lease-bound key on etcd)
+    st/<node id>        the agent's published state (JSON, best-effort, for ``status``)
+    ev/count, ev/<k>    a ring of the last EVENT_RING_SIZE events: seq = add(ev/count, 1),
+                        slot (seq - 1) % EVENT_RING_SIZE
+"""
+
+from __future__ import annotations
+
+__all__ = [
+    "CLOSED",
+    "EPOCH",
+    "EVENT_COUNT",
+    "EVENT_RING_SIZE",
+    "RESTARTS",
+    "ROUND",
+    "arrivals",
+    "event_slot",
+    "heartbeat",
+    "lost",
+    "node",
+    "seal",
+    "shared_prefix",
+    "state",
+]
+
+ROUND = "round"
+CLOSED = "closed"
+EPOCH = "epoch"
+RESTARTS = "restarts"
+EVENT_COUNT = "ev/count"
+EVENT_RING_SIZE = 64
+
+
+def arrivals(r: int) -> str:
+    """The arrival counter of round ``r``."""
+    return f"r{r}/arrivals"
+
+
+def node(r: int, index: int) -> str:
+    """The record of arrival ``index`` in round ``r``."""
+    return f"r{r}/node/{index}"
+
+
+def seal(r: int) -> str:
+    """The seal of round ``r``."""
+    return f"r{r}/seal"
+
+
+def lost(r: int) -> str:
+    """Why round ``r`` ended."""
+    return f"r{r}/lost"
+
+
+def shared_prefix(r: int) -> str:
+    """The prefix of round ``r``'s private store."""
+    return f"r{r}/shared/"
+
+
+def heartbeat(node_id: str) -> str:
+    """The heartbeat counter of ``node_id``."""
+    return f"hb/{node_id}"
+
+
+def state(node_id: str) -> str:
+    """The published agent state of ``node_id``."""
+    return f"st/{node_id}"
+
+
+def event_slot(seq: int) -> str:
+    """The ring slot of event number ``seq`` (1-based)."""
+    return f"ev/{(seq - 1) % EVENT_RING_SIZE}"

@@ -1,0 +1,201 @@
+"""One node's liveness thread: bump its own heartbeat, watch its ring successor, report verdicts.
+
+Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) the thread:
+
+1. bumps this node's heartbeat counter (one O(1) write) and records when that last succeeded,
+   or the error when it failed. The agent reads that record (``report()``, no I/O) and stops
+   its workers once this node's own heartbeat has failed for the budget after which its peers
+   judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
+2. reads the store's round and its ring successor's heartbeat (one batch read) and asks the
+   protocol for a verdict (``protocol.judge_ring``: the round ended elsewhere, or the
+   successor is gone);
+3. hands the verdict to ``on_verdict(round, verdict)``, tagged with the round it is about, so a
+   verdict on round r can never be applied to round r+1 (the handler drops stale ones).
+
+Between rounds it keeps watching the last successor, so the next round's coordinator judges a
+successor that died meanwhile from when it died, not from when the next round began.
+
+Invariants: one thread, with ``stop()`` and a bounded join; nothing here decides (protocol.py
+does) or raises into the caller (errors are recorded and reported).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic_run.rendezvous import keys
+from elastic_run.rendezvous import protocol as proto
+from elastic_run.rendezvous.api import LivenessReport
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.records import decode_heartbeat, decode_int
+from elastic_run.rendezvous.settings import RendezvousSettings
+
+__all__ = ["LivenessThread", "RingPosition"]
+
+log = logging.getLogger(__name__)
+
+_JOIN_SLACK_S = 5.0
+
+
+@dataclass(frozen=True)
+class RingPosition:
+    """Where this node stands: its round, and the member it watches ("" when alone)."""
+
+    round: int
+    successor: str
+    is_member: bool
+
+
+class LivenessThread:
+    """The heartbeat and ring-watch thread of one node.
+
+    Args:
+        backend: the job's backend.
+        node_id: this node's id.
+        settings: the timing.
+        clock: the monotonic clock.
+        position: returns where this node stands now, or None before its first round.
+        with_notices: applies this node's death notices to a heartbeat view.
+        on_verdict: receives ``(round, verdict)`` for verdicts other than Keep.
+    """
+
+    def __init__(
+        self,
+        backend: RendezvousBackend,
+        node_id: str,
+        settings: RendezvousSettings,
+        clock: Callable[[], float],
+        position: Callable[[], RingPosition | None],
+        with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        on_verdict: Callable[[int, proto.RingVerdict], None],
+    ) -> None:
+        self._backend = backend
+        self._node_id = node_id
+        self._settings = settings
+        self._clock = clock
+        self._position = position
+        self._with_notices = with_notices
+        self._on_verdict = on_verdict
+        self._lock = threading.Lock()
+        self._last_ok = clock()
+        self._error: str | None = None
+        self._successor = ""
+        self._beats = proto.Heartbeats()
+        self._stop = threading.Event()
+        self._poke = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        """Write the first heartbeat (raising if the store cannot take it), then start.
+
+        Raises:
+            RendezvousConnectionError: the store cannot be reached.
+        """
+        if self._thread is not None:
+            return
+        self._backend.heartbeat(self._node_id)
+        with self._lock:
+            self._last_ok = self._clock()
+        self._thread = threading.Thread(target=self._run, name="elastic-run-liveness", daemon=True)
+        self._thread.start()
+
+    def poke(self) -> None:
+        """Run a turn now rather than at the next interval (a death notice arrived)."""
+        self._poke.set()
+
+    def stop(self) -> bool:
+        """Stop the thread; return whether it ended within its bound."""
+        self._stop.set()
+        self._poke.set()
+        thread = self._thread
+        if thread is None or thread is threading.current_thread():
+            return True
+        thread.join(timeout=self._settings.keep_alive_interval_s + _JOIN_SLACK_S)
+        return not thread.is_alive()
+
+    def report(self) -> LivenessReport:
+        """This node's heartbeat standing (no I/O)."""
+        with self._lock:
+            last_ok, error = self._last_ok, self._error
+        return LivenessReport(
+            since_ok_s=max(0.0, self._clock() - last_ok),
+            budget_s=self._settings.stale_after_s,
+            error=error,
+        )
+
+    def successor_beats(self) -> proto.Heartbeats:
+        """What this thread has seen of the last successor's heartbeat (seeds a coordinator)."""
+        with self._lock:
+            return self._beats
+
+    # -- the thread --------------------------------------------------------------------
+
+    def _run(self) -> None:
+        interval = self._settings.keep_alive_interval_s
+        while True:
+            self._poke.wait(interval)
+            self._poke.clear()
+            if self._stop.is_set():
+                return
+            self._turn()
+
+    def _turn(self) -> None:
+        try:
+            self._backend.heartbeat(self._node_id)
+        except RendezvousError as exc:
+            with self._lock:
+                first = self._error is None
+                self._error = str(exc)
+            if first:
+                log.warning("rendezvous heartbeat of %s failed: %s", self._node_id, exc)
+        else:
+            with self._lock:
+                if self._error is not None:
+                    log.warning("rendezvous heartbeat of %s works again", self._node_id)
+                self._last_ok, self._error = self._clock(), None
+        try:
+            self._watch()
+        except RendezvousError as exc:
+            log.warning("rendezvous ring watch of %s failed: %s", self._node_id, exc)
+
+    def _watch(self) -> None:
+        position = self._position()
+        successor = position.successor if position is not None else self._successor
+        if successor != self._successor:
+            with self._lock:
+                self._successor, self._beats = successor, proto.Heartbeats()
+        if not successor:
+            return
+        hb_key = keys.heartbeat(successor)
+        raw_round, raw_beat = self._backend.get_many([keys.ROUND, hb_key])
+        now = self._clock()
+        with self._lock:
+            beats = self._with_notices(
+                self._beats.observe({successor: decode_heartbeat(raw_beat, hb_key)}, now)
+            )
+            self._beats = beats
+        if position is None or not position.is_member:
+            return  # between rounds: only watch
+        store_round = decode_int(keys.ROUND, raw_round) if raw_round is not None else None
+
+        def judge(closed: bool) -> proto.RingVerdict:
+            return proto.judge_ring(
+                position.round,
+                store_round,
+                successor,
+                beats,
+                now,
+                self._settings.stale_after_s,
+                closed=closed,
+            )
+
+        verdict = judge(closed=False)
+        if isinstance(verdict, proto.MemberLost):
+            # A finished job loses no one: read the closed record only when it matters.
+            verdict = judge(closed=self._backend.get(keys.CLOSED) is not None)
+        if not isinstance(verdict, proto.Keep):
+            self._on_verdict(position.round, verdict)
