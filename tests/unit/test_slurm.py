@@ -4,10 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_run.cli.hostlist import expand_hostlist, first_host
 from elastic_run.cli.slurm import (
     SlurmDefault,
-    expand_hostlist,
-    first_host,
     format_print_config,
     parse_scontrol_nodelist,
     rdzv_from_slurm_job,
