@@ -129,11 +129,11 @@ def _count(pieces: list[_Piece]) -> int:
 
 
 def _names(pieces: list[_Piece]) -> Iterator[str]:
-    choices: list[Iterator[str] | tuple[str, ...]] = [
-        (piece,) if isinstance(piece, str) else itertools.chain(*(r.numbers() for r in piece))
+    """Every name of one item, in order (product() holds each group's numbers: count first)."""
+    choices = [
+        (piece,) if isinstance(piece, str) else tuple(n for r in piece for n in r.numbers())
         for piece in pieces
     ]
-    # product() reads each group once; a name holds few groups, each checked by the count.
     return ("".join(parts) for parts in itertools.product(*choices))
 
 
@@ -178,4 +178,5 @@ def first_host(spec: str) -> str:
         ConfigurationError: the expression is malformed (see :func:`expand_hostlist`; its
             size is not checked here).
     """
-    return next(_names(_parse(spec)[0]))
+    pieces = _parse(spec)[0]
+    return "".join(p if isinstance(p, str) else next(p[0].numbers()) for p in pieces)

@@ -98,6 +98,16 @@ def _apply_slurm_defaults(
         chosen.append((default.name, default.value, default.reason))
 
 
+def _current_directory() -> Path:
+    """Where the workers will start (the agent's directory), which must still exist."""
+    try:
+        return Path.cwd()
+    except OSError as exc:
+        raise ConfigurationError(
+            f"the current directory cannot be read ({exc.strerror}): was it removed?"
+        ) from None
+
+
 def _count_cuda_devices() -> int:
     import torch
 
@@ -135,8 +145,11 @@ def _health_port(params: dict[str, Any], env: dict[str, str]) -> int | None:
 
 
 def _log_dir(text: str | None) -> Path | None:
-    """``--log-dir``: None for a temporary one; else a path whose nearest existing ancestor
-    is a directory this process may write."""
+    """``--log-dir`` as a path, or None (a temporary one).
+
+    The nearest ancestor that exists must be a directory this process may write: nothing is
+    created here (the agent makes the directory once the job starts).
+    """
     if not text:
         return None
     path = Path(text)
@@ -245,7 +258,7 @@ def parse_launch_config(
         script,
         module=params["module"],
         no_python=params["no_python"],
-        cwd=Path.cwd(),
+        cwd=_current_directory(),
         environ=env,
     )
     nodes = parse_nnodes(str(params["nnodes"]))
