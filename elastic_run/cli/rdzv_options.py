@@ -6,6 +6,11 @@ allocation's variables into one frozen :class:`RendezvousTarget`: which job's re
 which backend. Every flag takes its dash and its underscore spelling (``--rdzv-id`` and
 ``--rdzv_id``), and each also reads ``PET_<NAME>`` (``PET_RDZV_ID``...).
 
+The values are read by the same parsers as the run command's (:func:`parse_nnodes`,
+:func:`parse_rdzv_conf` and :func:`validate_rdzv_conf`), and the run id is made safe for a
+path the same way (:func:`safe_run_id`), so ``status`` finds the job an agent started with the
+same ``--rdzv-id``.
+
 Precedence, highest first: a flag on the command line, its ``PET_*`` variable, ``--slurm-job``
 (asks ``scontrol``/``squeue``), the Slurm allocation the command runs in (``SLURM_JOB_ID``...),
 the defaults (backend ``c10d``).
@@ -19,6 +24,8 @@ from typing import Any, TypeVar
 
 import click
 
+from elastic_run.cli.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
+from elastic_run.cli.values import parse_nnodes, safe_run_id
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 
@@ -26,8 +33,6 @@ __all__ = [
     "RDZV_OPTION_NAMES",
     "RendezvousTarget",
     "explicit_options",
-    "parse_nnodes",
-    "parse_rdzv_conf",
     "rdzv_options",
     "resolve_target",
 ]
@@ -96,60 +101,6 @@ def rdzv_options(fn: F) -> F:
     for option in reversed(options):
         fn = option(fn)
     return fn
-
-
-def parse_nnodes(text: str) -> tuple[int, int]:
-    """Parse ``N`` or ``MIN:MAX`` into ``(min, max)``.
-
-    Args:
-        text: the ``--nnodes`` value.
-
-    Returns:
-        ``(min, max)`` with ``0 < min <= max``.
-
-    Raises:
-        ConfigurationError: the text is not of that form.
-    """
-    parts = text.strip().split(":")
-    try:
-        if len(parts) == 1:
-            low = high = int(parts[0])
-        elif len(parts) == 2:
-            low, high = int(parts[0]), int(parts[1])
-        else:
-            raise ValueError(text)
-    except ValueError:
-        raise ConfigurationError(f"--nnodes '{text}' is not N or MIN:MAX") from None
-    if low < 1:
-        raise ConfigurationError(f"--nnodes '{text}': the node count must be at least 1")
-    if high < low:
-        raise ConfigurationError(f"--nnodes '{text}': MAX must not be less than MIN")
-    return low, high
-
-
-def parse_rdzv_conf(text: str) -> dict[str, str]:
-    """Parse ``k1=v1,k2=v2`` into a dict (keys and values stripped).
-
-    Args:
-        text: the ``--rdzv-conf`` value; empty gives an empty dict.
-
-    Returns:
-        The pairs, in order.
-
-    Raises:
-        ConfigurationError: an item is not ``key=value``.
-    """
-    conf: dict[str, str] = {}
-    if not text.strip():
-        return conf
-    for item in text.split(","):
-        key, sep, value = item.partition("=")
-        if not sep or not key.strip():
-            raise ConfigurationError(
-                f"--rdzv-conf '{text}': expected key=value pairs, got '{item}'"
-            )
-        conf[key.strip()] = value.strip()
-    return conf
 
 
 @dataclass(frozen=True)
@@ -222,7 +173,8 @@ def resolve_target(
         The target.
 
     Raises:
-        ConfigurationError: no run id or no endpoint could be found, or a value is malformed.
+        ConfigurationError: no run id or no endpoint could be found, or a value is malformed
+            (``--nnodes``, a known ``--rdzv-conf`` key, an empty run id).
     """
     from elastic_run.cli.slurm import rdzv_from_slurm_job, slurm_defaults
 
@@ -258,11 +210,12 @@ def resolve_target(
     if nnodes:
         min_nodes, max_nodes = parse_nnodes(str(nnodes))
     conf = parse_rdzv_conf(str(chosen.get("rdzv_conf") or ""))
+    validate_rdzv_conf(conf)
     return RendezvousTarget(
         backend=backend,
         endpoint=endpoint,
-        run_id=str(chosen_id),
-        conf=tuple(conf.items()),
+        run_id=safe_run_id(str(chosen_id)),
+        conf=conf,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
     )

@@ -31,14 +31,13 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
+from elastic_run.cli.hostlist import first_host
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "C10D_DEFAULT_PORT",
     "ETCD_DEFAULT_PORT",
     "SlurmDefault",
-    "expand_hostlist",
-    "first_host",
     "format_print_config",
     "node_count",
     "parse_scontrol_nodelist",
@@ -62,8 +61,6 @@ _ENDPOINT_PORTS: dict[str, int] = {
 _FIRST_PSEUDO_STEP_ID = 0xFFFFFFF0
 _PSEUDO_STEP_NAMES = frozenset({"batch", "extern", "interactive"})
 
-_RANGE_RE = re.compile(r"^(\d+)(?:-(\d+))?$")
-
 
 @dataclass(frozen=True)
 class SlurmDefault:
@@ -80,117 +77,9 @@ class SlurmDefault:
     reason: str
 
 
-def _split_top_level(spec: str) -> list[str]:
-    """Split ``spec`` at the commas outside brackets; check that brackets balance."""
-    parts: list[str] = []
-    depth = 0
-    start = 0
-    for index, char in enumerate(spec):
-        if char == "[":
-            depth += 1
-            if depth > 1:
-                raise ConfigurationError(f"hostlist {spec!r}: nested '[' at position {index}")
-        elif char == "]":
-            depth -= 1
-            if depth < 0:
-                raise ConfigurationError(f"hostlist {spec!r}: ']' without '[' at position {index}")
-        elif char == "," and depth == 0:
-            parts.append(spec[start:index])
-            start = index + 1
-    if depth != 0:
-        raise ConfigurationError(f"hostlist {spec!r}: '[' without a closing ']'")
-    parts.append(spec[start:])
-    return parts
-
-
-def _expand_ranges(body: str, spec: str) -> list[str]:
-    """Expand the inside of one bracket group (``01-04,07``) into its numbers as text."""
-    numbers: list[str] = []
-    for item in body.split(","):
-        match = _RANGE_RE.match(item)
-        if match is None:
-            raise ConfigurationError(
-                f"hostlist {spec!r}: bad range {item!r} in [{body}] "
-                "(expected N or LO-HI, digits only)"
-            )
-        low_text, high_text = match.group(1), match.group(2)
-        if high_text is None:
-            numbers.append(low_text)
-            continue
-        low, high = int(low_text), int(high_text)
-        if high < low:
-            raise ConfigurationError(f"hostlist {spec!r}: reversed range {item!r} ({low} > {high})")
-        # Slurm keeps the width of the lower bound: [08-10] is 08, 09, 10.
-        width = len(low_text)
-        numbers.extend(str(value).zfill(width) for value in range(low, high + 1))
-    return numbers
-
-
-def _expand_name(name: str, spec: str) -> list[str]:
-    """Expand one top-level item, which may hold several bracket groups."""
-    if not name:
-        raise ConfigurationError(f"hostlist {spec!r}: empty host name")
-    expanded = [""]
-    position = 0
-    while position < len(name):
-        open_at = name.find("[", position)
-        if open_at < 0:
-            literal, group = name[position:], None
-            position = len(name)
-        else:
-            close_at = name.index("]", open_at)  # balanced: checked by _split_top_level
-            literal, group = name[position:open_at], name[open_at + 1 : close_at]
-            position = close_at + 1
-        if group is None:
-            expanded = [prefix + literal for prefix in expanded]
-        else:
-            if not group:
-                raise ConfigurationError(f"hostlist {spec!r}: empty brackets in {name!r}")
-            numbers = _expand_ranges(group, spec)
-            expanded = [prefix + literal + number for prefix in expanded for number in numbers]
-    return expanded
-
-
-def expand_hostlist(spec: str) -> list[str]:
-    """Expand a Slurm hostlist expression into host names, in order.
-
-    Supports ranges and lists in brackets (``n[01-04,07]``), several bracket groups in one
-    name (``r[1-2]n[1-2]`` is r1n1, r1n2, r2n1, r2n2), comma lists at the top level
-    (``a,b[1-2],c``), zero padding (the width of a range's lower bound) and dotted names
-    such as ``127.0.0.[1-2]``.
-
-    Args:
-        spec: the expression, e.g. the value of ``SLURM_JOB_NODELIST``.
-
-    Returns:
-        The host names, duplicates kept, in the order the expression names them.
-
-    Raises:
-        ConfigurationError: the expression is empty, its brackets do not balance or nest,
-            a range is reversed or holds something other than digits.
-    """
-    stripped = spec.strip()
-    if not stripped:
-        raise ConfigurationError(f"hostlist {spec!r} is empty")
-    hosts: list[str] = []
-    for name in _split_top_level(stripped):
-        hosts.extend(_expand_name(name.strip(), spec))
-    return hosts
-
-
-def first_host(spec: str) -> str:
-    """Return the first host of a Slurm hostlist expression.
-
-    Args:
-        spec: a hostlist expression (``127.0.0.[1-2]``).
-
-    Returns:
-        The first host name (``127.0.0.1``).
-
-    Raises:
-        ConfigurationError: the expression is malformed (see :func:`expand_hostlist`).
-    """
-    return expand_hostlist(spec)[0]
+def _is_number(text: str) -> bool:
+    """ASCII digits only (``str.isdigit`` also takes ``²``, which ``int`` refuses)."""
+    return text.isascii() and text.isdigit()
 
 
 def _nodelist(environ: Mapping[str, str]) -> tuple[str, str] | None:
@@ -232,7 +121,7 @@ def _step_id(environ: Mapping[str, str]) -> str | None:
     value = environ.get("SLURM_STEP_ID", environ.get("SLURM_STEPID", "")).strip()
     if not value or value in _PSEUDO_STEP_NAMES:
         return None
-    if value.isdigit() and int(value) >= _FIRST_PSEUDO_STEP_ID:
+    if _is_number(value) and int(value) >= _FIRST_PSEUDO_STEP_ID:
         return None
     return value
 
@@ -365,7 +254,7 @@ def slurm_defaults(
         )
 
     gpus = environ.get("SLURM_GPUS_ON_NODE", "").strip()
-    if "nproc_per_node" not in given and gpus.isdigit() and int(gpus) > 0:
+    if "nproc_per_node" not in given and _is_number(gpus) and int(gpus) > 0:
         chosen.append(
             SlurmDefault("nproc_per_node", str(int(gpus)), f"from SLURM_GPUS_ON_NODE={gpus}")
         )
@@ -434,7 +323,7 @@ def _user_steps(job_id: str, squeue_output: str) -> list[str]:
         job, _, step = line.partition(".")
         if job != job_id or not step or step in _PSEUDO_STEP_NAMES:
             continue
-        if step.isdigit() and int(step) >= _FIRST_PSEUDO_STEP_ID:
+        if _is_number(step) and int(step) >= _FIRST_PSEUDO_STEP_ID:
             continue
         steps.append(step)
     return steps
@@ -460,7 +349,7 @@ def rdzv_from_slurm_job(job_id: str, *, timeout_s: float = 10.0) -> tuple[str, s
             runs several steps and ``JOBID.STEP`` must say which.
     """
     job, _, step = job_id.strip().partition(".")
-    if not job.isdigit() or (step and not step.isdigit()):
+    if not _is_number(job) or (step and not _is_number(step)):
         raise ConfigurationError(f"--slurm-job {job_id!r}: expected JOBID or JOBID.STEP")
     scontrol = shutil.which("scontrol")
     if scontrol is None:

@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import pytest
+from hypothesis import given
+from hypothesis import strategies as st
 
+from elastic_run.cli.hostlist import expand_hostlist, first_host
 from elastic_run.cli.slurm import (
     SlurmDefault,
-    expand_hostlist,
-    first_host,
     format_print_config,
     parse_scontrol_nodelist,
     rdzv_from_slurm_job,
@@ -69,6 +70,34 @@ def test_bad_hostlist_raises_a_configuration_error_naming_the_spec(spec: str, wo
 def test_first_host() -> None:
     assert first_host("127.0.0.[1-2]") == "127.0.0.1"
     assert first_host("gpu[07-09],cpu1") == "gpu07"
+    assert first_host("r[3-4]n[5,1]") == "r3n5"
+
+
+def test_first_host_expands_nothing_else() -> None:
+    assert first_host("n[1-99999999999],m[1-99999999999]") == "n1"
+    with pytest.raises(ConfigurationError, match="bad range"):
+        first_host("n[1-2],m[x]")  # the whole expression is still checked
+
+
+@pytest.mark.parametrize("spec", ["n[1-99999999999]", "a[1-1000]b[1-1001]", "a[1-1000000],b"])
+def test_a_hostlist_past_a_million_names_is_an_error(spec: str) -> None:
+    with pytest.raises(ConfigurationError, match="more than 1000000"):
+        expand_hostlist(spec)
+
+
+def test_non_ascii_digits_are_not_a_range() -> None:
+    with pytest.raises(ConfigurationError, match="bad range"):
+        expand_hostlist("n[\u0663]")
+
+
+@given(st.text(alphabet="ab01-9[],. ", max_size=30))
+def test_any_hostlist_expands_or_is_a_configuration_error(spec: str) -> None:
+    try:
+        hosts = expand_hostlist(spec)
+    except ConfigurationError:
+        return
+    assert hosts and all(hosts)
+    assert first_host(spec) == hosts[0]
 
 
 # ---- defaults ---------------------------------------------------------------------

@@ -1,0 +1,419 @@
+"""The values of the command-line flags: text (or click's int/float) in, a checked value out.
+
+One concept: each function here turns one flag's value into what the launcher uses, or raises
+:class:`ConfigurationError` with a one-line sentence that names the flag and the value. They
+are pure functions of their arguments (no environment, no files, no torch), so the CLI's
+checks are tested without starting anything.
+
+Bounds, and why:
+- node counts 1..:data:`MAX_NODES` and workers per node 1..:data:`MAX_NPROC_PER_NODE`: beyond
+  them a typo, not a job, is more likely, and huge counts overflow C++ ints or memory;
+- durations are finite, positive (some may be 0) and at most :data:`MAX_SECONDS` (a year):
+  Python's ``timedelta`` and the C++ ``std::chrono`` of torch's stores overflow above that;
+- ``--max-restarts`` 0..:data:`MAX_RESTARTS`, ports 0..65535.
+A value the user typed is shown in an error at most :data:`_SHOWN_CHARS` characters long, with
+control characters escaped, so an error stays one readable line.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+import re
+import signal
+from collections.abc import Callable
+
+from elastic_run.agent.config import Std, StdSpec
+from elastic_run.errors import ConfigurationError
+
+__all__ = [
+    "MAX_NODES",
+    "MAX_NPROC_PER_NODE",
+    "MAX_RESTARTS",
+    "MAX_RUN_ID_CHARS",
+    "MAX_SECONDS",
+    "check_count",
+    "check_endpoint_ports",
+    "check_port",
+    "check_seconds",
+    "parse_int",
+    "parse_local_ranks",
+    "parse_nnodes",
+    "parse_nproc",
+    "parse_seconds",
+    "parse_signals",
+    "parse_std",
+    "parse_torch_bool",
+    "safe_run_id",
+    "shown",
+]
+
+MAX_NODES = 1_000_000
+MAX_NPROC_PER_NODE = 1024
+MAX_RESTARTS = 10_000
+MAX_SECONDS = 31_536_000.0  # one year
+MAX_RUN_ID_CHARS = 128
+
+_SHOWN_CHARS = 60
+_INT_RE = re.compile(r"^[+-]?[0-9]+$")
+_MAX_INT_DIGITS = 30  # more digits than any bound here has: "too large", not a parse
+_RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
+_TRUE = frozenset({"1", "true", "t", "yes", "y"})
+_FALSE = frozenset({"0", "false", "f", "no", "n"})
+
+
+def shown(text: str) -> str:
+    """Return ``text`` fit for a one-line message: quoted, escaped, at most 60 characters.
+
+    Args:
+        text: what the user typed.
+
+    Returns:
+        ``'text'`` with control and non-ASCII characters escaped (``ascii``), shortened with
+        ``...`` past 60 characters.
+    """
+    short = text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+    return ascii(short)
+
+
+def parse_int(text: str, what: str) -> int:
+    """Parse a whole number written in ASCII digits, with an optional sign.
+
+    Args:
+        text: the value (white space around it is ignored).
+        what: the flag or variable it came from, for the message.
+
+    Returns:
+        The number.
+
+    Raises:
+        ConfigurationError: not a whole number, or more than 30 digits long.
+    """
+    value = text.strip()
+    if not _INT_RE.match(value):
+        raise ConfigurationError(f"{what} {shown(text)} is not a whole number")
+    if len(value.lstrip("+-")) > _MAX_INT_DIGITS:
+        raise ConfigurationError(f"{what} {shown(text)} is far too large")
+    return int(value)
+
+
+def check_count(value: int, what: str, low: int, high: int, why: str = "") -> int:
+    """Check that an integer flag lies in ``low..high``.
+
+    Args:
+        value: the value (click's int, or one parsed here).
+        what: the flag, for the message (``--max-restarts``).
+        low: the smallest value allowed.
+        high: the largest value allowed.
+        why: appended to the message when the value is too large (a reason for the bound).
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ConfigurationError: the value is out of range.
+    """
+    if value < low or value > high:
+        number = str(value) if len(str(value)) <= _SHOWN_CHARS else f"{str(value)[:20]}..."
+        reason = f": {why}" if why and value > high else ""
+        raise ConfigurationError(f"{what} {number} is out of range ({low}..{high}){reason}")
+    return value
+
+
+def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
+    """Parse ``N`` or ``MIN:MAX`` into ``(min, max)``.
+
+    Args:
+        text: the ``--nnodes`` value.
+        what: the flag or variable it came from, for the message.
+
+    Returns:
+        ``(min, max)`` with ``1 <= min <= max <= MAX_NODES``.
+
+    Raises:
+        ConfigurationError: the text is not of that form or a count is out of range.
+    """
+    parts = text.strip().split(":")
+    if len(parts) > 2 or not all(_INT_RE.match(p.strip()) for p in parts):
+        raise ConfigurationError(f"{what} {shown(text)} is not N or MIN:MAX")
+    low, high = (parse_int(p, what) for p in (parts[0], parts[-1]))
+    if low < 1:
+        raise ConfigurationError(f"{what} {shown(text)}: the node count must be at least 1")
+    if high < low:
+        raise ConfigurationError(f"{what} {shown(text)}: MAX must not be less than MIN")
+    if high > MAX_NODES:
+        raise ConfigurationError(
+            f"{what} {shown(text)}: more than {MAX_NODES} nodes is not a job this launcher runs"
+        )
+    return low, high
+
+
+def parse_nproc(text: str, *, cpu_count: int, cuda_device_count: Callable[[], int]) -> int:
+    """Parse ``--nproc-per-node``: ``N``, ``cpu``, ``gpu`` or ``auto``.
+
+    Args:
+        text: the value.
+        cpu_count: this machine's cores (for ``cpu`` and a GPU-less ``auto``).
+        cuda_device_count: returns the CUDA devices available (0 if none); called only for
+            ``gpu`` and ``auto``.
+
+    Returns:
+        The number of workers on this node.
+
+    Raises:
+        ConfigurationError: not one of those forms, ``gpu`` without a device, or a number
+            outside 1..MAX_NPROC_PER_NODE.
+    """
+    value = text.strip().lower()
+    if value == "cpu":
+        return max(1, cpu_count)
+    if value in ("gpu", "auto"):
+        devices = cuda_device_count()
+        if devices > 0:
+            return devices
+        if value == "gpu":
+            raise ConfigurationError("--nproc-per-node gpu: no CUDA device is available")
+        return max(1, cpu_count)
+    if not _INT_RE.match(value):
+        raise ConfigurationError(
+            f"--nproc-per-node {shown(text)} is not a number, cpu, gpu or auto"
+        )
+    count = parse_int(value, "--nproc-per-node")
+    if count < 1:
+        raise ConfigurationError(f"--nproc-per-node {shown(text)} must be at least 1")
+    return check_count(
+        count,
+        "--nproc-per-node",
+        1,
+        MAX_NPROC_PER_NODE,
+        "more workers per node than any machine runs",
+    )
+
+
+def parse_std(text: str, flag: str) -> StdSpec:
+    """Parse ``--redirects``/``--tee``: ``0``..``3``, or ``LOCAL_RANK:0..3`` items.
+
+    Args:
+        text: the value (``3`` or ``0:1,1:2``); empty is ``0``.
+        flag: the flag, for the message.
+
+    Returns:
+        The StdSpec.
+
+    Raises:
+        ConfigurationError: any other form, or a local rank past MAX_NPROC_PER_NODE.
+    """
+    value = text.strip()
+    if not value:
+        return StdSpec()
+    bad = f"{flag} {shown(text)}: expected 0..3 or LOCAL_RANK:0..3 items separated by commas"
+
+    def one(item: str) -> Std:
+        if item not in ("0", "1", "2", "3"):
+            raise ConfigurationError(bad)
+        return Std(int(item))
+
+    if ":" not in value:
+        return StdSpec(default=one(value))
+    per_rank: list[tuple[int, Std]] = []
+    for item in value.split(","):
+        rank, sep, std = item.partition(":")
+        rank = rank.strip()
+        if not sep or not (rank.isascii() and rank.isdigit()) or len(rank) > 6:
+            raise ConfigurationError(bad)
+        local_rank = check_count(int(rank), f"{flag} local rank", 0, MAX_NPROC_PER_NODE - 1)
+        per_rank.append((local_rank, one(std.strip())))
+    return StdSpec(per_rank=tuple(per_rank))
+
+
+def parse_local_ranks(text: str) -> frozenset[int] | None:
+    """Parse ``--local-ranks-filter``: local ranks separated by commas.
+
+    Args:
+        text: the value; empty means every rank.
+
+    Returns:
+        The ranks, or None for every rank.
+
+    Raises:
+        ConfigurationError: an item is not a local rank (0..MAX_NPROC_PER_NODE-1).
+    """
+    value = text.strip()
+    if not value:
+        return None
+    ranks: set[int] = set()
+    for item in value.split(","):
+        item = item.strip()
+        if not (item.isascii() and item.isdigit()) or len(item) > 6:
+            raise ConfigurationError(
+                f"--local-ranks-filter {shown(text)}: expected local ranks separated by commas"
+            )
+        ranks.add(check_count(int(item), "--local-ranks-filter", 0, MAX_NPROC_PER_NODE - 1))
+    return frozenset(ranks)
+
+
+def parse_signals(text: str) -> tuple[signal.Signals, ...]:
+    """Parse ``--signals-to-handle``: names such as ``SIGTERM,SIGINT`` (``TERM`` too).
+
+    Args:
+        text: the value.
+
+    Returns:
+        The signals, in order.
+
+    Raises:
+        ConfigurationError: an unknown name, or SIGKILL, SIGSTOP or SIGCHLD.
+    """
+    out: list[signal.Signals] = []
+    for item in text.split(","):
+        name = item.strip().upper()
+        if not name:
+            continue
+        if not name.startswith("SIG"):
+            name = "SIG" + name
+        sig = signal.Signals.__members__.get(name)
+        if sig is None:
+            raise ConfigurationError(f"--signals-to-handle: unknown signal {shown(item.strip())}")
+        if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
+            raise ConfigurationError(f"--signals-to-handle: {name} cannot be handled")
+        out.append(sig)
+    return tuple(out)
+
+
+def check_port(value: int | None, what: str) -> int | None:
+    """Check a port number (0..65535; None passes).
+
+    Args:
+        value: the port, or None when not given.
+        what: the flag or variable, for the message.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ConfigurationError: out of range.
+    """
+    if value is None:
+        return None
+    return check_count(value, what, 0, 65535)
+
+
+def check_endpoint_ports(endpoint: str) -> None:
+    """Check the ports of ``--rdzv-endpoint`` (``host[:port][,host[:port]...]``).
+
+    A bare IPv6 address (several colons, no brackets) has no port to check.
+
+    Args:
+        endpoint: the value.
+
+    Raises:
+        ConfigurationError: a port is not a number in 0..65535.
+    """
+    for part in endpoint.split(","):
+        part = part.strip()
+        host, sep, port = part.rpartition(":")
+        if not sep or not host or (":" in host and not host.endswith("]")):
+            continue
+        if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
+            raise ConfigurationError(
+                f"--rdzv-endpoint {shown(endpoint)}: port {shown(port)} is not in 0..65535"
+            )
+
+
+def check_seconds(value: float, what: str, *, allow_zero: bool = False) -> float:
+    """Check a duration in seconds: finite, positive (or zero) and at most MAX_SECONDS.
+
+    Args:
+        value: the duration.
+        what: the flag or key, for the message (``--monitor-interval``).
+        allow_zero: whether 0 is allowed.
+
+    Returns:
+        ``value``.
+
+    Raises:
+        ConfigurationError: NaN, infinite, negative, zero when not allowed, or above a year.
+    """
+    if not math.isfinite(value):
+        raise ConfigurationError(f"{what} {value} is not a finite number of seconds")
+    if value < 0 or (value == 0 and not allow_zero):
+        bound = "not be negative" if allow_zero else "be positive"
+        raise ConfigurationError(f"{what} {value:g} must {bound}")
+    if value > MAX_SECONDS:
+        raise ConfigurationError(
+            f"{what} {value:g} is more than a year ({MAX_SECONDS:.0f} s), the longest "
+            "duration the stores' clocks take"
+        )
+    return value
+
+
+def parse_seconds(text: str, what: str, *, allow_zero: bool = False) -> float:
+    """Parse a duration in seconds from text, then :func:`check_seconds` it.
+
+    Args:
+        text: the value (``30``, ``0.5``, ``1e3``).
+        what: the flag, key or variable, for the message.
+        allow_zero: whether 0 is allowed.
+
+    Returns:
+        The duration.
+
+    Raises:
+        ConfigurationError: not a number, or out of range (see :func:`check_seconds`).
+    """
+    try:
+        value = float(text.strip())
+    except ValueError:
+        raise ConfigurationError(f"{what} {shown(text)} is not a number of seconds") from None
+    return check_seconds(value, what, allow_zero=allow_zero)
+
+
+def parse_torch_bool(text: str, what: str) -> bool:
+    """Parse a boolean as torch's RendezvousParameters.get_as_bool does.
+
+    Args:
+        text: ``1/0``, ``true/false``, ``t/f``, ``yes/no`` or ``y/n``, in any case.
+        what: the key, for the message.
+
+    Returns:
+        The boolean.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    value = text.strip().lower()
+    if value in _TRUE:
+        return True
+    if value in _FALSE:
+        return False
+    raise ConfigurationError(
+        f"{what} {shown(text)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
+    )
+
+
+def safe_run_id(run_id: str) -> str:
+    """Make a run id safe as a directory name, the same way on every node.
+
+    Keeps ``[A-Za-z0-9._-]`` and replaces every other character with ``_``; an id of dots
+    only (``.``, ``..``) becomes underscores; an id longer than MAX_RUN_ID_CHARS keeps its
+    first characters and ends in a digest of the whole, so two long ids stay apart.
+
+    Args:
+        run_id: the ``--rdzv-id`` value.
+
+    Returns:
+        The id to use everywhere (log directory, rendezvous keys, TORCHELASTIC_RUN_ID); equal
+        to ``run_id`` when that was safe.
+
+    Raises:
+        ConfigurationError: the id is empty or only white space.
+    """
+    if not run_id.strip():
+        raise ConfigurationError("--rdzv-id must not be empty")
+    safe = _RUN_ID_UNSAFE.sub("_", run_id)
+    if not safe.strip("."):
+        safe = "_" * len(safe)
+    if len(safe) > MAX_RUN_ID_CHARS:
+        digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
+        safe = f"{safe[: MAX_RUN_ID_CHARS - 9]}-{digest}"
+    return safe

@@ -1,0 +1,327 @@
+"""The pure parsers of the CLI's flag values and of --rdzv-conf: a checked value or one
+ConfigurationError, never another exception."""
+
+from __future__ import annotations
+
+import math
+import re
+import signal
+
+import pytest
+from hypothesis import given
+from hypothesis import strategies as st
+
+from elastic_run.agent.config import Std, StdSpec
+from elastic_run.cli.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
+from elastic_run.cli.values import (
+    MAX_NODES,
+    MAX_NPROC_PER_NODE,
+    MAX_RUN_ID_CHARS,
+    MAX_SECONDS,
+    check_count,
+    check_endpoint_ports,
+    check_port,
+    check_seconds,
+    parse_int,
+    parse_local_ranks,
+    parse_nnodes,
+    parse_nproc,
+    parse_seconds,
+    parse_signals,
+    parse_std,
+    parse_torch_bool,
+    safe_run_id,
+    shown,
+)
+from elastic_run.errors import ConfigurationError
+
+
+def _no_cuda() -> int:
+    return 0
+
+
+# ---- numbers ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [("1", (1, 1)), ("2:4", (2, 4)), (" 3 ", (3, 3)), ("1:1000000", (1, MAX_NODES))],
+)
+def test_parse_nnodes(text: str, expected: tuple[int, int]) -> None:
+    assert parse_nnodes(text) == expected
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("0", "at least 1"),
+        ("4:2", "MAX must not be less"),
+        ("a:b", "not N or MIN:MAX"),
+        ("1:2:3", "not N or MIN:MAX"),
+        ("", "not N or MIN:MAX"),
+        ("1.5", "not N or MIN:MAX"),
+        ("\u00b2", "not N or MIN:MAX"),
+        ("99999999999999999999999", "more than 1000000 nodes"),
+        ("1:1000001", "more than 1000000 nodes"),
+        ("9" * 5000, "far too large"),
+    ],
+)
+def test_parse_nnodes_rejects(text: str, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        parse_nnodes(text)
+
+
+def test_parse_nproc_forms() -> None:
+    assert parse_nproc("4", cpu_count=8, cuda_device_count=_no_cuda) == 4
+    assert parse_nproc("cpu", cpu_count=8, cuda_device_count=_no_cuda) == 8
+    assert parse_nproc("auto", cpu_count=8, cuda_device_count=_no_cuda) == 8
+    assert parse_nproc("auto", cpu_count=8, cuda_device_count=lambda: 2) == 2
+    assert parse_nproc("GPU", cpu_count=8, cuda_device_count=lambda: 2) == 2
+    assert parse_nproc(str(MAX_NPROC_PER_NODE), cpu_count=1, cuda_device_count=_no_cuda) == 1024
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("0", "at least 1"),
+        ("-1", "at least 1"),
+        ("many", "not a number, cpu, gpu or auto"),
+        ("gpu", "no CUDA device"),
+        ("1025", "more workers per node than any machine runs"),
+        ("100000000", "more workers per node than any machine runs"),
+        ("99999999999999999999999", "more workers per node than any machine runs"),
+    ],
+)
+def test_parse_nproc_rejects(text: str, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        parse_nproc(text, cpu_count=4, cuda_device_count=_no_cuda)
+
+
+def test_check_count_and_ports() -> None:
+    assert check_count(5, "--max-restarts", 0, 10) == 5
+    with pytest.raises(ConfigurationError, match=r"--max-restarts 11 is out of range \(0..10\)"):
+        check_count(11, "--max-restarts", 0, 10)
+    with pytest.raises(ConfigurationError, match=r"\.\.\. is out of range"):
+        check_count(10**100, "--node-rank", 0, 10)  # a huge number is shortened
+    assert check_port(None, "--master-port") is None
+    assert check_port(0, "--master-port") == 0
+    with pytest.raises(ConfigurationError, match="0..65535"):
+        check_port(65536, "--master-port")
+
+
+@pytest.mark.parametrize("text", ["12", "+3", "-4", " 7 "])
+def test_parse_int(text: str) -> None:
+    assert parse_int(text, "X") == int(text)
+
+
+@pytest.mark.parametrize("text", ["", "1.0", "0x10", "1_000", "\u0663", "9" * 31])
+def test_parse_int_rejects(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="^X "):
+        parse_int(text, "X")
+
+
+# ---- durations --------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("value", [0.001, 1.0, 30.0, MAX_SECONDS])
+def test_check_seconds_accepts(value: float) -> None:
+    assert check_seconds(value, "--monitor-interval") == value
+
+
+@pytest.mark.parametrize(
+    ("value", "allow_zero", "words"),
+    [
+        (math.nan, False, "not a finite number"),
+        (math.inf, False, "not a finite number"),
+        (-math.inf, True, "not a finite number"),
+        (0.0, False, "must be positive"),
+        (-1.0, True, "must not be negative"),
+        (MAX_SECONDS * 1.01, False, "more than a year"),
+        (1e300, True, "more than a year"),
+    ],
+)
+def test_check_seconds_rejects(value: float, allow_zero: bool, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        check_seconds(value, "--monitor-interval", allow_zero=allow_zero)
+
+
+def test_check_seconds_zero_where_allowed() -> None:
+    assert check_seconds(0.0, "--shutdown-timeout", allow_zero=True) == 0.0
+
+
+@given(st.one_of(st.text(), st.floats().map(repr), st.floats().map(str), st.integers().map(str)))
+def test_any_text_is_a_duration_in_range_or_a_configuration_error(text: str) -> None:
+    try:
+        value = parse_seconds(text, "--rdzv-conf join_timeout")
+    except ConfigurationError as exc:
+        assert "\n" not in str(exc)
+        return
+    assert math.isfinite(value) and 0 < value <= MAX_SECONDS
+
+
+@given(st.text())
+def test_any_text_is_nnodes_or_a_configuration_error(text: str) -> None:
+    try:
+        low, high = parse_nnodes(text)
+    except ConfigurationError:
+        return
+    assert 1 <= low <= high <= MAX_NODES
+
+
+@given(st.text())
+def test_any_text_is_nproc_or_a_configuration_error(text: str) -> None:
+    try:
+        count = parse_nproc(text, cpu_count=4, cuda_device_count=_no_cuda)
+    except ConfigurationError:
+        return
+    assert 1 <= count <= MAX_NPROC_PER_NODE
+
+
+# ---- streams, ranks, signals, endpoints ---------------------------------------------------
+
+
+def test_parse_std() -> None:
+    assert parse_std("", "--tee") == StdSpec()
+    assert parse_std("3", "--tee") == StdSpec(default=Std.ALL)
+    assert parse_std("0:1, 1:2", "--tee") == StdSpec(per_rank=((0, Std.OUT), (1, Std.ERR)))
+
+
+@pytest.mark.parametrize("text", ["7", "0:x,1", "\u00b2:1", "a:1", "9999999:1", "1024:1"])
+def test_parse_std_rejects(text: str) -> None:
+    with pytest.raises(ConfigurationError, match="--redirects"):
+        parse_std(text, "--redirects")
+
+
+def test_parse_local_ranks() -> None:
+    assert parse_local_ranks("") is None
+    assert parse_local_ranks("0, 2") == frozenset({0, 2})
+    for bad in ("a", "-1", "1,,2", "\u00b2", "99999999999999999999"):
+        with pytest.raises(ConfigurationError, match="--local-ranks-filter"):
+            parse_local_ranks(bad)
+
+
+def test_parse_signals() -> None:
+    assert parse_signals("SIGTERM, int,") == (signal.SIGTERM, signal.SIGINT)
+    for bad, words in (("SIGNOPE", "unknown signal"), ("KILL", "cannot be handled")):
+        with pytest.raises(ConfigurationError, match=words):
+            parse_signals(bad)
+
+
+@pytest.mark.parametrize("endpoint", ["", "host", "host:0", "a:1,b:2", "[::1]:29400", "fe80::1"])
+def test_check_endpoint_ports_accepts(endpoint: str) -> None:
+    check_endpoint_ports(endpoint)
+
+
+@pytest.mark.parametrize("endpoint", ["host:99999", "host:x", "host:\u00b2", "a:1,b:65536"])
+def test_check_endpoint_ports_rejects(endpoint: str) -> None:
+    with pytest.raises(ConfigurationError, match="not in 0..65535"):
+        check_endpoint_ports(endpoint)
+
+
+@pytest.mark.parametrize("text", ["1", "0", "TRUE", "false", "t", "F", "yes", "No", "y", "N"])
+def test_parse_torch_bool(text: str) -> None:
+    assert parse_torch_bool(text, "is_host") is (text.lower() in ("1", "true", "t", "yes", "y"))
+
+
+def test_shown_is_one_short_line() -> None:
+    assert shown("a\nb") == "'a\\nb'"
+    assert len(shown("x" * 1000)) <= 62
+
+
+# ---- run ids ----------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("given", "safe"),
+    [
+        ("job-42.a_b", "job-42.a_b"),
+        ("../../etc", ".._.._etc"),
+        ("a/b", "a_b"),
+        ("x\ny\x00", "x_y_"),
+        (".", "_"),
+        ("..", "__"),
+        ("...", "___"),
+        ("caf\u00e9", "caf_"),
+    ],
+)
+def test_safe_run_id(given: str, safe: str) -> None:
+    assert safe_run_id(given) == safe
+
+
+def test_a_long_run_id_keeps_its_start_and_stays_distinct() -> None:
+    first, second = safe_run_id("j" * 300), safe_run_id("j" * 301)
+    assert len(first) == len(second) == MAX_RUN_ID_CHARS
+    assert first.startswith("j" * 100) and first != second
+
+
+@pytest.mark.parametrize("given", ["", "   ", "\t"])
+def test_an_empty_run_id_is_an_error(given: str) -> None:
+    with pytest.raises(ConfigurationError, match="must not be empty"):
+        safe_run_id(given)
+
+
+@given(st.text(min_size=1).filter(lambda s: s.strip() != ""))
+def test_a_safe_run_id_is_a_plain_directory_name(given: str) -> None:
+    safe = safe_run_id(given)
+    assert re.fullmatch(r"[A-Za-z0-9._-]{1,128}", safe)
+    assert safe.strip(".") != ""
+    assert safe_run_id(safe) == safe  # stable: every node, and status, compute the same
+
+
+# ---- --rdzv-conf ------------------------------------------------------------------------
+
+
+def test_parse_rdzv_conf() -> None:
+    assert parse_rdzv_conf("") == ()
+    assert parse_rdzv_conf(" a = 1 ,b=2, a=3") == (("a", "3"), ("b", "2"))
+    assert parse_rdzv_conf("k=") == (("k", ""),)
+    for bad in ("timeout", "=1", "a=1,,b=2"):
+        with pytest.raises(ConfigurationError, match="expected key=value"):
+            parse_rdzv_conf(bad)
+
+
+@pytest.mark.parametrize(
+    "text",
+    [
+        "join_timeout=600,last_call_timeout=0,close_timeout=30,heartbeat_timeout=5",
+        "keep_alive_interval=0.5,keep_alive_max_attempt=1000,read_timeout=31536000,timeout=1",
+        "is_host=TRUE,use_libuv=n,store_type=File,protocol=HTTPS",
+        "no_such_key=nan,rank=3,ca_cert=/x",  # unknown keys pass through untouched
+    ],
+)
+def test_validate_rdzv_conf_accepts(text: str) -> None:
+    validate_rdzv_conf(parse_rdzv_conf(text))
+
+
+@pytest.mark.parametrize(
+    ("text", "words"),
+    [
+        ("keep_alive_interval=nan", "keep_alive_interval nan is not a finite"),
+        ("keep_alive_interval=inf", "not a finite"),
+        ("join_timeout=-inf", "not a finite"),
+        ("read_timeout=1e300", "more than a year"),
+        ("timeout=31536001", "more than a year"),
+        ("heartbeat_timeout=0", "must be positive"),
+        ("close_timeout=soon", "not a number of seconds"),
+        ("last_call_timeout=-1", "must not be negative"),
+        ("keep_alive_max_attempt=0", "out of range (1..1000)"),
+        ("keep_alive_max_attempt=1001", "out of range (1..1000)"),
+        ("keep_alive_max_attempt=2.5", "not a whole number"),
+        ("keep_alive_max_attempt=99999999999999999999", "not a whole number"),
+        ("is_host=maybe", "not a boolean"),
+        ("use_libuv=2", "not a boolean"),
+        ("store_type=redis", "must be tcp or file"),
+        ("protocol=ftp", "must be http or https"),
+    ],
+)
+def test_validate_rdzv_conf_rejects(text: str, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=re.escape(words)):
+        validate_rdzv_conf(parse_rdzv_conf(text))
+
+
+@given(st.text())
+def test_any_rdzv_conf_text_is_pairs_or_a_configuration_error(text: str) -> None:
+    try:
+        validate_rdzv_conf(parse_rdzv_conf(text))
+    except ConfigurationError as exc:
+        assert "\n" not in str(exc)
