@@ -386,6 +386,9 @@ class BoundedHTTPServer:
         try:
             conn.setblocking(False)
             conn.send(reply)  # a fresh connection's send buffer takes it whole
+            # Read what already came: closing on unread bytes resets the connection, and a
+            # reset can discard the reply before the client reads it.
+            conn.recv(_RECV_BYTES)
         except OSError:
             pass
         _close(conn)

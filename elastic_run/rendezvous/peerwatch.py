@@ -191,7 +191,7 @@ class AliveListener:
         if self._accept_pause.failed(time.monotonic()):
             log.warning(
                 "death-notice listener on port %d cannot accept (%s); its port stays open, "
-                "pausing and retrying (logged once until it accepts again)",
+                "pausing and retrying (not logged again until it recovers)",
                 self.port,
                 exc.strerror or exc,
             )
