@@ -28,9 +28,9 @@ the port, or exhaust the node's descriptors (through this port or any other serv
 agent), and none of that closes the port: the listener's thread catches every error of a client
 and of ``accept()``, and keeps listening (see below). While the port is open, the kernel
 completes handshakes into the backlog or, with the backlog full, drops SYNs, so a watcher sees a
-connect that is never greeted or that times out: no verdict. (A middlebox that forges a reset
-or an ICMP "port unreachable" can fake it; so can it cut any TCP traffic. Heartbeats remain the
-fallback for a silent node either way.)
+connect that is never greeted or that times out: no verdict. (Only something on the path that
+forges a reset or an ICMP "port unreachable" can fake a refusal, as it can fake any TCP traffic;
+heartbeats still judge a silent node.)
 
 Invariants:
 - One thread per object, each with ``close()`` and a bounded join. A wake-up pipe is closed
