@@ -253,11 +253,11 @@ def test_300_slow_clients_add_no_thread_and_a_prober_still_gets_in(
             30,
             message=lambda: f"only {sum(map(_is_cut, slow))} of 300 slow clients were cut",
         )
-        assert threading.active_count() == threads
-        assert _threads_of_this_process() == tasks
+        assert threading.active_count() <= threads
+        assert _threads_of_this_process() <= tasks
         status, _, body = request(server.port, "/healthz")
         assert (status, json.loads(body)["status"]) == (200, "ok")
-        assert threading.active_count() == threads
+        assert threading.active_count() <= threads
     finally:
         for sock in slow:
             sock.close()
