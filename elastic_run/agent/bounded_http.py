@@ -78,7 +78,7 @@ class _Reading:
     data: bytearray = field(default_factory=bytearray)
 
 
-def canned_reply(status: int, reason: str, message: str) -> bytes:
+def _canned_reply(status: int, reason: str, message: str) -> bytes:
     """A complete HTTP/1.0 reply with a small JSON body, for answering without a worker.
 
     Args:
@@ -97,8 +97,8 @@ def canned_reply(status: int, reason: str, message: str) -> bytes:
     return head.encode() + body
 
 
-_BUSY = canned_reply(503, "Service Unavailable", "the health server is busy; try again")
-_NO_DESCRIPTORS = canned_reply(
+_BUSY = _canned_reply(503, "Service Unavailable", "the health server is busy; try again")
+_NO_DESCRIPTORS = _canned_reply(
     503, "Service Unavailable", "the agent is short of file descriptors; try again"
 )
 
