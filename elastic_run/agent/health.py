@@ -8,36 +8,54 @@ Routes (GET only; other methods get 405, malformed requests 400, unknown paths 4
 - ``/metrics``: ``metrics_fn()`` in the Prometheus text format, each name as
   ``elastic_run_<name>``.
 
-Invariants: the server runs on its own threads (one per request, daemon, with a socket timeout),
-so a slow or stalled client never delays another one, and the agent's loop never waits on it;
-the callbacks it calls must be cheap and thread-safe (read a snapshot). :class:`Liveness` is the
-pure part: named progress timestamps judged against a timeout on an injectable clock.
+Two front doors to one server:
+
+- :class:`AgentHealthServer` ``(addr, port, *, status_fn, liveness_fn, metrics_fn)``: the
+  agent's, fed by a :class:`Liveness` (the pure part: named progress timestamps judged against a
+  timeout on an injectable clock) and the agent's snapshot.
+- :class:`HealthCheckServer` ``(alive_callback, port, timeout)`` and
+  :func:`create_healthcheck_server`: torch's documented API
+  (``torch.distributed.elastic.agent.server.health_check_server``). torch's open-source one only
+  logs; this one serves the routes above, alive while ``time.time() - alive_callback() <
+  timeout`` (the callback returns the epoch seconds of the last progress, as in torch).
+
+Invariants: requests are served by :class:`~elastic_run.agent.bounded_http.BoundedHTTPServer`
+(one selector thread, a pool of 4 workers, at most 64 connections, a 5 s deadline to send a
+request, descriptors reserved for the agent), so no client, slow or many, can add threads, take
+the agent's file descriptors or stop the server; the agent's loop never waits on it. The
+callbacks run on the pool's threads and must be cheap and thread-safe (read a snapshot).
 """
 
 from __future__ import annotations
 
 import errno
+import io
 import json
 import logging
 import math
 import re
-import sys
 import threading
 import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from http.server import BaseHTTPRequestHandler
+from typing import overload
 
+from elastic_run.agent.bounded_http import BoundedHTTPServer
 from elastic_run.errors import AgentError, ConfigurationError
 
-__all__ = ["HealthCheckServer", "Liveness", "render_metrics"]
+__all__ = [
+    "AgentHealthServer",
+    "HealthCheckServer",
+    "Liveness",
+    "create_healthcheck_server",
+    "render_metrics",
+]
 
 logger = logging.getLogger(__name__)
 
 _METRIC_PREFIX = "elastic_run_"
 _INVALID_METRIC_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
-_REQUEST_SOCKET_TIMEOUT_S = 5.0
-_SERVE_POLL_S = 0.1
 
 
 class Liveness:
@@ -149,12 +167,28 @@ def _json_bytes(body: object) -> bytes:
 
 
 class _Handler(BaseHTTPRequestHandler):
-    server: _Server
-    timeout = _REQUEST_SOCKET_TIMEOUT_S
+    """Parse one request that was already read, and build the reply in memory.
+
+    Not socketserver's life cycle: the bounded server reads the request and sends the reply, so
+    this handler never touches the socket; ``http.server`` still parses, validates and formats.
+    """
+
     protocol_version = "HTTP/1.0"
     # Error replies to requests without a version still carry a status line and headers.
     default_request_version = "HTTP/1.0"
     server_version = "elastic-run-health"
+
+    def __init__(self, request: bytes, client: tuple[str, int], owner: AgentHealthServer) -> None:
+        self.client_address = client
+        self.owner = owner
+        self.rfile = io.BytesIO(request)
+        self.wfile = io.BytesIO()
+        self.handle()
+
+    def reply(self) -> bytes:
+        """The reply's bytes."""
+        assert isinstance(self.wfile, io.BytesIO)
+        return self.wfile.getvalue()
 
     def do_GET(self) -> None:  # noqa: N802 (the stdlib's naming)
         path = self.path.split("?", 1)[0]
@@ -170,7 +204,7 @@ class _Handler(BaseHTTPRequestHandler):
         self._send(status, data, content_type)
 
     def _route(self, path: str) -> tuple[HTTPStatus, bytes, str]:
-        owner = self.server.owner
+        owner = self.owner
         if path == "/healthz":
             ok, reason = owner.liveness_fn()
             if ok:
@@ -224,28 +258,8 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("health server %s: " + format, self.address_string(), *args)
 
 
-class _Server(ThreadingHTTPServer):
-    daemon_threads = True
-    block_on_close = False
-    # socketserver's default backlog of 5 drops the SYNs of a burst of probes and scrapers;
-    # a dropped SYN is retried after 1, 3, 7 s, which reads as a dead agent.
-    request_queue_size = 128
-
-    def __init__(self, address: tuple[str, int], owner: HealthCheckServer) -> None:
-        self.owner = owner
-        super().__init__(address, _Handler)
-
-    def handle_error(self, request: object, client_address: object) -> None:
-        # A client that hangs up or times out is routine; anything else is a bug worth a trace.
-        exc = sys.exc_info()[1]
-        if isinstance(exc, (ConnectionError, TimeoutError)):
-            logger.debug("health server: client %s: %s", client_address, exc)
-        else:
-            logger.exception("health server: error serving %s", client_address)
-
-
-class HealthCheckServer:
-    """Serve the agent's health, status and metrics over HTTP on its own threads.
+class AgentHealthServer:
+    """Serve the agent's health, status and metrics over HTTP on a bounded set of threads.
 
     Args:
         addr: the address to bind (``127.0.0.1`` unless it must be reachable from elsewhere).
@@ -269,8 +283,7 @@ class HealthCheckServer:
         self.status_fn = status_fn
         self.liveness_fn = liveness_fn
         self.metrics_fn = metrics_fn
-        self._server: _Server | None = None
-        self._thread: threading.Thread | None = None
+        self._server: BoundedHTTPServer | None = None
 
     @property
     def port(self) -> int:
@@ -283,7 +296,7 @@ class HealthCheckServer:
         return self._addr
 
     def start(self) -> None:
-        """Bind and start serving on a daemon thread.
+        """Bind and start serving on the server's own threads.
 
         Raises:
             ConfigurationError: the address cannot be bound (the port is taken, for example).
@@ -291,8 +304,13 @@ class HealthCheckServer:
         """
         if self._server is not None:
             raise AgentError("health-check server is already started")
+        server = BoundedHTTPServer(self._addr, self._port, self._respond, name="health-check")
         try:
-            server = _Server((self._addr, self._port), self)
+            server.start()
+        except OverflowError as exc:  # socket's word for a port outside 0-65535
+            raise ConfigurationError(
+                f"cannot bind the health-check server to {self._addr}:{self._port}: {exc}"
+            ) from exc
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigurationError(
@@ -304,31 +322,165 @@ class HealthCheckServer:
                 f"{exc.strerror or exc}"
             ) from exc
         self._server = server
-        self._port = int(server.server_address[1])
-        self._thread = threading.Thread(
-            target=server.serve_forever,
-            kwargs={"poll_interval": _SERVE_POLL_S},
-            name=f"health-check:{self._port}",
-            daemon=True,
-        )
-        self._thread.start()
+        self._port = server.port
 
     def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving and close the socket; requests in flight finish on their own threads.
+        """Stop serving and close the port; requests already read are still answered.
 
         Args:
-            timeout_s: the longest to wait for the serving thread to end.
+            timeout_s: the longest to wait for the server's threads.
 
         Raises:
-            AgentError: the serving thread did not end within ``timeout_s``.
+            AgentError: the accepting thread did not end within ``timeout_s``.
         """
-        server, thread = self._server, self._thread
-        if server is None or thread is None:
+        server, self._server = self._server, None
+        if server is not None:
+            server.stop(timeout_s)
+
+    def _respond(self, request: bytes, client: tuple[str, int]) -> bytes:
+        return _Handler(request, client, self).reply()
+
+
+class HealthCheckServer:
+    """torch's health-check server API, serving ``/healthz`` (and the other routes) over HTTP.
+
+    ``GET /healthz`` answers 200 while ``clock() - alive_callback() < timeout``, else 503 with
+    the reason; ``/status`` shows the last progress; ``/metrics`` the seconds since it.
+
+    Args:
+        alive_callback: returns the epoch seconds (``time.time()``) of the agent's last
+            progress, as in torch.
+        port: the port; 0 picks a free one (see :attr:`port` after :meth:`start`).
+        timeout: seconds without progress after which the agent is reported dead.
+        addr: (ours) the address to bind; 127.0.0.1 unless it must be reachable from elsewhere.
+        clock: (ours) the epoch clock ``alive_callback``'s times are on.
+
+    Raises:
+        ConfigurationError: ``timeout`` is not positive.
+        TypeError: neither torch's arguments nor the old keyword form (below) were given.
+
+    Temporary compatibility: ``HealthCheckServer(addr, port, status_fn=..., liveness_fn=...,
+    metrics_fn=...)``, the old name of :class:`AgentHealthServer`, still builds that server.
+    """
+
+    @overload
+    def __init__(
+        self,
+        alive_callback: Callable[[], float],
+        port: int,
+        timeout: float,
+        *,
+        addr: str = "127.0.0.1",
+        clock: Callable[[], float] = time.time,
+    ) -> None: ...
+
+    @overload
+    def __init__(  # compatibility: the old AgentHealthServer form (to delete)
+        self,
+        alive_callback: str,
+        port: int,
+        *,
+        status_fn: Callable[[], dict[str, object]],
+        liveness_fn: Callable[[], tuple[bool, str]],
+        metrics_fn: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None: ...
+
+    def __init__(
+        self,
+        alive_callback: Callable[[], float] | str,
+        port: int,
+        timeout: float | None = None,
+        *,
+        addr: str = "127.0.0.1",
+        clock: Callable[[], float] = time.time,
+        status_fn: Callable[[], dict[str, object]] | None = None,
+        liveness_fn: Callable[[], tuple[bool, str]] | None = None,
+        metrics_fn: Callable[[], Mapping[str, float]] | None = None,
+    ) -> None:
+        if status_fn is not None or liveness_fn is not None:  # compatibility (to delete)
+            if not isinstance(alive_callback, str) or status_fn is None or liveness_fn is None:
+                raise TypeError("HealthCheckServer(addr, port, status_fn=..., liveness_fn=...)")
+            self._server = AgentHealthServer(
+                alive_callback,
+                port,
+                status_fn=status_fn,
+                liveness_fn=liveness_fn,
+                metrics_fn=metrics_fn,
+            )
             return
-        server.shutdown()
-        thread.join(timeout_s)
-        server.server_close()
-        self._server = None
-        self._thread = None
-        if thread.is_alive():
-            raise AgentError(f"health-check server thread did not stop in {timeout_s} s")
+        if isinstance(alive_callback, str) or not callable(alive_callback) or timeout is None:
+            raise TypeError("HealthCheckServer(alive_callback, port, timeout)")
+        if not timeout > 0:
+            raise ConfigurationError(f"health-check timeout must be positive, got {timeout}")
+        self._alive_callback = alive_callback
+        self._timeout = timeout
+        self._clock = clock
+        self._server = AgentHealthServer(
+            addr, port, status_fn=self._status, liveness_fn=self.check, metrics_fn=self._metrics
+        )
+
+    @property
+    def port(self) -> int:
+        """The bound port once started (the requested one before)."""
+        return self._server.port
+
+    @property
+    def addr(self) -> str:
+        """The bound address."""
+        return self._server.addr
+
+    def start(self) -> None:
+        """Bind and start serving on the server's own threads.
+
+        Raises:
+            ConfigurationError: the address cannot be bound (the port is taken, for example).
+            AgentError: the server was already started.
+        """
+        self._server.start()
+
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop serving and free the port.
+
+        Args:
+            timeout_s: the longest to wait for the server's threads.
+
+        Raises:
+            AgentError: the accepting thread did not end within ``timeout_s``.
+        """
+        self._server.stop(timeout_s)
+
+    def check(self) -> tuple[bool, str]:
+        """Judge the agent alive: progress within ``timeout`` seconds.
+
+        Returns:
+            ``(True, "")`` when alive, else ``(False, reason)``.
+        """
+        age = self._clock() - float(self._alive_callback())
+        if age < self._timeout:
+            return True, ""
+        return False, f"the agent made no progress for {age:.1f} s (timeout {self._timeout:g} s)"
+
+    def _status(self) -> dict[str, object]:
+        return {"last_progress": float(self._alive_callback()), "timeout_s": self._timeout}
+
+    def _metrics(self) -> dict[str, float]:
+        return {"seconds_since_progress": self._clock() - float(self._alive_callback())}
+
+
+def create_healthcheck_server(
+    alive_callback: Callable[[], float], port: int, timeout: float
+) -> HealthCheckServer:
+    """Create torch's health-check server (not started; call its ``start()``).
+
+    Args:
+        alive_callback: returns the epoch seconds of the agent's last progress.
+        port: the port; 0 picks a free one.
+        timeout: seconds without progress after which the agent is reported dead.
+
+    Returns:
+        The server.
+
+    Raises:
+        ConfigurationError: ``timeout`` is not positive.
+    """
+    return HealthCheckServer(alive_callback, port, timeout)

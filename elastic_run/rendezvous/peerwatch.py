@@ -17,15 +17,38 @@ The verdict "dead" needs both facts, so nothing on the path can fake one:
 Everything else gives no verdict and heartbeats decide as before: a connect that is refused
 before any greeting (a firewall rejecting the port), a timeout or an unreachable host (the host
 itself is gone), a different greeting (the port was reused), a reconnect that greets again (a
-middlebox dropped an idle connection). A node that leaves on purpose closes its listener too,
-which is right: it also drops its heartbeat.
+middlebox dropped an idle connection), a connect that is never greeted (the listener is full or
+out of descriptors). A node that leaves on purpose closes its listener too, which is right: it
+also drops its heartbeat.
+
+Why no client but the node itself can cause a false "dead": the second fact, a refused connect,
+happens only when nothing listens on the port, and the listener's port closes only when its
+process ends or calls :meth:`AliveListener.close`. A client can end its own connection, flood
+the port, or exhaust the node's descriptors (through this port or any other server of the
+agent), and none of that closes the port: the listener's thread catches every error of a client
+and of ``accept()``, and keeps listening (see below). While the port is open, the kernel
+completes handshakes into the backlog or, with the backlog full, drops SYNs, so a watcher sees a
+connect that is never greeted or that times out: no verdict. (Only something on the path that
+forges a reset or an ICMP "port unreachable" can fake a refusal, as it can fake any TCP traffic;
+heartbeats still judge a silent node.)
 
 Invariants:
 - One thread per object, each with ``close()`` and a bounded join. A wake-up pipe is closed
   only after its thread ended and is never written after ``close()``: a reused descriptor
   number would be another socket of this process (a store connection).
+- The listener's port stays open until ``close()``. No exception of one client, and no
+  ``accept()`` error, ends its thread: an error of one pending connection (ECONNABORTED...) is
+  skipped; running out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) is logged
+  once per episode, and accepting pauses (50 ms, doubling up to 1 s: the port is taken out of
+  the selector, so the loop does not spin) and resumes. Waiting connections stay in the backlog
+  and are greeted once descriptors free; a watcher waits ``CONNECT_TIMEOUT_S`` for a greeting,
+  so a short pressure costs it nothing. (Chosen over keeping a spare descriptor to
+  accept-and-close under EMFILE: that turns every waiting watcher into "no greeting", and the
+  freed descriptor races with the agent's other threads, which need it more.)
 - The listener holds at most ``MAX_CONNECTIONS`` clients; past that it closes new ones, so a
   stranger can delay a verdict (heartbeats then decide) but never exhaust the agent's files.
+- A watch's thread survives its own errors (out of descriptors to connect or to poll): each is
+  a "no verdict" and it tries again after ``RETRY_S``; an error in ``on_dead`` is logged.
 """
 
 from __future__ import annotations
@@ -36,8 +59,11 @@ import os
 import selectors
 import socket
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
+
+from elastic_run.descriptors import AcceptPause, accept_error_kind
 
 __all__ = ["AliveListener", "PeerWatch", "greeting"]
 
@@ -53,6 +79,7 @@ FIRST_RETRY_S = 0.01
 _GREETING_PREFIX = b"elastic-run alive "
 _MAX_GREETING = 256
 _JOIN_S = 5.0
+_ACCEPTS_PER_BURST = 64
 
 
 def greeting(node_id: str) -> bytes:
@@ -81,6 +108,8 @@ class AliveListener:
         self._wake_r, self._wake_w = os.pipe()
         self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._clients: set[socket.socket] = set()
+        self._accepting = True
+        self._accept_pause = AcceptPause()
         self._closed = threading.Event()
         self._thread = threading.Thread(target=self._serve, name="elastic-run-alive", daemon=True)
         self._thread.start()
@@ -99,37 +128,88 @@ class AliveListener:
         _close_pipe_after(self._thread, self._wake_r, self._wake_w)
 
     def _serve(self) -> None:
+        loop_pause = AcceptPause()
         try:
             while not self._closed.is_set():
-                for key, _ in self._selector.select():
-                    if key.fileobj is self._server:
-                        self._accept()
-                    elif key.fileobj != self._wake_r:
-                        self._drain(key.fileobj)  # type: ignore[arg-type]
+                try:
+                    self._serve_once()
+                    loop_pause.succeeded()
+                except Exception:
+                    # Never end the thread (that would close the port: a false death notice).
+                    if loop_pause.failed(time.monotonic()):
+                        log.exception("death-notice listener: unexpected error; going on")
+                    resume_at = loop_pause.resume_at or 0.0
+                    self._closed.wait(max(0.0, resume_at - time.monotonic()))
         finally:
             for conn in list(self._clients):
                 self._drop(conn)
             self._selector.close()
             self._server.close()
 
+    def _serve_once(self) -> None:
+        now = time.monotonic()
+        if not self._accepting and not self._accept_pause.is_paused(now):
+            self._selector.register(self._server, selectors.EVENT_READ)
+            self._accepting = True
+        resume_at = None if self._accepting else self._accept_pause.resume_at
+        timeout = None if resume_at is None else max(0.0, resume_at - now)
+        for key, _ in self._selector.select(timeout):
+            if key.fileobj is self._server:
+                self._accept()
+            elif key.fileobj != self._wake_r:
+                conn = key.fileobj
+                assert isinstance(conn, socket.socket)
+                try:
+                    self._drain(conn)
+                except Exception:
+                    log.exception("death-notice listener: error serving a client; dropped it")
+                    self._drop(conn)
+
     def _accept(self) -> None:
-        try:
-            conn, _ = self._server.accept()
-        except (BlockingIOError, InterruptedError, ConnectionAbortedError):
-            return
+        for _ in range(_ACCEPTS_PER_BURST):
+            try:
+                conn, _ = self._server.accept()
+            except (BlockingIOError, InterruptedError):
+                return
+            except OSError as exc:
+                if accept_error_kind(exc) == "connection":
+                    continue
+                self._pause_accepting(exc)
+                return
+            failures = self._accept_pause.succeeded()
+            if failures:
+                log.warning(
+                    "death-notice listener on port %d accepts again (after %d failed tries)",
+                    self.port,
+                    failures,
+                )
+            self._admit(conn)
+
+    def _pause_accepting(self, exc: OSError) -> None:
+        self._selector.unregister(self._server)
+        self._accepting = False
+        if self._accept_pause.failed(time.monotonic()):
+            log.warning(
+                "death-notice listener on port %d cannot accept (%s); its port stays open, "
+                "pausing and retrying (not logged again until it recovers)",
+                self.port,
+                exc.strerror or exc,
+            )
+
+    def _admit(self, conn: socket.socket) -> None:
         if len(self._clients) >= MAX_CONNECTIONS:
             conn.close()
             return
         try:
-            conn.setblocking(True)
-            conn.settimeout(1.0)
-            conn.sendall(self._greeting)
             conn.setblocking(False)
-        except OSError:
+            # A new connection's send buffer takes the short greeting whole; never block here.
+            if conn.send(self._greeting) != len(self._greeting):
+                raise BlockingIOError
+            self._selector.register(conn, selectors.EVENT_READ)
+        except (OSError, ValueError):
             conn.close()
             return
         self._clients.add(conn)
-        self._selector.register(conn, selectors.EVENT_READ)
 
     def _drain(self, conn: socket.socket) -> None:
         try:
@@ -223,22 +303,43 @@ class PeerWatch:
             return self._target, self._closed
 
     def _run(self) -> None:
+        failing = False
         while True:
-            self._changed.clear()
-            target, closed = self._current()
-            if closed:
-                self._set_state("closed")
-                return
-            if target is None:
-                self._set_state("idle")
-                self._changed.wait()
-                continue
-            if self._watch(target):
+            try:
+                if self._run_once():
+                    return
+                failing = False
+            except Exception as exc:
+                # Never end the watch on its own error: report no verdict and try again.
+                if not failing:
+                    log.exception("peer watch: unexpected error; trying again")
+                failing = True
+                target, _ = self._current()
+                who = target.node_id if target is not None else "nobody"
+                self._set_state(f"no verdict {who}: {type(exc).__name__}")
+                self._interrupted(RETRY_S)
+
+    def _run_once(self) -> bool:
+        """One step of the thread: True when the watch is closed."""
+        self._changed.clear()
+        target, closed = self._current()
+        if closed:
+            self._set_state("closed")
+            return True
+        if target is None:
+            self._set_state("idle")
+            self._changed.wait()
+            return False
+        if self._watch(target):
+            try:
                 self._on_dead(target.node_id)
-                self._set_state(f"dead {target.node_id}")
-                with self._lock:
-                    if self._target == target:
-                        self._target = None
+            except Exception:
+                log.exception("peer watch: on_dead(%r) failed", target.node_id)
+            self._set_state(f"dead {target.node_id}")
+            with self._lock:
+                if self._target == target:
+                    self._target = None
+        return False
 
     def _interrupted(self, wait_s: float) -> bool:
         """Sleep up to ``wait_s``; True when the target changed or the watch closed meanwhile."""
@@ -295,7 +396,8 @@ class PeerWatch:
     def _hold(self, sock: socket.socket) -> bool:
         """Block on ``sock``; True when the peer ended it, False when interrupted."""
         sock.setblocking(False)
-        with selectors.DefaultSelector() as sel:
+        # poll(2), not epoll: it needs no descriptor of its own, so it works when none is left.
+        with selectors.PollSelector() as sel:
             sel.register(sock, selectors.EVENT_READ)
             sel.register(self._wake_r, selectors.EVENT_READ)
             while True:

@@ -1,28 +1,23 @@
-"""The health-check server over real HTTP on a free port; liveness judged on a fake clock."""
+"""The agent's health-check server over real HTTP on a free port; liveness on a fake clock.
+
+Also the attack that once took an agent down: 300 slow clients against the server.
+"""
 
 from __future__ import annotations
 
 import http.client
 import json
+import os
 import socket
 import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from elastic_run.agent.health import HealthCheckServer, Liveness, render_metrics
+from elastic_run.agent.health import AgentHealthServer, HealthCheckServer, Liveness, render_metrics
 from elastic_run.errors import ConfigurationError
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; raise AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+from tests.helpers import wait_until
 
 
 class FakeClock:
@@ -46,8 +41,8 @@ def liveness(clock: FakeClock) -> Liveness:
 
 
 @pytest.fixture
-def server(liveness: Liveness) -> Iterator[HealthCheckServer]:
-    srv = HealthCheckServer(
+def server(liveness: Liveness) -> Iterator[AgentHealthServer]:
+    srv = AgentHealthServer(
         "127.0.0.1",
         0,
         status_fn=lambda: {"state": "HEALTHY", "restarts": 0, "workers": [0, 1]},
@@ -74,7 +69,7 @@ def request(
 
 
 def test_healthz_flips_with_the_fake_clock(
-    server: HealthCheckServer, liveness: Liveness, clock: FakeClock
+    server: AgentHealthServer, liveness: Liveness, clock: FakeClock
 ) -> None:
     status, headers, body = request(server.port, "/healthz")
     assert status == 200
@@ -111,13 +106,13 @@ def test_liveness_rejects_a_bad_timeout() -> None:
         Liveness(timeout_s=0)
 
 
-def test_status_is_served_as_json(server: HealthCheckServer) -> None:
+def test_status_is_served_as_json(server: AgentHealthServer) -> None:
     status, _, body = request(server.port, "/status")
     assert status == 200
     assert json.loads(body) == {"state": "HEALTHY", "restarts": 0, "workers": [0, 1]}
 
 
-def test_metrics_are_prometheus_text(server: HealthCheckServer) -> None:
+def test_metrics_are_prometheus_text(server: AgentHealthServer) -> None:
     status, headers, body = request(server.port, "/metrics")
     assert status == 200
     assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
@@ -139,13 +134,13 @@ def test_render_metrics_special_values() -> None:
     assert "elastic_run_c -Inf" in text
 
 
-def test_unknown_path_is_404(server: HealthCheckServer) -> None:
+def test_unknown_path_is_404(server: AgentHealthServer) -> None:
     status, _, _ = request(server.port, "/nope")
     assert status == 404
 
 
 @pytest.mark.parametrize("method", ["POST", "PUT", "DELETE", "HEAD", "BREW"])
-def test_other_methods_are_refused(server: HealthCheckServer, method: str) -> None:
+def test_other_methods_are_refused(server: AgentHealthServer, method: str) -> None:
     status, headers, _ = request(server.port, "/healthz", method=method)
     assert status == 405
     assert headers["Allow"] == "GET"
@@ -154,7 +149,7 @@ def test_other_methods_are_refused(server: HealthCheckServer, method: str) -> No
 @pytest.mark.parametrize(
     "raw", [b"GARBAGE\r\n\r\n", b"GET /healthz HTTP/9.x\r\n\r\n", b"GET\r\n\r\n"]
 )
-def test_malformed_requests_are_400(server: HealthCheckServer, raw: bytes) -> None:
+def test_malformed_requests_are_400(server: AgentHealthServer, raw: bytes) -> None:
     with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
         sock.sendall(raw)
         reply = b""
@@ -167,7 +162,7 @@ def test_failing_callback_is_500(liveness: Liveness) -> None:
     def broken() -> dict[str, object]:
         raise RuntimeError("status unavailable")
 
-    srv = HealthCheckServer("127.0.0.1", 0, status_fn=broken, liveness_fn=liveness.check)
+    srv = AgentHealthServer("127.0.0.1", 0, status_fn=broken, liveness_fn=liveness.check)
     srv.start()
     try:
         status, _, body = request(srv.port, "/status")
@@ -179,14 +174,14 @@ def test_failing_callback_is_500(liveness: Liveness) -> None:
 
 
 def test_port_in_use_is_a_configuration_error(
-    server: HealthCheckServer, liveness: Liveness
+    server: AgentHealthServer, liveness: Liveness
 ) -> None:
-    clash = HealthCheckServer("127.0.0.1", server.port, status_fn=dict, liveness_fn=liveness.check)
+    clash = AgentHealthServer("127.0.0.1", server.port, status_fn=dict, liveness_fn=liveness.check)
     with pytest.raises(ConfigurationError, match=f"port {server.port} .* already in use"):
         clash.start()
 
 
-def test_slow_client_does_not_block_the_others(server: HealthCheckServer) -> None:
+def test_slow_client_does_not_block_the_others(server: AgentHealthServer) -> None:
     slow = socket.create_connection(("127.0.0.1", server.port), timeout=10)
     try:
         slow.sendall(b"GET /healthz HTTP/1.1\r\nHost: loc")  # half a request, then silence
@@ -204,7 +199,7 @@ def test_slow_client_does_not_block_the_others(server: HealthCheckServer) -> Non
 
 
 def test_stop_returns_with_a_stalled_client_connected(liveness: Liveness) -> None:
-    srv = HealthCheckServer("127.0.0.1", 0, status_fn=dict, liveness_fn=liveness.check)
+    srv = AgentHealthServer("127.0.0.1", 0, status_fn=dict, liveness_fn=liveness.check)
     srv.start()
     port = srv.port
     stalled = socket.create_connection(("127.0.0.1", port), timeout=10)
@@ -216,3 +211,67 @@ def test_stop_returns_with_a_stalled_client_connected(liveness: Liveness) -> Non
             request(port, "/healthz", timeout_s=2)
     finally:
         stalled.close()
+
+
+def test_a_port_outside_the_range_is_a_configuration_error(liveness: Liveness) -> None:
+    srv = AgentHealthServer("127.0.0.1", 70000, status_fn=dict, liveness_fn=liveness.check)
+    with pytest.raises(ConfigurationError, match="70000"):
+        srv.start()
+
+
+def _is_cut(sock: socket.socket) -> bool:
+    """Whether the server closed ``sock`` (EOF or reset), without waiting (non-blocking)."""
+    try:
+        return sock.recv(1, socket.MSG_PEEK) == b""
+    except BlockingIOError:
+        return False
+    except ConnectionResetError:
+        return True
+
+
+def _threads_of_this_process() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def test_300_slow_clients_add_no_thread_and_a_prober_still_gets_in(
+    server: AgentHealthServer,
+) -> None:
+    # The attack that took an agent from 11 to 312 threads and past its descriptor limit:
+    # clients that connect and send nothing, or one byte and then (for a long while) nothing.
+    threads, tasks = threading.active_count(), _threads_of_this_process()
+    slow: list[socket.socket] = []
+    try:
+        for i in range(300):
+            sock = socket.create_connection(("127.0.0.1", server.port), timeout=10)
+            if i % 2:
+                sock.sendall(b"G")
+            sock.setblocking(False)
+            slow.append(sock)
+        # The server took every connection, and closed all but the newest it may hold.
+        wait_until(
+            lambda: sum(map(_is_cut, slow)) >= 300 - 64,
+            30,
+            message=lambda: f"only {sum(map(_is_cut, slow))} of 300 slow clients were cut",
+        )
+        assert threading.active_count() <= threads
+        assert _threads_of_this_process() <= tasks
+        status, _, body = request(server.port, "/healthz")
+        assert (status, json.loads(body)["status"]) == (200, "ok")
+        assert threading.active_count() <= threads
+    finally:
+        for sock in slow:
+            sock.close()
+
+
+# -- the old keyword form of HealthCheckServer (delete with its compatibility path) --------
+
+
+def test_the_old_keyword_form_still_builds_the_agent_server(liveness: Liveness) -> None:
+    srv = HealthCheckServer("127.0.0.1", 0, status_fn=lambda: {"a": 1}, liveness_fn=liveness.check)
+    srv.start()
+    try:
+        assert srv.addr == "127.0.0.1"
+        assert request(srv.port, "/status")[2] == b'{"a": 1}\n'
+        assert request(srv.port, "/healthz")[0] == 200
+    finally:
+        srv.stop()

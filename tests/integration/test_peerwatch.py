@@ -3,13 +3,18 @@
 The listener runs in a subprocess, so its death is a real SIGKILL and its kernel closes its
 sockets as it would on another host. Where a test says "no verdict", it waits for the watch to
 report what it saw (``PeerWatch.state``) and then checks that ``on_dead`` was never called.
+Descriptor exhaustion is real too: the listener's process lowers RLIMIT_NOFILE and opens
+/dev/null until EMFILE, on command.
 """
 
 from __future__ import annotations
 
+import errno
+import json
 import os
 import signal
 import socket
+import struct
 import subprocess
 import sys
 import threading
@@ -251,3 +256,137 @@ def test_the_listener_holds_at_most_max_connections() -> None:
         listener.close()
     with pytest.raises(ConnectionRefusedError):
         socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
+
+
+def test_clients_that_reset_at_once_do_not_end_the_listener() -> None:
+    listener = AliveListener("node-a", "127.0.0.1")
+    try:
+        for _ in range(16):
+            rude = socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S)
+            rude.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
+            rude.close()  # a reset, maybe before the listener accepted it
+        with socket.create_connection(("127.0.0.1", listener.port), timeout=WAIT_S) as polite:
+            assert polite.recv(256) == greeting("node-a")
+    finally:
+        listener.close()
+
+
+# -- descriptor exhaustion: the attack that once made a live node dead ------------------------
+
+_PRESSURED_LISTENER_SCRIPT = """
+import json, logging, os, resource, sys
+from elastic_run.rendezvous.peerwatch import AliveListener
+
+records = []
+class Keep(logging.Handler):
+    def emit(self, record):
+        records.append(record.getMessage())
+logging.getLogger("elastic_run").addHandler(Keep())
+logging.getLogger("elastic_run").setLevel(logging.INFO)
+
+_, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
+resource.setrlimit(resource.RLIMIT_NOFILE, (64, hard))
+listener = AliveListener(sys.argv[1], "127.0.0.1")
+print(listener.port, flush=True)
+hogs = []
+for line in sys.stdin:
+    command = line.strip()
+    if command == "exhaust":  # open files until EMFILE
+        try:
+            while True:
+                hogs.append(os.open("/dev/null", os.O_RDONLY))
+        except OSError as exc:
+            print(exc.errno, flush=True)
+    elif command == "release":
+        for fd in hogs:
+            os.close(fd)
+        hogs.clear()
+        print("released", flush=True)
+    elif command == "log":
+        print(json.dumps(records), flush=True)
+"""
+
+
+class PressuredListener:
+    """An AliveListener in a process of its own, whose descriptors the test can use up."""
+
+    def __init__(self, node_id: str) -> None:
+        env = dict(os.environ)
+        env["PYTHONPATH"] = os.pathsep.join(filter(None, [str(REPO_ROOT), env.get("PYTHONPATH")]))
+        self.proc = subprocess.Popen(
+            [sys.executable, "-c", _PRESSURED_LISTENER_SCRIPT, node_id],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            text=True,
+            env=env,
+        )
+        self.port = int(self._readline())
+
+    def _readline(self) -> str:
+        assert self.proc.stdout is not None
+        line = self.proc.stdout.readline()
+        assert line, "the pressured listener exited"
+        return line.strip()
+
+    def ask(self, command: str) -> str:
+        assert self.proc.stdin is not None
+        self.proc.stdin.write(command + "\n")
+        self.proc.stdin.flush()
+        return self._readline()
+
+    def log(self) -> list[str]:
+        records: list[str] = json.loads(self.ask("log"))
+        return records
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGKILL)
+        self.proc.wait(timeout=10)
+        for stream in (self.proc.stdin, self.proc.stdout):
+            if stream is not None:
+                stream.close()
+
+
+def test_descriptor_exhaustion_never_closes_the_port_nor_makes_a_live_node_dead(
+    watch: PeerWatch, deaths: Deaths
+) -> None:
+    peer = PressuredListener("node-a")
+    late_deaths = Deaths()
+    late_watch = PeerWatch(late_deaths)
+    strangers: list[socket.socket] = []
+    try:
+        watch.watch("node-a", "127.0.0.1", peer.port)
+        watching(watch, "node-a")
+        assert int(peer.ask("exhaust")) == errno.EMFILE
+        # Strangers knock: the kernel queues them, and each accept() fails with EMFILE.
+        for _ in range(4):
+            strangers.append(socket.create_connection(("127.0.0.1", peer.port), timeout=WAIT_S))
+        wait_until(
+            lambda: any("cannot accept" in line for line in peer.log()),
+            WAIT_S,
+            message=lambda: f"no accept error logged: {peer.log()}",
+        )
+        # A watch that starts now connects (the port is open) but is not greeted: no verdict.
+        late_watch.watch("node-a", "127.0.0.1", peer.port)
+        assert late_watch.wait_state(lambda s: s.startswith("no verdict node-a"), WAIT_S)
+        assert late_watch.state != "no verdict node-a: refused"
+
+        assert peer.ask("release") == "released"
+        assert late_watch.wait_state(lambda s: s == "watching node-a", WAIT_S), late_watch.state
+        for stranger in strangers:  # queued during the pressure, greeted after it
+            assert stranger.recv(256) == greeting("node-a")
+        with socket.create_connection(("127.0.0.1", peer.port), timeout=WAIT_S) as fresh:
+            assert fresh.recv(256) == greeting("node-a")
+        assert watch.state == "watching node-a"
+        assert deaths.ids == [] and late_deaths.ids == []
+        log = peer.log()
+        assert sum("cannot accept" in line for line in log) == 1, log
+        assert sum("accepts again" in line for line in log) == 1, log
+    finally:
+        for stranger in strangers:
+            stranger.close()
+        late_watch.close()
+        peer.kill()
+    # And a node that really dies is still reported, at once.
+    assert deaths.any.wait(WAIT_S), watch.state
+    assert deaths.ids == ["node-a"]
