@@ -166,6 +166,7 @@ class EtcdConnection:
                 # gRPC refuses call credentials on a plain channel; the token still
                 # travels in the metadata, which is all etcd reads.
                 raw.call_credentials = None
+            _fix_stubs(raw)
             return raw
         except BaseException:
             ep.close()
@@ -295,6 +296,24 @@ class EtcdConnection:
                             f"the etcd client of {endpoint} was closed during {what}"
                         ) from exc
                     delay_s = min(delay_s * 2, 0.5)
+
+
+def _fix_stubs(raw: Any) -> None:
+    """Make the raw client's gRPC stubs now, and keep them for its whole life.
+
+    Another thread may close a raw client (``drop``, ``close``) while a call still holds it.
+    A call on a closed channel fails with a ValueError, which ``call`` retries, but making a
+    stub on a closed channel crashes the process (SIGSEGV, grpcio 1.85). pyetcd makes its
+    stubs on first use and throws them away after a failed call, to make them again; this
+    adapter drops the whole raw client after a failure instead, so it needs neither.
+    """
+    for stub in ("kvstub", "leasestub", "watcher"):
+        getattr(raw, stub)
+    raw._clear_old_stubs = _keep_stubs
+
+
+def _keep_stubs() -> None:
+    """Replaces pyetcd's ``_clear_old_stubs`` (see ``_fix_stubs``)."""
 
 
 def _close_quietly(raw: Any) -> None:
