@@ -370,11 +370,6 @@ class EtcdClient:
         responses = self.call("refresh a lease", lambda c: list(c.refresh_lease(lease_id)))
         return int(responses[0].TTL) if responses else 0
 
-    def lease_remaining_s(self, lease_id: int) -> int:
-        """Return the seconds left on a lease (-1 when it is gone)."""
-        info = self.call("read a lease", lambda c: c.get_lease_info(lease_id))
-        return int(info.TTL)
-
     def revoke_lease(self, lease_id: int) -> None:
         """Revoke a lease: every key bound to it disappears now. A lease already gone is fine."""
         try:
@@ -416,8 +411,7 @@ class EtcdClient:
     ) -> list[WatchEvent]:
         """Wait for the first changes of ``key`` (or keys under it) at or after ``start_revision``.
 
-        The watch survives a server restart or a failover: it is re-created from the
-        last seen revision + 1 until ``timeout_s`` has passed.
+        The watch survives a server restart or a failover (see ``etcd_watch``).
 
         Args:
             key: the key, or the prefix when ``prefix`` is true.
@@ -433,7 +427,8 @@ class EtcdClient:
             RendezvousConnectionError: when no endpoint answers within the retry window.
         """
         return watch_first_events(
-            self._conn,
+            self.call,
+            self._conn.drop,
             self.status_revision,
             key,
             prefix=prefix,

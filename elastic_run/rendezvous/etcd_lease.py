@@ -90,7 +90,7 @@ def lease_failure(record: LeaseRecord, now_s: float) -> LeaseFailure | None:
     """
     lease = f"etcd lease {record.lease_id:x}"
     if record.is_expired:
-        return LeaseFailure(f"{lease} expired: its keys are gone", is_expired=True)
+        return LeaseFailure(f"{lease} expired", is_expired=True)
     age_s = now_s - record.refreshed_at_s
     if age_s < record.ttl_s:
         return None

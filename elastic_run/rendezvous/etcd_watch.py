@@ -20,7 +20,6 @@ import pyetcd
 import pyetcd.exceptions as etcd_exc
 
 from elastic_run.rendezvous.errors import RendezvousError
-from elastic_run.rendezvous.etcd_connection import EtcdConnection
 from elastic_run.rendezvous.etcd_kv import WatchEvent
 
 __all__ = ["watch_first_events"]
@@ -29,7 +28,8 @@ log = logging.getLogger(__name__)
 
 
 def watch_first_events(
-    conn: EtcdConnection,
+    call: Callable[[str, Callable[[Any], tuple[Any, int]]], tuple[Any, int]],
+    drop: Callable[[Any], None],
     wait_for_server: Callable[[], object],
     key: str,
     *,
@@ -40,7 +40,8 @@ def watch_first_events(
     """Wait for the first changes of ``key`` (or keys under it) at or after ``start_revision``.
 
     Args:
-        conn: the connection to watch on.
+        call: runs an operation on the raw client (``EtcdClient.call``).
+        drop: forgets a raw client whose watch stream broke (``EtcdConnection.drop``).
         wait_for_server: a real request, made after the stream broke (it waits, within the
             retry window, for a server to answer).
         key: the key, or the prefix when ``prefix`` is true.
@@ -72,7 +73,7 @@ def watch_first_events(
             return c, c.add_watch_callback(key, sink.put, **options)
 
         try:
-            raw, watch_id = conn.call(f"watch '{key}'", create)
+            raw, watch_id = call(f"watch '{key}'", create)
         except RendezvousError as exc:
             if isinstance(exc.__cause__, etcd_exc.RevisionCompactedError):
                 return []
@@ -92,7 +93,7 @@ def watch_first_events(
         if isinstance(item, BaseException) or item is None:
             # The stream broke (server restart, failover): reconnect and resume.
             log.info("etcd watch on '%s' broke (%s); resuming at %d", key, item, revision)
-            conn.drop(raw)
+            drop(raw)
             wait_for_server()
             continue
         events = [

@@ -9,17 +9,24 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
 import uuid
 from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from etcd_fixtures import etcd_server_fixture, requires_etcd, wait_until  # noqa: F401
+from etcd_fixtures import (  # noqa: F401 - fixtures
+    etcd_cluster3_fixture,
+    etcd_server_fixture,
+    requires_etcd,
+    wait_until,
+)
 
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.endpoints import parse_endpoints
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend, create_etcd_backend
+from elastic_run.rendezvous.etcd_client import EtcdClient
 from elastic_run.rendezvous.etcd_connection import EtcdConnection
 from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd_server import EtcdServer
@@ -175,7 +182,9 @@ def test_a_call_on_a_dropped_client_is_retried_on_the_current_one(
     def read(raw: Any) -> int:
         used.append(raw)
         if len(used) == 1:
-            conn.drop(raw)  # as another thread does after a failure of its own
+            # As another thread does after a failure of its own, before this call made its
+            # first request (gRPC crashed the process when a stub was made on a closed channel).
+            conn.drop(raw)
         return int(raw.get_response("\0", limit=1).header.revision)
 
     try:
@@ -198,3 +207,23 @@ def test_a_call_on_a_dropped_client_is_retried_on_the_current_one(
             conn.call("read the revision", close_then_read)
     finally:
         conn.close()
+
+
+def test_a_login_that_reaches_no_member_moves_to_the_next(etcd_cluster3: EtcdServer) -> None:
+    ctl = ["etcdctl", "--endpoints", ",".join(etcd_cluster3.endpoints)]
+    env = {**os.environ, "ETCDCTL_API": "3"}
+    for args in (["user", "add", "root:rootpw"], ["auth", "enable"]):
+        subprocess.run([*ctl, *args], check=True, capture_output=True, env=env, timeout=30)
+    etcd_cluster3.kill_member(0)
+    # The first endpoint is down: the login (made when the raw client is built) fails there,
+    # and the next try must go to the next member, not to the same one until the window ends.
+    client = EtcdClient(
+        etcd_cluster3.endpoints, user="root", password="rootpw", timeout_s=2.0, retry_window_s=5.0
+    )
+    try:
+        client.put("/login", b"ok")
+        kv = client.get("/login")
+        assert kv is not None and kv.value == b"ok"
+        assert client.endpoint != etcd_cluster3.endpoints[0]
+    finally:
+        client.close()
