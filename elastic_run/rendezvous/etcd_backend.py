@@ -1,12 +1,23 @@
 """EtcdRendezvousBackend: the rendezvous key-value seam on etcd v3.
 
 Keys live under ``<key_prefix><run_id>/`` (default prefix ``/elastic-run/``). Values
-are what the protocol writes (JSON records, ASCII integers); this module never
-pickles. ``wait_for`` blocks on etcd watches. Each node's heartbeat key
-``hb/<node id>`` holds an ASCII counter bound to a lease of
-``keep_alive_interval x keep_alive_max_attempt`` seconds, refreshed by the client's
-keeper thread: when a node dies its lease expires and the key disappears, which
-``read_heartbeats`` reports as None.
+are what the protocol writes (JSON records, ASCII integers, counters that read as
+integers); this module never pickles. ``wait_for`` blocks on etcd watches.
+
+Liveness. Each node's heartbeat key ``hb/<node id>`` holds a counter bound to a lease of
+``keep_alive_interval x keep_alive_max_attempt`` seconds, which the client's keeper thread
+refreshes every ttl/3: when a node dies its lease expires and the key disappears, which
+``read_heartbeats`` reports as None. A node whose refreshes fail while it lives would be
+judged dead by its peers all the same, so ``heartbeat(node_id)`` tells it:
+- when the node's lease was not refreshed successfully within its TTL (its keys are about
+  to vanish, or have vanished, for the peers), ``heartbeat`` raises
+  ``RendezvousConnectionError`` with the keeper's last error, at once, without a request;
+- when etcd reports the lease gone (the keeper saw it expire, or the bump found it
+  missing), ``heartbeat`` takes a fresh lease and bumps the counter with it, so the node can
+  rejoin, and then raises ``RendezvousConnectionError`` once, saying that its keys vanished;
+- it recovers by itself: the next call after a successful refresh (or after the fresh
+  lease) succeeds;
+- it never blocks longer than the client's RPC deadline (``read_timeout``) in all.
 """
 
 from __future__ import annotations
@@ -20,8 +31,13 @@ from typing import TYPE_CHECKING
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
-from elastic_run.rendezvous.etcd_client import EtcdClient, KeyValue, counter_value, parse_endpoints
+from elastic_run.rendezvous.endpoints import format_endpoint, parse_endpoints
+from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousStateError
+from elastic_run.rendezvous.etcd_client import EtcdClient
+from elastic_run.rendezvous.etcd_counter import counter_value
+from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
+from elastic_run.rendezvous.etcd_kv import KeyValue
+from elastic_run.rendezvous.etcd_lease import LeaseFailure
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -137,30 +153,55 @@ class EtcdRendezvousBackend(RendezvousBackend):
                 return False
             self._client.watch(missing[0], start_revision=revision + 1, timeout_s=remaining)
 
-    def _lease_for(self, node_id: str, fresh: bool) -> int:
-        with self._lock:
-            lease = self._leases.get(node_id)
-            if lease is not None and not fresh:
-                return lease
-        if lease is not None:
-            self._client.stop_keep_alive(lease)
-        lease = self._client.grant_lease(self._lease_ttl_s)
-        self._client.keep_alive(lease, self._lease_ttl_s)
+    def _fresh_lease(self, node_id: str, old: int | None, deadline_s: float) -> int:
+        """Grant ``node_id`` a new lease, kept alive from now on (``old`` no longer is)."""
+        if old is not None:
+            self._client.stop_keep_alive(old)
+        sent_at_s = time.monotonic()
+        lease = self._client.grant_lease(self._lease_ttl_s, deadline_s=deadline_s)
+        self._client.keep_alive(lease, self._lease_ttl_s, granted_at_s=sent_at_s)
         with self._lock:
             self._leases[node_id] = lease
         return lease
 
     def heartbeat(self, node_id: str) -> None:
-        """Bump ``node_id``'s heartbeat counter, bound to its lease (granted on first use)."""
+        """Bump ``node_id``'s heartbeat counter, bound to its lease (granted on first use).
+
+        See the module docstring for the rule.
+
+        Raises:
+            RendezvousConnectionError: when the node's lease was not refreshed within its
+                TTL (nothing is written), when it had expired (the counter was bumped on a
+                fresh lease first), or when etcd did not answer within the RPC deadline.
+        """
+        deadline_s = time.monotonic() + self._client.timeout_s
         key = self._key(f"hb/{node_id}")
-        lease = self._lease_for(node_id, fresh=False)
+        with self._lock:
+            lease = self._leases.get(node_id)
+        failure = self._client.lease_failure(lease) if lease is not None else None
+        if failure is not None and not failure.is_expired:
+            raise RendezvousConnectionError(self._lapsed(node_id, failure))
+        if lease is None or failure is not None:
+            lease = self._fresh_lease(node_id, lease, deadline_s)
         try:
-            self._client.atomic_add(key, 1, lease_id=lease)
-        except RendezvousError as exc:
-            if "lease not found" not in str(exc):
-                raise
-            # The lease expired (this process stalled past its TTL): take a new one.
-            self._client.atomic_add(key, 1, lease_id=self._lease_for(node_id, fresh=True))
+            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
+        except EtcdLeaseNotFoundError as exc:
+            # etcd dropped the lease before the keeper's next refresh could tell.
+            failure = LeaseFailure(f"etcd lease {lease:x} is gone ({exc})", is_expired=True)
+            lease = self._fresh_lease(node_id, lease, deadline_s)
+            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
+        if failure is not None:
+            raise RendezvousConnectionError(
+                self._lapsed(node_id, failure) + f"; it beats on with the fresh lease {lease:x}"
+            )
+
+    def _lapsed(self, node_id: str, failure: LeaseFailure) -> str:
+        return (
+            f"the heartbeat of node '{node_id}' on etcd {self.endpoint} lapsed: "
+            f"{failure.reason}; the other nodes "
+            + ("saw its keys vanish" if failure.is_expired else "may see its keys vanish")
+            + " and may drop it from the round"
+        )
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where its key is gone (lease expired).
@@ -230,7 +271,7 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
     """
     if not params.endpoint:
         raise ConfigurationError("the etcd backend needs --rdzv-endpoint host:port[,host:port]")
-    endpoints = [f"{h}:{p}" for h, p in parse_endpoints(params.endpoint)]
+    endpoints = [format_endpoint(h, p) for h, p in parse_endpoints(params.endpoint)]
     protocol = str(params.get("protocol", "http")).lower()
     if protocol not in ("http", "https"):
         raise ConfigurationError(

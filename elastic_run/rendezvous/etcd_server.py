@@ -9,6 +9,7 @@ directory. Each member's output goes to a log file (``log_paths``, ``read_logs()
 from __future__ import annotations
 
 import ctypes
+import functools
 import os
 import shutil
 import signal
@@ -63,6 +64,26 @@ def _die_with_parent() -> None:
     if sys.platform.startswith("linux"):
         libc = ctypes.CDLL("libc.so.6", use_errno=True)
         libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+
+
+@functools.cache
+def _death_signal_prefix() -> tuple[str, ...]:
+    """``setpriv --pdeathsig KILL --`` where util-linux's setpriv does that, else ``()``.
+
+    Through setpriv, etcd gets its parent-death signal without a ``preexec_fn``, so
+    subprocess spawns it by vfork. A ``preexec_fn`` forks this whole process, and a fork
+    while an etcd client (gRPC) runs here can abort or hang the child (see ``grpc_fork``):
+    ``restart_member`` spawns while clients are busy. Probed once per process.
+    """
+    found = shutil.which("setpriv")
+    if found is None:
+        return ()
+    probe = (found, "--pdeathsig", "KILL", "--", "true")
+    try:
+        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        ok = False
+    return probe[:4] if ok else ()
 
 
 @dataclass(frozen=True)
@@ -205,12 +226,13 @@ class EtcdServer:
 
     def _spawn(self, m: _Member) -> None:
         m.log_file = open(m.log_path, "ab")
+        prefix = _death_signal_prefix()
         m.process = subprocess.Popen(
-            self._command(m),
+            [*prefix, *self._command(m)],
             stdin=subprocess.DEVNULL,
             stdout=m.log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=_die_with_parent,
+            preexec_fn=None if prefix else _die_with_parent,
         )
 
     def start(self, timeout_s: float = 60.0) -> None:
@@ -297,6 +319,11 @@ class EtcdServer:
         self._stop_member(m, signal.SIGTERM)
         self._spawn(m)
         self._wait_healthy(i, time.monotonic() + timeout_s)
+
+    def member_pid(self, i: int) -> int | None:
+        """Return the process id of member ``i`` (None when it is not running)."""
+        proc = self._members[i].process
+        return proc.pid if proc is not None and proc.poll() is None else None
 
     def is_member_running(self, i: int) -> bool:
         """Return whether member ``i``'s process is alive."""

@@ -20,7 +20,8 @@ from torch._C import _DistStoreError as DistStoreError
 from torch._C._distributed_c10d import Store
 
 from elastic_run.rendezvous.errors import RendezvousTimeoutError
-from elastic_run.rendezvous.etcd_client import EtcdClient, KeyValue
+from elastic_run.rendezvous.etcd_client import EtcdClient
+from elastic_run.rendezvous.etcd_kv import KeyValue
 
 __all__ = ["EtcdStore", "EtcdStoreTimeoutError"]
 

@@ -1,0 +1,229 @@
+"""Leases, typed errors and stale connections of the etcd adapter, on a real etcd.
+
+The lapse tests freeze (SIGSTOP) or kill the one etcd member for longer than the heartbeat
+lease's TTL: the node's ``heartbeat()`` must then raise instead of beating on unaware while
+its peers see its key vanish, and must recover by itself once etcd answers again.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+from etcd_fixtures import (  # noqa: F401 - fixtures
+    etcd_cluster3_fixture,
+    etcd_server_fixture,
+    requires_etcd,
+    wait_until,
+)
+
+from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.endpoints import parse_endpoints
+from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend, create_etcd_backend
+from elastic_run.rendezvous.etcd_client import EtcdClient
+from elastic_run.rendezvous.etcd_connection import EtcdConnection
+from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
+from elastic_run.rendezvous.etcd_server import EtcdServer
+
+pytestmark = [pytest.mark.etcd, requires_etcd]
+
+
+def _backend(endpoint: str, run_id: str, **conf: str) -> EtcdRendezvousBackend:
+    # A 2 s lease (1 s x 2) and a 2 s RPC deadline: an outage outlasts both quickly.
+    settings = {"keep_alive_interval": "1", "keep_alive_max_attempt": "2", "read_timeout": "2"}
+    settings.update(conf)
+    params = RendezvousParameters("etcd", endpoint, run_id, 1, 4, **settings)
+    return create_etcd_backend(params)
+
+
+def _beat(b: EtcdRendezvousBackend, node_id: str) -> RendezvousConnectionError | None:
+    """One heartbeat: None when it went through, else the error it raised."""
+    try:
+        b.heartbeat(node_id)
+    except RendezvousConnectionError as exc:
+        return exc
+    return None
+
+
+@pytest.fixture(name="lone_etcd")
+def lone_etcd_fixture() -> Iterator[EtcdServer]:
+    """A fresh one-member etcd that a test may freeze or kill."""
+    server = EtcdServer()
+    server.start(timeout_s=30)
+    try:
+        yield server
+    finally:
+        pid = server.member_pid(0)
+        if pid is not None:
+            os.kill(pid, signal.SIGCONT)
+        server.stop()
+
+
+@pytest.mark.parametrize("outage", ["frozen", "killed"])
+def test_heartbeat_raises_when_the_lease_lapses_and_recovers(
+    lone_etcd: EtcdServer, outage: str
+) -> None:
+    run_id = f"job-{uuid.uuid4().hex[:8]}"
+    node = _backend(lone_etcd.endpoint, run_id)
+    peer = _backend(lone_etcd.endpoint, run_id)
+    try:
+        assert _beat(node, "a") is None
+        assert peer.read_heartbeats(["a"]) == [1]
+        pid = lone_etcd.member_pid(0)
+        assert pid is not None
+        if outage == "frozen":
+            os.kill(pid, signal.SIGSTOP)
+            # The lease is fresh, so this heartbeat writes, and etcd never answers: it gives
+            # up at the RPC deadline instead of hanging.
+            first = _beat(node, "a")
+            assert first is not None and "cannot be reached" in str(first)
+        else:
+            lone_etcd.kill_member(0)
+        errors: list[RendezvousConnectionError] = []
+
+        def lapsed() -> bool:
+            error = _beat(node, "a")
+            if error is not None:
+                errors.append(error)
+            return error is not None and "lapsed" in str(error)
+
+        wait_until(lapsed, 30, "heartbeat() to report the lapsed lease")
+        message = str(errors[-1])
+        assert "the heartbeat of node 'a'" in message and "past its TTL of 2 s" in message
+        # The keeper's refresh is either still waiting (retrying) or has failed.
+        assert "has had no answer" in message or "the last refresh failed" in message
+        assert "\n" not in message
+        if outage == "frozen":
+            os.kill(pid, signal.SIGCONT)
+        else:
+            lone_etcd.restart_member(0)
+        # Once etcd answers, the node beats again (after reporting, once, a lease that
+        # expired meanwhile), and its peers see its heartbeat.
+        wait_until(lambda: _beat(node, "a") is None, 30, "heartbeat() to recover")
+        assert _beat(node, "a") is None
+        assert peer.read_heartbeats(["a"]) != [None]
+    finally:
+        node.close()
+        peer.close()
+
+
+def test_an_expired_lease_is_reported_once_and_replaced(etcd_server: EtcdServer) -> None:
+    run_id = f"job-{uuid.uuid4().hex[:8]}"
+    node = _backend(etcd_server.endpoint, run_id)
+    peer = _backend(etcd_server.endpoint, run_id)
+    try:
+        node.heartbeat("a")
+        node.heartbeat("a")
+        kv = peer.client.get(f"{peer.key_base}hb/a")
+        assert kv is not None and kv.lease_id
+        # etcd drops the lease (as it does when it was not refreshed in time).
+        peer.client.revoke_lease(kv.lease_id)
+        assert peer.read_heartbeats(["a"]) == [None]
+        error = _beat(node, "a")
+        assert error is not None
+        assert f"lease {kv.lease_id:x}" in str(error) and "fresh lease" in str(error)
+        # The heartbeat is back under a new lease, and the report is not repeated.
+        again = peer.client.get(f"{peer.key_base}hb/a")
+        assert again is not None and again.lease_id not in (0, kv.lease_id)
+        assert peer.read_heartbeats(["a"]) == [1]
+        assert _beat(node, "a") is None
+        assert peer.read_heartbeats(["a"]) == [2]
+    finally:
+        node.close()
+        peer.close()
+
+
+def test_a_lease_the_keeper_saw_expire_is_replaced(etcd_server: EtcdServer) -> None:
+    run_id = f"job-{uuid.uuid4().hex[:8]}"
+    node = _backend(etcd_server.endpoint, run_id)
+    try:
+        node.heartbeat("a")
+        kv = node.client.get(f"{node.key_base}hb/a")
+        assert kv is not None
+        node.client.revoke_lease(kv.lease_id)
+        wait_until(
+            lambda: (f := node.client.lease_failure(kv.lease_id)) is not None and f.is_expired,
+            15,
+            "the keeper to see the lease gone",
+        )
+        error = _beat(node, "a")
+        assert error is not None and "expired" in str(error) and "fresh lease" in str(error)
+        assert _beat(node, "a") is None
+        assert node.read_heartbeats(["a"]) == [2]
+    finally:
+        node.close()
+
+
+def test_a_lease_that_is_gone_is_a_typed_error(etcd_server: EtcdServer) -> None:
+    client = etcd_server.get_client(timeout_s=5.0)
+    try:
+        lease = client.grant_lease(5)
+        client.revoke_lease(lease)
+        client.revoke_lease(lease)  # gone already: fine
+        with pytest.raises(EtcdLeaseNotFoundError, match="refused to put"):
+            client.put(f"/test/{uuid.uuid4().hex}", b"v", lease_id=lease)
+        assert client.refresh_lease(lease) <= 0
+    finally:
+        client.close()
+
+
+def test_a_call_on_a_dropped_client_is_retried_on_the_current_one(
+    etcd_server: EtcdServer,
+) -> None:
+    conn = EtcdConnection(parse_endpoints(etcd_server.endpoint), timeout_s=5.0)
+    used: list[Any] = []
+
+    def read(raw: Any) -> int:
+        used.append(raw)
+        if len(used) == 1:
+            # As another thread does after a failure of its own, before this call made its
+            # first request (gRPC crashed the process when a stub was made on a closed channel).
+            conn.drop(raw)
+        return int(raw.get_response("\0", limit=1).header.revision)
+
+    try:
+        assert conn.call("read the revision", read) > 0
+        assert len(used) == 2 and used[0] is not used[1]
+
+        # The same error on the current client is no sign of a dropped one: refused.
+        def broken(raw: Any) -> None:
+            raise ValueError("a bug in the operation")
+
+        with pytest.raises(RendezvousError, match="refused to do it: a bug in the operation"):
+            conn.call("do it", broken)
+
+        # A call whose client close() dropped is reported as closed.
+        def close_then_read(raw: Any) -> int:
+            conn.close()
+            return int(raw.get_response("\0", limit=1).header.revision)
+
+        with pytest.raises(RendezvousConnectionError, match="closed during read"):
+            conn.call("read the revision", close_then_read)
+    finally:
+        conn.close()
+
+
+def test_a_login_that_reaches_no_member_moves_to_the_next(etcd_cluster3: EtcdServer) -> None:
+    ctl = ["etcdctl", "--endpoints", ",".join(etcd_cluster3.endpoints)]
+    env = {**os.environ, "ETCDCTL_API": "3"}
+    for args in (["user", "add", "root:rootpw"], ["auth", "enable"]):
+        subprocess.run([*ctl, *args], check=True, capture_output=True, env=env, timeout=30)
+    etcd_cluster3.kill_member(0)
+    # The first endpoint is down: the login (made when the raw client is built) fails there,
+    # and the next try must go to the next member, not to the same one until the window ends.
+    client = EtcdClient(
+        etcd_cluster3.endpoints, user="root", password="rootpw", timeout_s=2.0, retry_window_s=5.0
+    )
+    try:
+        client.put("/login", b"ok")
+        kv = client.get("/login")
+        assert kv is not None and kv.value == b"ok"
+        assert client.endpoint != etcd_cluster3.endpoints[0]
+    finally:
+        client.close()
