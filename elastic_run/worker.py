@@ -192,7 +192,7 @@ class FileTimerClient:
         Raises:
             TimerClientError: no watchdog reads the pipe, or the request is invalid or too long.
         """
-        self._send(scope_id, float(expiration_time), self.signal)
+        self._send(scope_id, expiration_time, self.signal)
 
     def release(self, scope_id: str) -> None:
         """Disarm the timer ``scope_id`` of this process.

@@ -58,16 +58,23 @@ class TimerTable:
         timers: the timers to hold; a later one replaces an earlier one of the same key.
     """
 
-    __slots__ = ("_by_key",)
+    __slots__ = ("_by_key", "_earliest")
+    _by_key: dict[tuple[int, str], ArmedTimer]
+    _earliest: float | None
 
     def __init__(self, timers: Iterable[ArmedTimer] = ()) -> None:
-        self._by_key: dict[tuple[int, str], ArmedTimer] = {(t.pid, t.scope_id): t for t in timers}
+        self._hold({(t.pid, t.scope_id): t for t in timers})
 
     @classmethod
     def _of(cls, by_key: dict[tuple[int, str], ArmedTimer]) -> TimerTable:
-        table = cls()
-        table._by_key = by_key
+        table = cls.__new__(cls)
+        table._hold(by_key)
         return table
+
+    def _hold(self, by_key: dict[tuple[int, str], ArmedTimer]) -> None:
+        self._by_key = by_key
+        # The server asks at every turn, and a table never changes: compute it once.
+        self._earliest = min((t.expiration_time for t in by_key.values()), default=None)
 
     def __len__(self) -> int:
         return len(self._by_key)
@@ -150,15 +157,15 @@ class TimerTable:
         Returns:
             The due timers, earliest first, and the table of the others.
         """
-        due = sorted((t for t in self._by_key.values() if t.expiration_time <= now), key=_order)
-        if not due:
+        if self._earliest is None or self._earliest > now:
             return (), self
+        due = sorted((t for t in self._by_key.values() if t.expiration_time <= now), key=_order)
         rest = {k: t for k, t in self._by_key.items() if t.expiration_time > now}
         return tuple(due), TimerTable._of(rest)
 
     def next_expiration(self) -> float | None:
         """Return the earliest expiration time, or None when no timer is armed."""
-        return min((t.expiration_time for t in self._by_key.values()), default=None)
+        return self._earliest
 
     def armed(self) -> tuple[ArmedTimer, ...]:
         """Return the timers, earliest expiry first (ties by pid, then scope)."""

@@ -87,18 +87,20 @@ class FileTimerServer:
 
     The first five arguments are torch's, in torch's order; the rest are keyword-only.
 
-    ``log_event`` is called on the server's thread as torch's server calls it:
-    ``("watchdog started", None)`` and ``("watchdog stopped", None)`` from :meth:`start` and
-    :meth:`stop`; ``("timer expired", request)`` for each expired timer of a running process,
-    earliest first; ``("kill worker process", request)`` once the timer's signal was sent.
-    ``request`` is the :class:`~elastic_run.timer_wire.FileTimerRequest` that armed the timer.
+    ``log_event(name, request)`` is called as torch's server calls it: ``("watchdog started",
+    None)`` and ``("watchdog stopped", None)`` by :meth:`start` and :meth:`stop` (on the
+    caller's thread); on the server's thread, ``("timer expired", request)`` for each expired
+    timer of a running process, earliest first, then ``("kill worker process", request)`` once
+    its signal was sent. ``request`` is the :class:`~elastic_run.timer_wire.FileTimerRequest`
+    that armed the timer. An exception from a callback is logged, never raised.
 
     Args:
         file_path: path of the FIFO; created (mode 0600) by :meth:`start` if missing, removed by
             :meth:`stop` if this server created it.
         run_id: the job's run id, named in the server's log lines.
         max_interval: the longest the loop waits between two turns, seconds (its progress
-            heartbeat); expiries are acted on at their deadline, not at a turn.
+            heartbeat, :attr:`last_progress`); expiries are acted on at their deadline, not at
+            a turn. torch's default of 10 s; the agent passes 0.1.
         daemon: whether the server's thread is a daemon thread.
         log_event: the event callback described above; None: no events.
         is_known_pid: answers whether a pid may be managed (a worker of this agent); requests
@@ -108,7 +110,8 @@ class FileTimerServer:
         max_line_bytes: longest accepted request line, newline excluded.
 
     Raises:
-        ConfigurationError: ``max_interval`` or ``max_line_bytes`` is not positive.
+        ConfigurationError: ``max_interval`` is not positive and finite, or ``max_line_bytes``
+            is not positive.
     """
 
     def __init__(
@@ -124,7 +127,9 @@ class FileTimerServer:
         max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
         if not (max_interval > 0 and math.isfinite(max_interval)):
-            raise ConfigurationError(f"watchdog max_interval must be positive, got {max_interval}")
+            raise ConfigurationError(
+                f"watchdog max_interval must be positive and finite, got {max_interval}"
+            )
         if max_line_bytes <= 0:
             raise ConfigurationError(
                 f"watchdog max line size must be positive, got {max_line_bytes}"

@@ -20,6 +20,7 @@ import sys
 import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -206,8 +207,10 @@ def test_our_server_logs_its_stop_as_torchs_does(tmp_path: Path) -> None:
 def test_file_timer_request_is_torchs() -> None:
     from torch.distributed.elastic import timer as torchs
 
-    for args in [(123, "step", 1700000000.5, 9), (123, "step", -1, 0), (7, "ü/#1", 5.0)]:
-        mine, theirs = ours.FileTimerRequest(*args), torchs.FileTimerRequest(*args)
+    cases: list[tuple[Any, ...]] = [(123, "step", 1700000000.5, 9), (123, "step", -1, 0)]
+    for args in [*cases, (7, "ü/#1", 5.0)]:
+        mine = ours.FileTimerRequest(*args)
+        theirs = torchs.FileTimerRequest(*args)  # type: ignore[attr-defined]
         assert mine.to_json() == theirs.to_json()
         for name in ("worker_pid", "worker_id", "scope_id", "expiration_time", "signal", "version"):
             assert getattr(mine, name) == getattr(theirs, name), name

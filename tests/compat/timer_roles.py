@@ -22,6 +22,7 @@ import json
 import signal
 import sys
 from types import ModuleType
+from typing import Any
 
 
 def api(kind: str) -> ModuleType:
@@ -31,8 +32,8 @@ def api(kind: str) -> ModuleType:
 
 
 def serve(timer: ModuleType, fifo: str) -> None:
-    def log_event(name: str, request: object) -> None:
-        payload = None if request is None else json.loads(request.to_json())  # type: ignore[attr-defined]
+    def log_event(name: str, request: Any) -> None:  # a FileTimerRequest, torch's or ours
+        payload = None if request is None else json.loads(request.to_json())
         print(json.dumps({"event": name, "request": payload}), flush=True)
 
     server = timer.FileTimerServer(fifo, "compat", max_interval=0.1, log_event=log_event)

@@ -366,7 +366,7 @@ def test_fifo_lifecycle(tmp_path: Path) -> None:
     with pytest.raises(ConfigurationError, match="not a FIFO"):
         FileTimerServer(str(plain), is_known_pid=lambda pid: False, on_expired=print).start()
     for bad in (0, -1, float("inf"), float("nan")):
-        with pytest.raises(ConfigurationError, match="max_interval must be positive"):
+        with pytest.raises(ConfigurationError, match="max_interval must be positive and finite"):
             FileTimerServer(str(fifo), "run", bad)
     with pytest.raises(ConfigurationError, match="max line size must be positive"):
         FileTimerServer(str(fifo), "run", max_line_bytes=0)

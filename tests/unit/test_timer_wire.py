@@ -14,6 +14,7 @@ import select
 import signal
 import sys
 from pathlib import Path
+from typing import Any
 
 import pytest
 from hypothesis import given
@@ -81,15 +82,15 @@ def test_a_line_over_pipe_buf_is_refused() -> None:
         ({"signal": 9.0}, "signal must be an integer"),
     ],
 )
-def test_a_bad_field_is_refused(fields: dict[str, object], message: str) -> None:
-    good: dict[str, object] = {
+def test_a_bad_field_is_refused(fields: dict[str, Any], message: str) -> None:
+    good: dict[str, Any] = {
         "worker_pid": 12,
         "scope_id": "s",
         "expiration_time": 1.0,
         "signal": 9,
     }
     with pytest.raises(TimerWireError, match=message):
-        FileTimerRequest(**{**good, **fields})  # type: ignore[arg-type]
+        FileTimerRequest(**{**good, **fields})
 
 
 @pytest.mark.parametrize(

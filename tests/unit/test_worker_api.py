@@ -185,6 +185,16 @@ def test_client_wire_format(fifo_reader: tuple[str, int]) -> None:
     ]
 
 
+def test_client_refuses_a_bad_request_before_writing(fifo_reader: tuple[str, int]) -> None:
+    path, fd = fifo_reader
+    client = FileTimerClient(path)
+    for scope, at in [("s", float("nan")), ("s", "soon"), (5, 1.0)]:
+        with pytest.raises(TimerClientError, match="finite number|must be a string"):
+            client.acquire(scope, at)  # type: ignore[arg-type]
+    with pytest.raises(BlockingIOError):
+        os.read(fd, 1)  # nothing was written
+
+
 def test_client_matches_torchs_client(fifo_reader: tuple[str, int]) -> None:
     from torch.distributed.elastic.timer.api import expires as torch_expires
     from torch.distributed.elastic.timer.file_based_local_timer import (
