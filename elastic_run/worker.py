@@ -5,9 +5,11 @@ of the agent, the CLI or the rendezvous, and no torch, so that importing it cost
 
 - :func:`record` writes ``TORCHELASTIC_ERROR_FILE`` in torch's format when the wrapped main
   raises, so the agent can name the root cause of a failure.
-- :func:`expires` and :class:`FileTimerClient` arm timers on the agent's file-timer watchdog
-  (``TORCHELASTIC_TIMER_FILE``), speaking torch's ``FileTimerClient`` protocol: one JSON line of
-  at most ``PIPE_BUF`` bytes per request, written with a single ``write`` so it is atomic.
+- :func:`expires`, :func:`configure` and :class:`FileTimerClient` arm timers on the agent's
+  file-timer watchdog (``TORCHELASTIC_TIMER_FILE``), called like torch's
+  ``torch.distributed.elastic.timer`` and speaking its ``FileTimerClient`` protocol (the format:
+  :mod:`elastic_run.timer_wire`): one JSON line of at most ``PIPE_BUF`` bytes per request,
+  written with a single ``write`` so it is atomic.
 - :class:`WorkerEnv` gives typed access to the environment the agent sets for each worker.
 """
 
@@ -17,7 +19,6 @@ import errno
 import functools
 import json
 import os
-import select
 import signal as signal_module
 import sys
 import tempfile
@@ -26,17 +27,26 @@ import traceback
 from collections.abc import Callable, Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
-from typing import ParamSpec, TypeVar
+from typing import ParamSpec, Protocol, TypeVar
 
 from elastic_run.errors import ConfigurationError, ElasticRunError
+from elastic_run.timer_wire import (
+    RELEASE_EXPIRATION,
+    FileTimerRequest,
+    TimerWireError,
+    encode_request,
+)
 
 __all__ = [
     "ERROR_FILE_ENV",
     "TIMER_FILE_ENV",
     "FileTimerClient",
+    "FileTimerRequest",
+    "TimerClient",
     "TimerClientError",
     "WorkerEnv",
     "WorkerEnvError",
+    "configure",
     "expires",
     "record",
     "write_error_file",
@@ -143,12 +153,25 @@ def record(fn: Callable[_P, _R]) -> Callable[_P, _R]:
 # --------------------------------------------------------------------------- file timers
 
 
-class FileTimerClient:
-    """Client of the agent's file-timer watchdog, wire-compatible with torch's.
+class TimerClient(Protocol):
+    """What :func:`expires` needs of a timer client: torch's ``TimerClient`` methods.
 
-    Each request is one JSON line written with a single ``os.write`` to the FIFO opened
-    ``O_WRONLY | O_NONBLOCK``; lines are at most ``PIPE_BUF`` bytes so that writes from many
-    workers never interleave.
+    :class:`FileTimerClient` is one, and so is torch's ``FileTimerClient``.
+    """
+
+    def acquire(self, scope_id: str, expiration_time: float) -> None:
+        """Arm (or re-arm) the timer ``scope_id`` of this process to expire at the given time."""
+
+    def release(self, scope_id: str) -> None:
+        """Disarm the timer ``scope_id`` of this process."""
+
+
+class FileTimerClient:
+    """Client of the agent's file-timer watchdog, called and wire-compatible like torch's.
+
+    Each request is one line (:func:`elastic_run.timer_wire.encode_request`) written with a
+    single ``os.write`` to the FIFO opened ``O_WRONLY | O_NONBLOCK``; lines are at most
+    ``PIPE_BUF`` bytes so that writes from many workers never interleave.
 
     Args:
         file_path: the FIFO the watchdog serves (``TORCHELASTIC_TIMER_FILE``).
@@ -167,9 +190,9 @@ class FileTimerClient:
             expiration_time: when it expires, epoch seconds (``time.time()`` based).
 
         Raises:
-            TimerClientError: no watchdog reads the pipe, or the request is too long.
+            TimerClientError: no watchdog reads the pipe, or the request is invalid or too long.
         """
-        self._send(scope_id, float(expiration_time), self.signal)
+        self._send(scope_id, expiration_time, self.signal)
 
     def release(self, scope_id: str) -> None:
         """Disarm the timer ``scope_id`` of this process.
@@ -180,22 +203,13 @@ class FileTimerClient:
         Raises:
             TimerClientError: no watchdog reads the pipe, or the request is too long.
         """
-        self._send(scope_id, -1, 0)
+        self._send(scope_id, RELEASE_EXPIRATION, 0)
 
     def _send(self, scope_id: str, expiration_time: float, signo: int) -> None:
-        request = {
-            "version": 1,
-            "pid": os.getpid(),
-            "scope_id": scope_id,
-            "expiration_time": expiration_time,
-            "signal": signo,
-        }
-        line = (json.dumps(request) + "\n").encode("utf-8")
-        if len(line) > select.PIPE_BUF:
-            raise TimerClientError(
-                f"timer request for scope {scope_id[:64]!r} is {len(line)} bytes, over the "
-                f"{select.PIPE_BUF}-byte limit of an atomic pipe write; use a shorter scope id"
-            )
+        try:
+            line = encode_request(FileTimerRequest(os.getpid(), scope_id, expiration_time, signo))
+        except TimerWireError as exc:
+            raise TimerClientError(str(exc)) from exc
         try:
             fd = os.open(self.file_path, os.O_WRONLY | os.O_NONBLOCK)
         except FileNotFoundError as exc:
@@ -229,13 +243,28 @@ class FileTimerClient:
             )
 
 
+_configured_client: TimerClient | None = None
+
+
+def configure(timer_client: TimerClient | None) -> None:
+    """Set the client :func:`expires` uses when it is given none (torch's ``configure``).
+
+    Args:
+        timer_client: any object with ``acquire(scope_id, expiration_time)`` and
+            ``release(scope_id)``: a :class:`FileTimerClient`, or torch's. None forgets the
+            configured client (then :func:`expires` uses ``TORCHELASTIC_TIMER_FILE``).
+    """
+    global _configured_client
+    _configured_client = timer_client
+
+
 def _caller_scope(depth: int) -> str:
     frame = sys._getframe(depth + 1)
     return f"{frame.f_code.co_filename}#{frame.f_lineno}"
 
 
 @contextmanager
-def _armed(client: FileTimerClient, scope: str, after: float) -> Iterator[None]:
+def _armed(client: TimerClient, scope: str, after: float) -> Iterator[None]:
     client.acquire(scope, time.time() + after)
     try:
         yield
@@ -244,11 +273,11 @@ def _armed(client: FileTimerClient, scope: str, after: float) -> Iterator[None]:
 
 
 def expires(
-    after: float, scope: str | None = None, client: FileTimerClient | None = None
+    after: float, scope: str | None = None, client: TimerClient | None = None
 ) -> AbstractContextManager[None]:
     """Arm a watchdog timer for the ``with`` block: the worker is killed if it overruns.
 
-    Usage::
+    Called like torch's ``expires``. Usage::
 
         with expires(after=60, scope="train_step"):
             train_step()
@@ -256,23 +285,27 @@ def expires(
     Args:
         after: seconds from now after which the watchdog kills this process.
         scope: the timer's name; by default ``"<file>#<line>"`` of the caller.
-        client: the client to use; by default one on ``TORCHELASTIC_TIMER_FILE``.
+        client: the client to use; by default the one given to :func:`configure`, else a
+            :class:`FileTimerClient` on ``TORCHELASTIC_TIMER_FILE``.
 
     Returns:
         A context manager that arms the timer on entry and releases it on exit.
 
     Raises:
-        TimerClientError: ``client`` is None and ``TORCHELASTIC_TIMER_FILE`` is not set
-            (raised here), or the watchdog cannot be reached (raised on entry or exit).
+        TimerClientError: no client was given or configured and ``TORCHELASTIC_TIMER_FILE`` is
+            not set (raised here), or the watchdog cannot be reached (raised on entry or exit).
     """
     if scope is None:
         scope = _caller_scope(1)
+    if client is None:
+        client = _configured_client
     if client is None:
         path = os.environ.get(TIMER_FILE_ENV)
         if not path:
             raise TimerClientError(
                 f"{TIMER_FILE_ENV} is not set: the agent's file-timer watchdog is not enabled "
-                f"(run with TORCHELASTIC_ENABLE_FILE_TIMER=1) and no client was given"
+                f"(run with TORCHELASTIC_ENABLE_FILE_TIMER=1) and no client was given or "
+                f"configured"
             )
         client = FileTimerClient(path)
     return _armed(client, scope, after)

@@ -58,7 +58,8 @@ def serve(kind: str, fifo: str) -> None:
 
         ours = FileTimerServer(
             fifo,
-            poll_interval_s=POLL_INTERVAL_S,
+            "bench",
+            max_interval=POLL_INTERVAL_S,
             is_known_pid=lambda pid: True,
             on_expired=lambda expiry: None,
         )

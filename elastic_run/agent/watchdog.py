@@ -1,31 +1,31 @@
-"""The file-timer watchdog: kills a worker whose timer on the named pipe expired.
+"""The file-timer watchdog server: the FIFO, the thread that reads it, and the kills.
 
-Workers arm and release timers by writing JSON lines to a FIFO, in the protocol of torch's
-``FileTimerClient`` (one line per request, at most ``PIPE_BUF`` bytes so the write is atomic)::
-
-    {"version": 1, "pid": 123, "scope_id": "step", "expiration_time": 1700000000.5, "signal": 9}
-
-An ``expiration_time`` of -1 (any negative value) releases the timer ``(pid, scope_id)``.
+Workers arm and release timers by writing request lines to a FIFO in torch's ``FileTimerClient``
+protocol (the format: :mod:`elastic_run.timer_wire`); which timers are armed and which are due
+is decided by the pure :class:`~elastic_run.agent.timer_table.TimerTable`. This module is the
+I/O around them, and its :class:`FileTimerServer` is called like torch's
+(``torch.distributed.elastic.timer.FileTimerServer``).
 
 Invariants:
-- One thread owns the pipe and the timers' deadlines; it waits in ``select`` with the earliest
-  deadline (capped at ``poll_interval_s``) as its timeout, so a timer is acted on within a few
-  milliseconds of its expiry and an idle server wakes only ``1 / poll_interval_s`` times a second.
-- The server never dies of its input: malformed or oversized lines, unknown pids and clients that
-  vanish mid-write are logged as warnings and skipped.
+- One thread reads the pipe and acts on expiries; it waits in ``select`` until the earliest
+  deadline (capped at ``max_interval``), so a timer is acted on within milliseconds of its
+  expiry, not at the next poll, and an idle server wakes once per ``max_interval``.
+- The server never dies of its input: malformed or oversized lines, unknown pids and clients
+  that vanish mid-write are logged as warnings and skipped.
 - The pipe is held open read-write, so the server never sees EOF when the last writer closes.
-- Timers of processes that have exited (or turned zombie) are dropped without a kill.
+- Timers of processes that have exited (or turned zombie) are dropped without a kill, at
+  expiry or by a sweep about once a second while timers are armed.
+- Unlike torch's server, this one never signals its own process: the agent decides what a
+  killed worker means for the group.
 """
 
 from __future__ import annotations
 
 import errno
-import json
 import logging
 import math
 import os
 import select
-import signal as signal_module
 import stat
 import threading
 import time
@@ -34,17 +34,22 @@ from dataclasses import dataclass
 
 import psutil
 
+from elastic_run.agent.timer_table import ArmedTimer, TimerTable
 from elastic_run.errors import AgentError, ConfigurationError
+from elastic_run.timer_wire import MAX_LINE_BYTES, FileTimerRequest, RequestFramer
 
-__all__ = ["ArmedTimer", "FileTimerServer", "TimerExpiry"]
+__all__ = ["ArmedTimer", "FileTimerServer", "LogEvent", "TimerExpiry"]
 
 logger = logging.getLogger(__name__)
 
+LogEvent = Callable[[str, FileTimerRequest | None], None]
+"""torch's ``log_event`` callback: an event name and the request it is about (or None)."""
+
 _READ_CHUNK_BYTES = 65536
-_VALID_SIGNALS = frozenset(int(s) for s in signal_module.valid_signals())
-_RECORD_START = b'{"version"'
 # Exited pids are also caught at expiry, so the sweep that frees their timers can be lazy.
 _SWEEP_INTERVAL_S = 1.0
+# Conforming clients write whole lines at once: a tail this old was left by a dead client.
+_PARTIAL_STALE_S = 0.1
 
 
 @dataclass(frozen=True)
@@ -66,69 +71,6 @@ class TimerExpiry:
     killed_at: float | None
 
 
-@dataclass(frozen=True)
-class ArmedTimer:
-    """A timer the server holds now.
-
-    Attributes:
-        pid: the process that armed it.
-        scope_id: the name of its scope.
-        expiration_time: when it expires, epoch seconds.
-        signal: the signal sent at expiry.
-    """
-
-    pid: int
-    scope_id: str
-    expiration_time: float
-    signal: int
-
-
-@dataclass(frozen=True)
-class _Request:
-    pid: int
-    scope_id: str
-    expiration_time: float
-    signal: int
-
-
-class _BadRequest(ValueError):
-    """A line from the pipe that is not a valid timer request."""
-
-
-def _parse_request(line: bytes) -> _Request:
-    """Decode one JSON line into a request, or raise _BadRequest saying why."""
-    try:
-        record = json.loads(line)
-    except (UnicodeDecodeError, json.JSONDecodeError) as exc:
-        raise _BadRequest(f"not JSON ({exc})") from exc
-    if not isinstance(record, dict):
-        raise _BadRequest("not a JSON object")
-    version = record.get("version", 1)
-    if version != 1 or isinstance(version, bool):
-        raise _BadRequest(f"unsupported version {version!r}")
-    pid = record.get("pid")
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 0:
-        raise _BadRequest(f"pid must be a positive integer, got {pid!r}")
-    scope_id = record.get("scope_id")
-    if not isinstance(scope_id, str):
-        raise _BadRequest(f"scope_id must be a string, got {scope_id!r}")
-    expiration = record.get("expiration_time")
-    if (
-        not isinstance(expiration, (int, float))
-        or isinstance(expiration, bool)
-        or not math.isfinite(expiration)
-    ):
-        raise _BadRequest(f"expiration_time must be a finite number, got {expiration!r}")
-    signo = record.get("signal", int(signal_module.SIGKILL))
-    if signo is None:
-        signo = int(signal_module.SIGKILL)
-    if not isinstance(signo, int) or isinstance(signo, bool):
-        raise _BadRequest(f"signal must be an integer, got {signo!r}")
-    if signo > 0 and signo not in _VALID_SIGNALS:
-        raise _BadRequest(f"signal {signo} is not a valid signal number")
-    return _Request(pid=pid, scope_id=scope_id, expiration_time=float(expiration), signal=signo)
-
-
 def _has_exited(pid: int) -> bool:
     """Return True when ``pid`` no longer runs (gone, or a zombie waiting to be reaped)."""
     try:
@@ -141,46 +83,68 @@ def _has_exited(pid: int) -> bool:
 
 
 class FileTimerServer:
-    """Serve file timers on a FIFO and kill the workers whose timers expire.
+    """Serve file timers on a FIFO and signal the workers whose timers expire.
+
+    The first five arguments are torch's, in torch's order; the rest are keyword-only.
+
+    ``log_event(name, request)`` is called as torch's server calls it: ``("watchdog started",
+    None)`` and ``("watchdog stopped", None)`` by :meth:`start` and :meth:`stop` (on the
+    caller's thread); on the server's thread, ``("timer expired", request)`` for each expired
+    timer of a running process, earliest first, then ``("kill worker process", request)`` once
+    its signal was sent. ``request`` is the :class:`~elastic_run.timer_wire.FileTimerRequest`
+    that armed the timer. An exception from a callback is logged, never raised.
 
     Args:
-        file_path: path of the FIFO; created (mode 0600) if missing, removed on ``stop`` if
-            this server created it.
-        poll_interval_s: the longest the loop waits between turns (its progress heartbeat and
-            the sweep for exited pids); expiries are acted on at their deadline, not at a poll.
+        file_path: path of the FIFO; created (mode 0600) by :meth:`start` if missing, removed by
+            :meth:`stop` if this server created it.
+        run_id: the job's run id, named in the server's log lines.
+        max_interval: the longest the loop waits between two turns, seconds (its progress
+            heartbeat, :attr:`last_progress`); expiries are acted on at their deadline, not at
+            a turn. torch's default of 10 s; the agent passes 0.1.
+        daemon: whether the server's thread is a daemon thread.
+        log_event: the event callback described above; None: no events.
         is_known_pid: answers whether a pid may be managed (a worker of this agent); requests
-            for other pids are ignored with a warning.
-        on_expired: called on the server's thread for every expired timer, after the kill.
+            arming timers for other pids are ignored with a warning. None: every pid is accepted.
+        on_expired: called on the server's thread for every expired timer of a running process,
+            after the signal was sent.
         max_line_bytes: longest accepted request line, newline excluded.
 
     Raises:
-        ConfigurationError: ``poll_interval_s`` or ``max_line_bytes`` is not positive.
+        ConfigurationError: ``max_interval`` is not positive and finite, or ``max_line_bytes``
+            is not positive.
     """
 
     def __init__(
         self,
         file_path: str,
+        run_id: str = "",
+        max_interval: float = 10,
+        daemon: bool = True,
+        log_event: LogEvent | None = None,
         *,
-        poll_interval_s: float = 0.1,
-        is_known_pid: Callable[[int], bool],
-        on_expired: Callable[[TimerExpiry], None],
-        max_line_bytes: int = select.PIPE_BUF,
+        is_known_pid: Callable[[int], bool] | None = None,
+        on_expired: Callable[[TimerExpiry], None] | None = None,
+        max_line_bytes: int = MAX_LINE_BYTES,
     ) -> None:
-        if not poll_interval_s > 0:
+        if not (max_interval > 0 and math.isfinite(max_interval)):
             raise ConfigurationError(
-                f"watchdog poll interval must be positive, got {poll_interval_s}"
+                f"watchdog max_interval must be positive and finite, got {max_interval}"
             )
         if max_line_bytes <= 0:
             raise ConfigurationError(
                 f"watchdog max line size must be positive, got {max_line_bytes}"
             )
         self._file_path = file_path
-        self._poll_interval_s = poll_interval_s
+        self._name = f"watchdog on {file_path}" + (f" (run {run_id})" if run_id else "")
+        self._max_interval = float(max_interval)
+        self._daemon = daemon
+        self._log_event = log_event
         self._is_known_pid = is_known_pid
         self._on_expired = on_expired
         self._max_line_bytes = max_line_bytes
+        # Writers hold the lock; readers take the reference (a table is immutable).
         self._lock = threading.Lock()
-        self._timers: dict[tuple[int, str], _Request] = {}
+        self._table = TimerTable()
         self._stopping = threading.Event()
         self._thread: threading.Thread | None = None
         self._fifo_fd = -1
@@ -188,10 +152,8 @@ class FileTimerServer:
         self._wake_w = -1
         self._created_fifo = False
         self._last_progress = time.monotonic()
-        # Reader state, touched only by the server thread.
-        self._buffer = bytearray()
-        self._discarding = False
-        self._partial_since = 0.0
+        # Touched only by the server thread.
+        self._framer = RequestFramer(max_line_bytes, _PARTIAL_STALE_S)
         self._next_sweep = 0.0
 
     @property
@@ -204,11 +166,17 @@ class FileTimerServer:
         """``time.monotonic()`` at the last turn of the server loop (for the health check)."""
         return self._last_progress
 
+    def get_last_progress_time(self) -> int:
+        """Return the last turn of the server loop in epoch seconds, as torch's server does.
+
+        Returns:
+            ``int(time.time())`` as it was at the loop's last turn.
+        """
+        return int(time.time() - (time.monotonic() - self._last_progress))
+
     def armed_timers(self) -> tuple[ArmedTimer, ...]:
         """Return a snapshot of the timers held now, earliest expiry first."""
-        with self._lock:
-            requests = sorted(self._timers.values(), key=lambda r: r.expiration_time)
-        return tuple(ArmedTimer(r.pid, r.scope_id, r.expiration_time, r.signal) for r in requests)
+        return self._table.armed()
 
     def clear_pid(self, pid: int) -> None:
         """Drop every timer of ``pid`` (the agent calls this when it stops a worker).
@@ -217,8 +185,7 @@ class FileTimerServer:
             pid: the worker's process id.
         """
         with self._lock:
-            for key in [k for k in self._timers if k[0] == pid]:
-                del self._timers[key]
+            self._table = self._table.without_pids((pid,))
 
     def start(self) -> None:
         """Create the FIFO if needed, open it and start the server thread.
@@ -228,16 +195,17 @@ class FileTimerServer:
             AgentError: the server was already started.
         """
         if self._thread is not None:
-            raise AgentError(f"watchdog on {self._file_path} is already started")
+            raise AgentError(f"{self._name} is already started")
         self._open_fifo()
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stopping.clear()
         self._last_progress = time.monotonic()
         self._thread = threading.Thread(
-            target=self._run, name=f"file-timer-watchdog:{self._file_path}", daemon=True
+            target=self._run, name=f"file-timer-{self._name}", daemon=self._daemon
         )
         self._thread.start()
+        self._emit("watchdog started", None)
 
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (bounded join), close the FIFO and remove it if this server made it.
@@ -258,7 +226,7 @@ class FileTimerServer:
             pass
         thread.join(timeout_s)
         if thread.is_alive():
-            raise AgentError(f"watchdog thread on {self._file_path} did not stop in {timeout_s} s")
+            raise AgentError(f"{self._name}: the thread did not stop in {timeout_s} s")
         self._thread = None
         for fd in (self._fifo_fd, self._wake_r, self._wake_w):
             if fd >= 0:
@@ -271,7 +239,9 @@ class FileTimerServer:
                 pass
             self._created_fifo = False
         with self._lock:
-            self._timers.clear()
+            self._table = TimerTable()
+        self._framer = RequestFramer(self._max_line_bytes, _PARTIAL_STALE_S)
+        self._emit("watchdog stopped", None)
 
     def _open_fifo(self) -> None:
         try:
@@ -306,16 +276,24 @@ class FileTimerServer:
             except Exception:
                 # A bug of ours, not the input's: keep watching rather than leave workers
                 # unguarded, but say it loudly.
-                logger.exception("watchdog on %s: unexpected error in the loop", self._file_path)
-                self._stopping.wait(self._poll_interval_s)
+                logger.exception("%s: unexpected error in the loop", self._name)
+                self._stopping.wait(min(self._max_interval, 1.0))
+
+    def _wait_s(self) -> float:
+        """How long the next ``select`` may wait: to the first deadline, at most max_interval."""
+        wall, mono = time.time(), time.monotonic()
+        deadlines = [mono + self._max_interval]
+        expiration = self._table.next_expiration()
+        if expiration is not None:
+            deadlines.append(mono + (expiration - wall))
+            deadlines.append(self._next_sweep)
+        stale_at = self._framer.stale_at
+        if stale_at is not None:
+            deadlines.append(stale_at)
+        return max(0.0, min(deadlines) - mono)
 
     def _turn(self) -> None:
-        timeout_s = self._poll_interval_s
-        with self._lock:
-            if self._timers:
-                earliest = min(r.expiration_time for r in self._timers.values())
-                timeout_s = min(timeout_s, max(0.0, earliest - time.time()))
-        readable, _, _ = select.select([self._fifo_fd, self._wake_r], [], [], timeout_s)
+        readable, _, _ = select.select([self._fifo_fd, self._wake_r], [], [], self._wait_s())
         if self._fifo_fd in readable:
             self._read_pipe()
         if self._wake_r in readable:
@@ -325,8 +303,7 @@ class FileTimerServer:
                 pass
         self._expire_due()
         now = time.monotonic()
-        if self._buffer or self._discarding:
-            self._drop_partial_if_stale(now)
+        self._warn(self._framer.drop_stale(now))
         if now >= self._next_sweep:
             self._next_sweep = now + _SWEEP_INTERVAL_S
             self._sweep_exited()
@@ -342,150 +319,89 @@ class FileTimerServer:
             raise
         if not chunk:
             return
-        if not self._buffer and not self._discarding:
-            self._partial_since = time.monotonic()
-        self._buffer.extend(chunk)
-        while True:
-            newline = self._buffer.find(b"\n")
-            if newline < 0:
-                break
-            line = bytes(self._buffer[:newline])
-            del self._buffer[: newline + 1]
-            if self._discarding:
-                self._discarding = False
-                continue
-            self._handle_line(line)
-            self._partial_since = time.monotonic()
-        if len(self._buffer) > self._max_line_bytes and not self._discarding:
-            logger.warning(
-                "watchdog on %s: dropping a request line longer than %d bytes",
-                self._file_path,
-                self._max_line_bytes,
-            )
-            self._discarding = True
-        if self._discarding:
-            self._buffer.clear()
+        framed = self._framer.feed(chunk, time.monotonic())
+        self._warn(framed.problems)
+        for request in framed.requests:
+            self._apply(request)
 
-    def _drop_partial_if_stale(self, now: float) -> None:
-        # Conforming clients write whole lines atomically, so a tail that stays incomplete for a
-        # whole poll interval was left by a client that died mid-write (or wrote garbage).
-        if self._buffer and now - self._partial_since >= self._poll_interval_s:
-            logger.warning(
-                "watchdog on %s: dropping an incomplete request of %d bytes",
-                self._file_path,
-                len(self._buffer),
-            )
-            self._buffer.clear()
-        if self._discarding and now - self._partial_since >= self._poll_interval_s:
-            self._discarding = False
+    def _warn(self, problems: tuple[str, ...]) -> None:
+        for problem in problems:
+            logger.warning("%s: %s", self._name, problem)
 
-    def _handle_line(self, line: bytes) -> None:
-        line = line.strip()
-        if not line:
-            return
-        if len(line) > self._max_line_bytes:
+    def _apply(self, request: FileTimerRequest) -> None:
+        if not request.is_release and not self._accepts(request.worker_pid):
             logger.warning(
-                "watchdog on %s: dropping a request line of %d bytes (limit %d)",
-                self._file_path,
-                len(line),
-                self._max_line_bytes,
-            )
-            return
-        try:
-            request = _parse_request(line)
-        except _BadRequest as exc:
-            # A client that died mid-write leaves a fragment that the next atomic line is
-            # appended to: salvage that last record rather than lose it.
-            start = line.rfind(_RECORD_START)
-            if start > 0:
-                logger.warning(
-                    "watchdog on %s: dropping %d bytes of a broken request before a valid one",
-                    self._file_path,
-                    start,
-                )
-                self._handle_line(line[start:])
-                return
-            logger.warning(
-                "watchdog on %s: ignoring a bad request (%s): %.200r",
-                self._file_path,
-                exc,
-                line,
-            )
-            return
-        self._apply(request)
-
-    def _apply(self, request: _Request) -> None:
-        key = (request.pid, request.scope_id)
-        if request.expiration_time < 0:
-            with self._lock:
-                self._timers.pop(key, None)
-            return
-        try:
-            known = self._is_known_pid(request.pid)
-        except Exception:
-            logger.exception(
-                "watchdog on %s: is_known_pid(%d) failed", self._file_path, request.pid
-            )
-            known = False
-        if not known:
-            logger.warning(
-                "watchdog on %s: ignoring a timer for pid %d, which is not a known worker",
-                self._file_path,
-                request.pid,
+                "%s: ignoring a timer for pid %d, which is not a known worker",
+                self._name,
+                request.worker_pid,
             )
             return
         with self._lock:
-            self._timers[key] = request
+            self._table = self._table.apply(request)
+
+    def _accepts(self, pid: int) -> bool:
+        if self._is_known_pid is None:
+            return True
+        try:
+            return self._is_known_pid(pid)
+        except Exception:
+            logger.exception("%s: is_known_pid(%d) failed", self._name, pid)
+            return False
 
     def _expire_due(self) -> None:
-        now = time.time()
         with self._lock:
-            due = [r for r in self._timers.values() if r.expiration_time <= now]
-            for request in due:
-                del self._timers[(request.pid, request.scope_id)]
-        for request in sorted(due, key=lambda r: r.expiration_time):
-            self._expire(request)
+            due, self._table = self._table.split_due(time.time())
+        for timer in due:
+            self._expire(timer)
 
-    def _expire(self, request: _Request) -> None:
+    def _expire(self, timer: ArmedTimer) -> None:
+        if _has_exited(timer.pid):
+            return
+        request = timer.as_request()
+        self._emit("timer expired", request)
         killed_at: float | None = None
-        if request.signal > 0:
-            if _has_exited(request.pid):
-                return
+        if timer.signal > 0:
             try:
-                os.kill(request.pid, request.signal)
+                os.kill(timer.pid, timer.signal)
                 killed_at = time.time()
             except ProcessLookupError:
                 return
             except PermissionError:
                 logger.warning(
-                    "watchdog on %s: not allowed to signal pid %d for expired scope %r",
-                    self._file_path,
-                    request.pid,
-                    request.scope_id,
+                    "%s: not allowed to signal pid %d for expired scope %r",
+                    self._name,
+                    timer.pid,
+                    timer.scope_id,
                 )
         logger.warning(
-            "watchdog on %s: timer %r of pid %d expired %.3f s ago; %s",
-            self._file_path,
-            request.scope_id,
-            request.pid,
-            time.time() - request.expiration_time,
-            f"sent signal {request.signal}" if killed_at is not None else "no signal sent",
+            "%s: timer %r of pid %d expired %.3f s ago; %s",
+            self._name,
+            timer.scope_id,
+            timer.pid,
+            time.time() - timer.expiration_time,
+            f"sent signal {timer.signal}" if killed_at is not None else "no signal sent",
         )
-        expiry = TimerExpiry(
-            pid=request.pid,
-            scope_id=request.scope_id,
-            signal=request.signal,
-            expired_at=request.expiration_time,
-            killed_at=killed_at,
-        )
+        if killed_at is not None:
+            self._emit("kill worker process", request)
+        if self._on_expired is not None:
+            expiry = TimerExpiry(
+                timer.pid, timer.scope_id, timer.signal, timer.expiration_time, killed_at
+            )
+            try:
+                self._on_expired(expiry)
+            except Exception:
+                logger.exception("%s: on_expired callback failed", self._name)
+
+    def _emit(self, name: str, request: FileTimerRequest | None) -> None:
+        if self._log_event is None:
+            return
         try:
-            self._on_expired(expiry)
+            self._log_event(name, request)
         except Exception:
-            logger.exception("watchdog on %s: on_expired callback failed", self._file_path)
+            logger.exception("%s: log_event callback failed on %r", self._name, name)
 
     def _sweep_exited(self) -> None:
-        with self._lock:
-            pids = {pid for pid, _ in self._timers}
-        gone = [pid for pid in pids if _has_exited(pid)]
-        for pid in gone:
-            self.clear_pid(pid)
+        gone = [pid for pid in self._table.pids() if _has_exited(pid)]
+        if gone:
+            with self._lock:
+                self._table = self._table.without_pids(gone)

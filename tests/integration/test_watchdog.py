@@ -10,7 +10,7 @@ import sys
 import textwrap
 import threading
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import psutil
@@ -18,30 +18,30 @@ import pytest
 
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
 from elastic_run.errors import ConfigurationError
-
-REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str) -> None:
-    """Poll ``predicate`` until it holds; raise AssertionError naming ``what`` on timeout."""
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(0.01)
+from elastic_run.timer_wire import FileTimerRequest
+from tests.helpers import REPO_ROOT, wait_until
 
 
 class Harness:
-    """A started server, the expiries it reported and the worker processes of one test."""
+    """A started server, the expiries and events it reported and the workers of one test.
 
-    def __init__(self, fifo: str) -> None:
+    By default the server is built as the agent builds it (torch's arguments, then ours).
+    """
+
+    def __init__(self, fifo: str, server: FileTimerServer | None = None) -> None:
         self.fifo = fifo
         self.rejected: set[int] = set()
         self._lock = threading.Lock()
         self._expiries: list[TimerExpiry] = []
+        self._events: list[tuple[str, FileTimerRequest | None]] = []
         self.procs: list[subprocess.Popen[str]] = []
-        self.server = FileTimerServer(
-            fifo, is_known_pid=self._is_known_pid, on_expired=self._on_expired
+        self.server = server or FileTimerServer(
+            fifo,
+            "test-run",
+            max_interval=0.1,
+            log_event=self._log_event,
+            is_known_pid=self._is_known_pid,
+            on_expired=self._on_expired,
         )
 
     def _is_known_pid(self, pid: int) -> bool:
@@ -56,9 +56,17 @@ class Harness:
         with self._lock:
             self._expiries.append(expiry)
 
+    def _log_event(self, name: str, request: FileTimerRequest | None) -> None:
+        with self._lock:
+            self._events.append((name, request))
+
     def expiries(self) -> list[TimerExpiry]:
         with self._lock:
             return list(self._expiries)
+
+    def events(self) -> list[tuple[str, FileTimerRequest | None]]:
+        with self._lock:
+            return list(self._events)
 
     def spawn(self, code: str) -> subprocess.Popen[str]:
         env = dict(os.environ)
@@ -111,7 +119,7 @@ def read_line(proc: subprocess.Popen[str]) -> str:
 
 
 def wait_exit(proc: subprocess.Popen[str], timeout_s: float = 30) -> int:
-    wait_until(lambda: proc.poll() is not None, timeout_s, f"worker {proc.pid} to exit")
+    wait_until(lambda: proc.poll() is not None, timeout_s, message=f"worker {proc.pid} to exit")
     assert proc.returncode is not None
     return proc.returncode
 
@@ -129,7 +137,7 @@ def test_hung_worker_is_killed_with_sigkill(harness: Harness) -> None:
     proc = harness.spawn(HANGING_WORKER)
     assert read_line(proc) == "armed"
     assert wait_exit(proc) == -signal.SIGKILL
-    wait_until(lambda: bool(harness.expiries()), 10, "the expiry callback")
+    wait_until(lambda: bool(harness.expiries()), 10, message="the expiry callback")
     [expiry] = harness.expiries()
     assert expiry.pid == proc.pid
     assert expiry.scope_id == "hang"
@@ -151,7 +159,7 @@ def test_torch_file_timer_client_is_served(harness: Harness) -> None:
     )
     assert read_line(proc) == "armed"
     assert wait_exit(proc, timeout_s=60) == -signal.SIGKILL
-    wait_until(lambda: bool(harness.expiries()), 10, "the expiry callback")
+    wait_until(lambda: bool(harness.expiries()), 10, message="the expiry callback")
     [expiry] = harness.expiries()
     assert (expiry.pid, expiry.scope_id, expiry.signal) == (proc.pid, "torch-scope", 9)
 
@@ -189,7 +197,7 @@ def test_bad_input_does_not_stop_the_server(harness: Harness) -> None:
     proc = harness.spawn(HANGING_WORKER)
     assert read_line(proc) == "armed"
     assert wait_exit(proc) == -signal.SIGKILL
-    wait_until(lambda: bool(harness.expiries()), 10, "the expiry callback")
+    wait_until(lambda: bool(harness.expiries()), 10, message="the expiry callback")
     assert [(e.pid, e.scope_id) for e in harness.expiries()] == [(proc.pid, "hang")]
     # Requests are handled in order, so the bystander's was handled, and ignored, before.
     assert bystander.poll() is None
@@ -202,24 +210,90 @@ def test_fragment_followed_by_valid_request_is_salvaged(harness: Harness) -> Non
     # Both in one write, as the reader would see a dead client's fragment and the next line.
     harness.write_raw(b'{"version": 1, "pid": 4' + json.dumps(request).encode() + b"\n")
     assert wait_exit(proc) == -signal.SIGKILL
-    wait_until(lambda: bool(harness.expiries()), 10, "the expiry callback")
+    wait_until(lambda: bool(harness.expiries()), 10, message="the expiry callback")
     assert harness.expiries()[0].scope_id == "salvaged"
 
 
 def test_release_disarms_the_timer(harness: Harness) -> None:
+    # Requests are handled in order: once the second timer is armed, the first one's release
+    # was handled, so the table shows whether it disarmed (the pure table's unit tests show
+    # that a released timer never comes due).
     proc = harness.spawn(
         """
-        import time
+        import sys
         from elastic_run.worker import expires
-        with expires(after=0.5, scope="quick"):
+        with expires(after=30, scope="released"):
             pass
-        time.sleep(1.5)  # well past the released timer's deadline
-        print("done", flush=True)
+        with expires(after=60, scope="marker"):
+            print("armed", flush=True)
+            sys.stdin.readline()
         """
     )
-    assert read_line(proc) == "done"
+    assert read_line(proc) == "armed"
+
+    def scopes() -> list[str]:
+        return [t.scope_id for t in harness.server.armed_timers()]
+
+    wait_until(lambda: "marker" in scopes(), 10, message=lambda: f"armed: {scopes()}")
+    assert scopes() == ["marker"]
+    assert proc.stdin is not None
+    proc.stdin.write("go\n")
+    proc.stdin.flush()
     assert wait_exit(proc) == 0
+    wait_until(lambda: scopes() == [], 10, message=lambda: f"armed: {scopes()}")
     assert harness.expiries() == []
+
+
+def test_log_event_is_called_as_torchs_server_calls_it(harness: Harness) -> None:
+    proc = harness.spawn(HANGING_WORKER)
+    assert read_line(proc) == "armed"
+    assert wait_exit(proc) == -signal.SIGKILL
+    wait_until(lambda: len(harness.events()) >= 3, 10, message=lambda: f"{harness.events()}")
+    harness.server.stop()
+    names = [name for name, _ in harness.events()]
+    assert names == ["watchdog started", "timer expired", "kill worker process", "watchdog stopped"]
+    requests = [request for _, request in harness.events()]
+    assert requests[0] is None and requests[-1] is None
+    assert requests[1] == requests[2]
+    assert isinstance(requests[1], FileTimerRequest)
+    assert (requests[1].worker_pid, requests[1].scope_id, requests[1].signal) == (
+        proc.pid,
+        "hang",
+        signal.SIGKILL,
+    )
+    [expiry] = harness.expiries()
+    assert expiry.expired_at == requests[1].expiration_time
+
+
+def test_the_agents_first_call_still_serves(tmp_path: Path) -> None:
+    """``FileTimerServer(path, is_known_pid=..., on_expired=...)``, torch's max_interval."""
+    expiries: list[TimerExpiry] = []
+    fifo = str(tmp_path / "timer.fifo")
+    server = FileTimerServer(fifo, is_known_pid=lambda pid: True, on_expired=expiries.append)
+    harness = Harness(fifo, server)
+    server.start()
+    try:
+        proc = harness.spawn(HANGING_WORKER)
+        assert read_line(proc) == "armed"
+        assert wait_exit(proc) == -signal.SIGKILL
+        wait_until(lambda: bool(expiries), 10, message="the expiry callback")
+        assert (expiries[0].pid, expiries[0].scope_id) == (proc.pid, "hang")
+    finally:
+        harness.cleanup()
+
+
+def test_without_is_known_pid_every_pid_is_served(tmp_path: Path) -> None:
+    fifo = str(tmp_path / "timer.fifo")
+    harness = Harness(fifo, FileTimerServer(fifo, "torch-like", max_interval=0.1))
+    harness.server.start()
+    try:
+        proc = harness.spawn(HANGING_WORKER)
+        assert read_line(proc) == "armed"
+        assert wait_exit(proc) == -signal.SIGKILL
+        assert harness.server.armed_timers() == ()
+        assert abs(harness.server.get_last_progress_time() - time.time()) < 60
+    finally:
+        harness.cleanup()
 
 
 def test_custom_signal_is_sent(harness: Harness) -> None:
@@ -235,7 +309,7 @@ def test_custom_signal_is_sent(harness: Harness) -> None:
     )
     assert read_line(proc) == "armed"
     assert wait_exit(proc) == -signal.SIGTERM
-    wait_until(lambda: bool(harness.expiries()), 10, "the expiry callback")
+    wait_until(lambda: bool(harness.expiries()), 10, message="the expiry callback")
     assert harness.expiries()[0].signal == signal.SIGTERM
 
 
@@ -251,14 +325,14 @@ def test_timers_of_exited_workers_are_dropped(harness: Harness) -> None:
         """
     )
     assert read_line(proc) == "armed"
-    wait_until(lambda: bool(harness.server.armed_timers()), 10, "the timer to be armed")
+    wait_until(lambda: bool(harness.server.armed_timers()), 10, message="the timer to be armed")
     [armed] = harness.server.armed_timers()
     assert (armed.pid, armed.scope_id) == (proc.pid, "left")
     assert proc.stdin is not None
     proc.stdin.write("go\n")
     proc.stdin.flush()
     assert wait_exit(proc) == 0
-    wait_until(lambda: harness.server.armed_timers() == (), 10, "the timer to be dropped")
+    wait_until(lambda: harness.server.armed_timers() == (), 10, message="the timer to be dropped")
     assert harness.expiries() == []
 
 
@@ -267,14 +341,14 @@ def test_clear_pid_drops_timers(harness: Harness) -> None:
     assert read_line(proc) == "up"
     request = {"version": 1, "pid": proc.pid, "scope_id": "a", "expiration_time": time.time() + 60}
     harness.write_raw(json.dumps(request).encode() + b"\n")
-    wait_until(lambda: bool(harness.server.armed_timers()), 10, "the timer to be armed")
+    wait_until(lambda: bool(harness.server.armed_timers()), 10, message="the timer to be armed")
     harness.server.clear_pid(proc.pid)
     assert harness.server.armed_timers() == ()
 
 
 def test_progress_advances_while_idle(harness: Harness) -> None:
     first = harness.server.last_progress
-    wait_until(lambda: harness.server.last_progress > first, 10, "a loop turn")
+    wait_until(lambda: harness.server.last_progress > first, 10, message="a loop turn")
 
 
 def test_fifo_lifecycle(tmp_path: Path) -> None:
@@ -291,6 +365,11 @@ def test_fifo_lifecycle(tmp_path: Path) -> None:
     plain.write_text("x")
     with pytest.raises(ConfigurationError, match="not a FIFO"):
         FileTimerServer(str(plain), is_known_pid=lambda pid: False, on_expired=print).start()
+    for bad in (0, -1, float("inf"), float("nan")):
+        with pytest.raises(ConfigurationError, match="max_interval must be positive and finite"):
+            FileTimerServer(str(fifo), "run", bad)
+    with pytest.raises(ConfigurationError, match="max line size must be positive"):
+        FileTimerServer(str(fifo), "run", max_line_bytes=0)
 
     os.mkfifo(fifo)
     server = FileTimerServer(str(fifo), is_known_pid=lambda pid: False, on_expired=print)

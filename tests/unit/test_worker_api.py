@@ -21,6 +21,7 @@ from elastic_run.worker import (
     TimerClientError,
     WorkerEnv,
     WorkerEnvError,
+    configure,
     expires,
     record,
 )
@@ -184,6 +185,16 @@ def test_client_wire_format(fifo_reader: tuple[str, int]) -> None:
     ]
 
 
+def test_client_refuses_a_bad_request_before_writing(fifo_reader: tuple[str, int]) -> None:
+    path, fd = fifo_reader
+    client = FileTimerClient(path)
+    for scope, at in [("s", float("nan")), ("s", "soon"), (5, 1.0)]:
+        with pytest.raises(TimerClientError, match="finite number|must be a string"):
+            client.acquire(scope, at)  # type: ignore[arg-type]
+    with pytest.raises(BlockingIOError):
+        os.read(fd, 1)  # nothing was written
+
+
 def test_client_matches_torchs_client(fifo_reader: tuple[str, int]) -> None:
     from torch.distributed.elastic.timer.api import expires as torch_expires
     from torch.distributed.elastic.timer.file_based_local_timer import (
@@ -238,7 +249,66 @@ def test_expires_uses_the_timer_file_env(
     assert [r["scope_id"] for r in read_requests(fd)] == ["env", "env"]
 
 
-def test_expires_without_a_watchdog(monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.fixture
+def configured() -> Iterator[None]:
+    """Forget the client a test configured."""
+    try:
+        yield
+    finally:
+        configure(None)
+
+
+def test_expires_uses_the_configured_client(
+    fifo_reader: tuple[str, int], monkeypatch: pytest.MonkeyPatch, configured: None
+) -> None:
+    path, fd = fifo_reader
+    monkeypatch.setenv("TORCHELASTIC_TIMER_FILE", str(Path(path).with_name("nothing.fifo")))
+    configure(FileTimerClient(path, signal=signal.SIGTERM))
+    with expires(after=5, scope="configured"):
+        pass
+    armed, released = read_requests(fd)
+    assert (armed["scope_id"], armed["signal"]) == ("configured", signal.SIGTERM)
+    assert released["expiration_time"] == -1
+
+
+def test_a_client_given_to_expires_wins_over_the_configured_one(
+    fifo_reader: tuple[str, int],
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    configured: None,
+) -> None:
+    path, fd = fifo_reader
+    configure(FileTimerClient(str(tmp_path / "missing.fifo")))
+    with expires(after=5, scope="given", client=FileTimerClient(path)):
+        pass
+    assert [r["scope_id"] for r in read_requests(fd)] == ["given", "given"]
+    configure(None)
+    monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)
+    with pytest.raises(TimerClientError, match="is not set"):
+        expires(after=5, scope="forgotten")
+
+
+def test_expires_takes_any_client_with_acquire_and_release(configured: None) -> None:
+    calls: list[tuple[str, str, float | None]] = []
+
+    class Recorder:
+        def acquire(self, scope_id: str, expiration_time: float) -> None:
+            calls.append(("acquire", scope_id, expiration_time))
+
+        def release(self, scope_id: str) -> None:
+            calls.append(("release", scope_id, None))
+
+    configure(Recorder())
+    before = time.time()
+    with expires(after=7, scope="any"):
+        assert len(calls) == 1
+    [(kind, scope, at), released] = calls
+    assert (kind, scope) == ("acquire", "any")
+    assert at is not None and before + 7 <= at <= time.time() + 7
+    assert released == ("release", "any", None)
+
+
+def test_expires_without_a_watchdog(monkeypatch: pytest.MonkeyPatch, configured: None) -> None:
     monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)
     with pytest.raises(TimerClientError, match="TORCHELASTIC_TIMER_FILE is not set"):
         expires(after=5)
@@ -336,5 +406,7 @@ def test_worker_module_imports_nothing_of_the_agent() -> None:
         if isinstance(node, ast.Import)
         for alias in node.names
     }
-    banned = ("elastic_run.agent", "elastic_run.cli", "elastic_run.rendezvous", "torch")
+    banned = ("elastic_run.agent", "elastic_run.cli", "elastic_run.rendezvous", "torch", "psutil")
     assert not [name for name in imported if name.startswith(banned)]
+    ours = {name for name in imported if name.startswith("elastic_run")}
+    assert ours == {"elastic_run.errors", "elastic_run.timer_wire"}
