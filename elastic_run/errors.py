@@ -7,6 +7,12 @@ error's ``exit_code`` (see DESIGN.md, "Exit codes").
 
 from __future__ import annotations
 
+__all__ = [
+    "AgentError",
+    "ConfigurationError",
+    "ElasticRunError",
+]
+
 
 class ElasticRunError(Exception):
     """Base of every error elastic-run raises on purpose.

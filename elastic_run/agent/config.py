@@ -7,7 +7,13 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-__all__ = ["AgentOptions", "LaunchConfig", "Std", "StdSpec"]
+__all__ = [
+    "DEFAULT_SIGNALS",
+    "AgentOptions",
+    "LaunchConfig",
+    "Std",
+    "StdSpec",
+]
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM,
@@ -78,6 +84,7 @@ class AgentOptions:
         health_check_addr: the health server's address.
         health_check_timeout_s: how long without progress before /healthz fails.
         extra_env: variables set in every worker's environment.
+        base_env: the environment workers start from (None: the agent's, when they start).
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -87,6 +94,7 @@ class AgentOptions:
     health_check_addr: str = "127.0.0.1"
     health_check_timeout_s: float = 60.0
     extra_env: tuple[tuple[str, str], ...] = ()
+    base_env: tuple[tuple[str, str], ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -136,3 +144,4 @@ class LaunchConfig:
     exit_barrier_timeout_s: float = 300.0
     python_exec: str | None = None
     extra_env: tuple[tuple[str, str], ...] = field(default=())
+    base_env: tuple[tuple[str, str], ...] | None = None

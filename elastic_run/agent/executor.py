@@ -9,6 +9,7 @@ the run with its documented exit code; an agent error (a worker that cannot be s
 
 from __future__ import annotations
 
+import logging
 import signal
 from dataclasses import replace
 from typing import TYPE_CHECKING, Any
@@ -26,6 +27,8 @@ if TYPE_CHECKING:
     from elastic_run.agent.simple import SimpleElasticAgent
 
 __all__ = ["run_to_end"]
+
+log = logging.getLogger(__name__)
 
 
 def run_to_end(agent: SimpleElasticAgent) -> RunResult:
@@ -154,11 +157,14 @@ def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, resu
             **fields,
         )
     agent._set_state(action.state)
+    agent._stop_workers(agent._worker_group)
     if isinstance(action, sm.Rejoin) and agent._rdzv is not None:
         if action.reason in ("nodes_waiting", "liveness_lost"):
             # This node ends the round: record why, so the others tell the same story.
-            agent._rdzv.leave_round(action.reason)
-    agent._stop_workers(agent._worker_group)
+            try:
+                agent._rdzv.leave_round(action.reason)
+            except RendezvousError as exc:
+                log.warning("could not record why this node left the round: %s", exc)
 
 
 def _REJOIN_TEXT(reason: sm.RejoinReason, waiting: int) -> str:  # noqa: N802 - a table
@@ -177,7 +183,8 @@ def _round_end_fields(agent: SimpleElasticAgent) -> dict[str, Any]:
         return {}
     try:
         end = agent._rdzv.round_end()
-    except RendezvousError:
+    except RendezvousError as exc:
+        log.warning("could not read why the round ended: %s", exc)
         return {}
     if end is None:
         return {}

@@ -39,7 +39,6 @@ import time
 from collections.abc import Callable, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
-from typing import overload
 
 from elastic_run.agent.bounded_http import BoundedHTTPServer
 from elastic_run.errors import AgentError, ConfigurationError
@@ -357,13 +356,9 @@ class HealthCheckServer:
 
     Raises:
         ConfigurationError: ``timeout`` is not positive.
-        TypeError: neither torch's arguments nor the old keyword form (below) were given.
-
-    Temporary compatibility: ``HealthCheckServer(addr, port, status_fn=..., liveness_fn=...,
-    metrics_fn=...)``, the old name of :class:`AgentHealthServer`, still builds that server.
+        TypeError: ``alive_callback`` is not callable.
     """
 
-    @overload
     def __init__(
         self,
         alive_callback: Callable[[], float],
@@ -372,44 +367,9 @@ class HealthCheckServer:
         *,
         addr: str = "127.0.0.1",
         clock: Callable[[], float] = time.time,
-    ) -> None: ...
-
-    @overload
-    def __init__(  # compatibility: the old AgentHealthServer form (to delete)
-        self,
-        alive_callback: str,
-        port: int,
-        *,
-        status_fn: Callable[[], dict[str, object]],
-        liveness_fn: Callable[[], tuple[bool, str]],
-        metrics_fn: Callable[[], Mapping[str, float]] | None = None,
-    ) -> None: ...
-
-    def __init__(
-        self,
-        alive_callback: Callable[[], float] | str,
-        port: int,
-        timeout: float | None = None,
-        *,
-        addr: str = "127.0.0.1",
-        clock: Callable[[], float] = time.time,
-        status_fn: Callable[[], dict[str, object]] | None = None,
-        liveness_fn: Callable[[], tuple[bool, str]] | None = None,
-        metrics_fn: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
-        if status_fn is not None or liveness_fn is not None:  # compatibility (to delete)
-            if not isinstance(alive_callback, str) or status_fn is None or liveness_fn is None:
-                raise TypeError("HealthCheckServer(addr, port, status_fn=..., liveness_fn=...)")
-            self._server = AgentHealthServer(
-                alive_callback,
-                port,
-                status_fn=status_fn,
-                liveness_fn=liveness_fn,
-                metrics_fn=metrics_fn,
-            )
-            return
-        if isinstance(alive_callback, str) or not callable(alive_callback) or timeout is None:
-            raise TypeError("HealthCheckServer(alive_callback, port, timeout)")
+        if not callable(alive_callback):
+            raise TypeError("HealthCheckServer(alive_callback, port, timeout): not callable")
         if not timeout > 0:
             raise ConfigurationError(f"health-check timeout must be positive, got {timeout}")
         self._alive_callback = alive_callback

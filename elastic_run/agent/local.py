@@ -24,7 +24,7 @@ from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import AgentEvent, EventLog
 from elastic_run.agent.failures import FailureRecord, WorkerErrorInfo, read_error_file
 from elastic_run.agent.guardian import Guardian
-from elastic_run.agent.health import HealthCheckServer, Liveness
+from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.agent.simple import SimpleElasticAgent
@@ -94,7 +94,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._watchdog: FileTimerServer | None = None
         self._timer_file: str | None = None
         self._expiries: dict[int, TimerExpiry] = {}
-        self._health: HealthCheckServer | None = None
+        self._health: AgentHealthServer | None = None
         self._host = socket.gethostname()
 
     @property
@@ -115,7 +115,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         if opts.watchdog:
             path = opts.timer_file or str(self._run_dir / "watchdog.fifo")
             self._watchdog = FileTimerServer(
-                path, is_known_pid=self._is_worker_pid, on_expired=self._on_timer_expired
+                path,
+                self._spec.rdzv_handler.get_run_id(),
+                max_interval=0.1,
+                is_known_pid=self._is_worker_pid,
+                on_expired=self._on_timer_expired,
             )
             self._watchdog.start()
             self._timer_file = self._watchdog.file_path
@@ -129,20 +133,14 @@ class LocalElasticAgent(SimpleElasticAgent):
             watchdog = self._watchdog
             liveness.watch("watchdog", lambda: watchdog.last_progress)
         assert opts.health_check_port is not None
-        self._health = HealthCheckServer(
+        self._health = AgentHealthServer(
             opts.health_check_addr,
             opts.health_check_port,
             status_fn=self._status_json,
             liveness_fn=liveness.check,
             metrics_fn=self._metrics,
         )
-        try:
-            self._health.start()
-        except OSError as exc:
-            raise AgentError(
-                f"cannot serve the health check on {opts.health_check_addr}:"
-                f"{opts.health_check_port}: {exc.strerror or exc}"
-            ) from None
+        self._health.start()
         self._emit(
             "health.started",
             f"health check on http://{opts.health_check_addr}:{self._health.port}/healthz",
@@ -219,7 +217,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         handler = spec.rdzv_handler
         envs = {
             w.local_rank: build_worker_env(
-                os.environ,
+                dict(self._options.base_env) if self._options.base_env is not None else os.environ,
                 group=group,
                 local_rank=w.local_rank,
                 restart_count=self.restarts,

@@ -330,18 +330,19 @@ class SimpleElasticAgent(ElasticAgent):
         return result
 
     def _poll_store(self) -> RoundPoll:
-        """The rendezvous's view, reading the store at most once a second (or when changed)."""
+        """The rendezvous's view: ours keeps it current (no I/O here); a torch-style handler is
+        asked at most once a second."""
+        if self._rdzv is not None:
+            self._poll = self._rdzv.poll()
+            return self._poll
         now = time.monotonic()
         if not self._changed.is_set() and now - self._polled_at < _POLL_INTERVAL_S:
             return self._poll
         self._changed.clear()
         self._polled_at = now
         handler = self._spec.rdzv_handler
-        if self._rdzv is not None:
-            self._poll = self._rdzv.poll()
-        else:
-            closed = "closed" if handler.is_closed() else None
-            self._poll = RoundPoll(closed=closed, nodes_waiting=handler.num_nodes_waiting())
+        closed = "closed" if handler.is_closed() else None
+        self._poll = RoundPoll(closed=closed, nodes_waiting=handler.num_nodes_waiting())
         return self._poll
 
     def _observe(self, result: RunResult) -> sm.Observation:

@@ -43,6 +43,9 @@ from typing import Literal
 from elastic_run.agent.api import WorkerState
 
 __all__ = [
+    "EXIT_CLOSED",
+    "EXIT_FAILED",
+    "EXIT_SUCCEEDED",
     "Action",
     "ClosedReason",
     "End",

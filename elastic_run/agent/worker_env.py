@@ -16,7 +16,11 @@ from collections.abc import Mapping
 from elastic_run.agent.api import WorkerGroup, WorkerSpec
 from elastic_run.errors import ConfigurationError
 
-__all__ = ["build_worker_env", "worker_argv"]
+__all__ = [
+    "build_worker_env",
+    "python_command",
+    "worker_argv",
+]
 
 
 def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:

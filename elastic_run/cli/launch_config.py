@@ -43,7 +43,11 @@ from elastic_run.cli.values import (
 )
 from elastic_run.errors import ConfigurationError
 
-__all__ = ["ParsedRun", "parse_launch_config"]
+__all__ = [
+    "Chosen",
+    "ParsedRun",
+    "parse_launch_config",
+]
 
 _ELASTIC_BACKENDS = ("c10d", "etcd", "etcd-v2")
 _SHOWN_IN_PRINT_CONFIG = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id")

@@ -25,7 +25,13 @@ from elastic_run.cli.run_options import run_options
 from elastic_run.errors import ConfigurationError, ElasticRunError
 
 # parse_launch_config and ParsedRun live in cli.launch_config; named here too for old imports.
-__all__ = ["ParsedRun", "cli", "main", "parse_launch_config"]
+__all__ = [
+    "ParsedRun",
+    "cli",
+    "main",
+    "parse_launch_config",
+    "run_command",
+]
 
 _SUBCOMMANDS = ("run", "status", "close", "etcd")
 
@@ -76,8 +82,9 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
     """Run SCRIPT on this node as part of an elastic job (the default command)."""
     # torch's C++ layer logs each store wait that timed out and each failed connect as a
     # warning with a stack: noise in the agent, whose errors are one line. Set before torch
-    # loads; the workers keep the user's level (torch's default, WARNING, when none was set).
-    user_level = os.environ.get("TORCH_CPP_LOG_LEVEL")
+    # loads; the workers start from the environment as the user gave it (torchrun's keys and
+    # values, no TORCH_CPP_LOG_LEVEL added).
+    user_env = tuple(os.environ.items())
     os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
     from elastic_run.cli.slurm import format_print_config, should_exit_as_extra_task
 
@@ -102,10 +109,7 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
         click.echo(f"elastic-run: {line}", err=True)
     import dataclasses
 
-    config = dataclasses.replace(
-        parsed.config,
-        extra_env=(("TORCH_CPP_LOG_LEVEL", user_level or "WARNING"), *parsed.config.extra_env),
-    )
+    config = dataclasses.replace(parsed.config, base_env=user_env)
     from elastic_run.cli.run import run_job
 
     _exit_now(run_job(config))
@@ -151,6 +155,9 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the CLI, turning every expected error into one line."""
+    from elastic_run.rendezvous.grpc_fork import disable_grpc_fork_handlers
+
+    disable_grpc_fork_handlers()  # before anything imports grpc (see grpc_fork.py)
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cli.main(args=args, prog_name="elastic-run", standalone_mode=False)

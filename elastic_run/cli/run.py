@@ -9,6 +9,7 @@ builds it), ``DefaultLogsSpecs`` and ``LocalElasticAgent``.
 from __future__ import annotations
 
 import logging
+import signal
 import sys
 from collections.abc import Iterable
 
@@ -102,6 +103,7 @@ def run_job(config: LaunchConfig) -> int:
                 health_check_addr=config.health_check_addr,
                 health_check_timeout_s=config.health_check_timeout_s,
                 extra_env=config.extra_env,
+                base_env=config.base_env,
             ),
         )
     except (ElasticRunError, ValueError):
@@ -116,6 +118,10 @@ def run_job(config: LaunchConfig) -> int:
     agent.add_event_sink(view)
     if isinstance(view, LiveView):
         view.start()
+    # What the agent gives back when it returns: a late signal must not kill the process
+    # before it exits with the run's code.
+    for sig in config.signals_to_handle:
+        signal.signal(sig, signal.SIG_IGN)
     try:
         result = agent.run(config.role)
     finally:

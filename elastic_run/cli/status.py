@@ -26,7 +26,12 @@ from elastic_run.cli.rdzv_options import explicit_options, rdzv_options, resolve
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 
-__all__ = ["close_command", "status_command"]
+__all__ = [
+    "EXIT_NO_RENDEZVOUS",
+    "EXIT_UNREACHABLE",
+    "close_command",
+    "status_command",
+]
 
 EXIT_NO_RENDEZVOUS = 3
 EXIT_UNREACHABLE = 4

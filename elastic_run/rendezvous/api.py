@@ -29,6 +29,7 @@ __all__ = [
     "RendezvousStoreInfo",
     "RoundEnd",
     "RoundPoll",
+    "SupportedClosedReason",
 ]
 
 _TRUE = {"1", "true", "t", "yes", "y"}

@@ -13,10 +13,12 @@ for a key that does not exist, so a read that checks first and fetches second wo
 a minute when a delete lands in between. A node that leaves therefore overwrites its heartbeat
 counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone").
 
-A read is ``check`` then ``get`` (or ``multi_get``). The one-request trick of reading with
-``compare_set(key, X, X)`` is not used: on a missing key the server wakes every client waiting
-for that key, so the waiters would see a seal that does not exist. ``read_counter`` (the epoch
-every member's agent reads once a second) is one request: ``add(key, 0)``.
+A read is ``check`` then ``get`` (or ``multi_get``): three requests, as a TCPStore ``get`` waits
+for its key first. Keys that nobody ever waits for (heartbeats, the epoch) are read in one
+request that never blocks and never parses the value on the server: ``compare_set(key, X, X)``
+returns the value, or ``X`` (a value no record holds) without creating the key. It is not used
+for other keys: on a missing key the server wakes every client waiting for it, so a waiter
+would see a seal that does not exist.
 
 Heartbeats are written with ``set`` of this node's own counter, never ``add``: the TCPStore
 server parses the stored value on ``add`` and drops the client's connection when it is not an
@@ -42,8 +44,9 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
 from elastic_run.rendezvous.errors import RendezvousConnectionError
-from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat
+from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat, decode_int
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -53,11 +56,13 @@ __all__ = [
     "DEFAULT_PORT",
     "C10dRendezvousBackend",
     "create_c10d_backend",
-    "parse_endpoint",
+    "is_local_host",
 ]
 
-DEFAULT_PORT = 29400
+DEFAULT_PORT = C10D_DEFAULT_PORT
 CONF_KEYS = frozenset({"read_timeout", "is_host", "store_type", "use_libuv", "local_addr"})
+# What a one-request read sends as both the expected and the new value: no record holds it.
+_NEVER_STORED = b"\x00elastic-run: never stored\x00"
 _T = TypeVar("_T")
 
 
@@ -82,33 +87,6 @@ def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
 
     view = PrefixStore(prefix, store)
     return view, cast(_KeyValueStore, view)
-
-
-def parse_endpoint(endpoint: str, default_port: int = DEFAULT_PORT) -> tuple[str, int]:
-    """Split ``host[:port]`` (``[v6]:port`` too).
-
-    Raises:
-        ConfigurationError: the port is not a number in 0..65535 or the host is empty.
-    """
-    text = endpoint.strip()
-    host, port_text = text, ""
-    if text.startswith("["):
-        end = text.find("]")
-        if end < 0:
-            raise ConfigurationError(f"bad rendezvous endpoint '{endpoint}': unclosed '['")
-        host, rest = text[1:end], text[end + 1 :]
-        port_text = rest[1:] if rest.startswith(":") else ""
-    elif text.count(":") == 1:
-        host, port_text = text.split(":")
-    if not host:
-        raise ConfigurationError(f"bad rendezvous endpoint '{endpoint}': no host")
-    if not port_text:
-        return host, default_port
-    if not port_text.isdigit() or not 0 <= int(port_text) <= 65535:
-        raise ConfigurationError(
-            f"bad rendezvous endpoint '{endpoint}': port '{port_text}' is not in 0..65535"
-        )
-    return host, int(port_text)
 
 
 def is_local_host(host: str) -> bool:
@@ -229,9 +207,14 @@ class C10dRendezvousBackend(RendezvousBackend):
 
         return self._call(read)
 
+    def _peek(self, key: str) -> bytes | None:
+        """One request for a key nobody waits for (see the module docstring)."""
+        value = bytes(self._store.compare_set(key, _NEVER_STORED, _NEVER_STORED))
+        return None if value == _NEVER_STORED else value
+
     def read_counter(self, key: str) -> int:
-        # One request, never blocking; only counters (written with add) are read this way.
-        return int(self._call(lambda: self._store.add(key, 0)))
+        raw = self._call(lambda: self._peek(key))
+        return decode_int(key, raw) if raw is not None else 0
 
     def set(self, key: str, value: bytes) -> None:
         self._call(lambda: self._store.set(key, value))
@@ -279,9 +262,11 @@ class C10dRendezvousBackend(RendezvousBackend):
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]
-        return [
-            decode_heartbeat(v, k) for k, v in zip(hb_keys, self.get_many(hb_keys), strict=True)
-        ]
+        if len(hb_keys) <= 2:
+            values = self._call(lambda: [self._peek(k) for k in hb_keys])
+        else:
+            values = self.get_many(hb_keys)
+        return [decode_heartbeat(v, k) for k, v in zip(hb_keys, values, strict=True)]
 
     def forget_node(self, node_id: str) -> None:
         # Overwrite, never delete: see the module docstring.

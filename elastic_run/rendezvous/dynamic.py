@@ -28,8 +28,6 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass, replace
-from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from elastic_run.rendezvous import keys
@@ -49,7 +47,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.coordinator import read_lost
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.liveness import LivenessThread, RingPosition
-from elastic_run.rendezvous.peerwatch import AliveListener, PeerWatch
+from elastic_run.rendezvous.notices import DeathNotices
 from elastic_run.rendezvous.records import (
     ClosedReason,
     ClosedRecord,
@@ -60,8 +58,9 @@ from elastic_run.rendezvous.records import (
     decode_int,
     encode,
 )
+from elastic_run.rendezvous.round_state import RoundState
 from elastic_run.rendezvous.rounds import Membership, Rounds, end_round
-from elastic_run.rendezvous.settings import RendezvousSettings
+from elastic_run.rendezvous.settings import RendezvousSettings, RendezvousTimeout
 from elastic_run.rendezvous.status_reader import read_snapshot
 from elastic_run.rendezvous.telemetry import Telemetry
 
@@ -71,16 +70,6 @@ if TYPE_CHECKING:
 __all__ = ["DynamicRendezvousHandler", "create_handler"]
 
 log = logging.getLogger(__name__)
-
-
-@dataclass(frozen=True)
-class _RoundFlags:
-    """What this node learned about its current round; replaced whole, under the lock."""
-
-    round: int
-    over: bool = False
-    lost: bool = False
-    cause: str | None = None
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -123,9 +112,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._role = "default"
         self._lock = threading.Lock()
         self._member: Membership | None = None
-        self._flags: _RoundFlags | None = None
-        self._epoch_seen = -1
-        self._last_poll = RoundPoll()
+        self._notices = DeathNotices(
+            run_id, self.node_id, self._addr, lambda _: self._liveness.poke()
+        )
+        self._state = RoundState(
+            backend,
+            run_id,
+            self.node_id,
+            self._notify_change,
+            lambda n: n in self._notices.closed_peers,
+        )
         self._shut_down = False
         self._telemetry = Telemetry(backend, run_id, self.node_id, self._host)
         self._liveness = LivenessThread(
@@ -135,12 +131,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             clock,
             self._ring_position,
             self._with_notices,
-            self._apply_verdict,
+            self._state.apply_verdict,
+            self._state.refresh,
         )
-        # Death notices (peerwatch.py): this node listens, and watches its ring successor.
-        self._alive: AliveListener | None = None
-        self._peer_watch: PeerWatch | None = None
-        self._closed_peers: frozenset[str] = frozenset()
         self._on_change: Callable[[], None] | None = None
         self._is_interrupted: Callable[[], bool] = lambda: False
         self._rounds = Rounds(
@@ -167,29 +160,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
         min_nodes: int,
         max_nodes: int,
         local_addr: str | None = None,
-        timeout: Any = None,
+        timeout: RendezvousTimeout | None = None,
         keep_alive_interval: float = 1.0,
         keep_alive_max_attempt: int = 3,
     ) -> DynamicRendezvousHandler:
         """Build a handler as torch's ``from_backend`` does (``store`` is kept for shape only).
 
         Args:
-            timeout: an object with ``join``, ``last_call``, ``close``, ``heartbeat``
-                timedeltas (torch's RendezvousTimeout), or None for the defaults.
+            timeout: the join, last call, close and heartbeat timeouts (None: the defaults).
+            keep_alive_interval: seconds between heartbeats (torch's default is 5; ours 1).
+            keep_alive_max_attempt: intervals without a heartbeat before a node is gone.
         """
-        defaults = RendezvousSettings()
-
-        def seconds(name: str, default: float) -> float:
-            value = getattr(timeout, name, None) if timeout is not None else None
-            return value.total_seconds() if isinstance(value, timedelta) else default
-
-        settings = RendezvousSettings(
-            join_timeout_s=seconds("join", defaults.join_timeout_s),
-            last_call_timeout_s=seconds("last_call", defaults.last_call_timeout_s),
-            close_timeout_s=seconds("close", defaults.close_timeout_s),
-            heartbeat_timeout_s=seconds("heartbeat", defaults.heartbeat_timeout_s),
-            keep_alive_interval_s=keep_alive_interval,
-            keep_alive_max_attempt=keep_alive_max_attempt,
+        settings = RendezvousSettings.from_timeout(
+            timeout, keep_alive_interval, keep_alive_max_attempt
         )
         return cls(run_id, backend, min_nodes, max_nodes, local_addr, settings)
 
@@ -260,58 +243,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         ``watching <node id>``, ``no verdict <node id>: <why>``, ``dead <node id>``, ``idle``.
         """
-        watch = self._peer_watch
-        return watch.state if watch is not None else "idle"
+        return self._notices.state
 
     def closed_peers(self) -> frozenset[str]:
         """The node ids whose agents this node saw end (see ``peerwatch.py``). No I/O."""
-        return self._closed_peers
+        return self._notices.closed_peers
 
     def liveness(self) -> LivenessReport:
         """This node's own heartbeat standing (no I/O)."""
         return self._liveness.report()
 
     def poll(self) -> RoundPoll:
-        """What changed around this node's round: one counter read, more only when it moved.
+        """What this node knows of its round now (no I/O; see ``round_state.py``).
 
-        Raises:
-            RendezvousConnectionError: the backend cannot be reached.
+        The liveness thread keeps it current: each tick it reads the job's epoch counter (one
+        request) and, when it moved, the round, the closed record and the arrival count; its
+        verdicts and the death notices update it at once. A change wakes the agent through the
+        change callback.
         """
-        epoch = self._backend.read_counter(keys.EPOCH)
-        if epoch == self._epoch_seen:
-            return self._with_flags(self._last_poll)
-        member = self._member
-        wanted = [keys.ROUND, keys.CLOSED]
-        if member is not None:
-            wanted.append(keys.arrivals(member.round))
-        values = self._backend.get_many(wanted)
-        closed = decode(ClosedRecord, keys.CLOSED, values[1]) if values[1] is not None else None
-        over = False
-        waiting = 0
-        if member is not None:
-            raw_round, raw_arrivals = values[0], values[2]
-            over = raw_round is not None and decode_int(keys.ROUND, raw_round) != member.round
-            arrivals = decode_int(wanted[2], raw_arrivals) if raw_arrivals is not None else 0
-            waiting = max(0, arrivals - member.seal.sealed_arrivals)
-            if over:
-                self._note_round_end(member.round)
-        self._epoch_seen = epoch
-        self._last_poll = RoundPoll(
-            closed=closed.reason if closed is not None else None, nodes_waiting=waiting
-        )
-        return self._with_flags(self._last_poll)
-
-    def _with_flags(self, poll: RoundPoll) -> RoundPoll:
-        flags = self._flags
-        member = self._member
-        if flags is None or member is None or flags.round != member.round:
-            return poll
-        return replace(
-            poll,
-            round_over=flags.over or flags.lost,
-            member_lost=flags.lost,
-            end_cause=flags.cause,
-        )
+        return self._state.poll()
 
     def round_end(self) -> RoundEnd | None:
         """Who ended this node's round and why (one store read), or None while it runs."""
@@ -440,20 +390,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         previous = self._member
         with self._lock:
             self._member = None
-            self._flags = None
+        self._state.begin(None)
         if previous is not None:
             why = LostRecord(previous.round, "rejoin", (), self.node_id)
             end_round(self._backend, previous.round, why)
         member = self._rounds.join(deadline)
-        successor = member.successor
-        if self._peer_watch is not None:
-            if successor is not None:
-                self._peer_watch.watch(successor.node_id, successor.addr, successor.alive_port)
-            else:
-                self._peer_watch.watch("", "", 0)  # alone in the round: nobody to watch
+        self._notices.watch(member.successor)
         with self._lock:
             self._member = member
-            self._flags = _RoundFlags(member.round)
+        self._state.begin(member)
         return RendezvousInfo(
             store=self._backend.round_store(keys.shared_prefix(member.round)),
             rank=member.assign.rank,
@@ -477,10 +422,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._shut_down = True
         if not self._liveness.stop():
             log.warning("the rendezvous liveness thread did not end in time")
-        if self._peer_watch is not None:
-            self._peer_watch.close()
-        if self._alive is not None:
-            self._alive.close()
+        self._notices.close()
         try:
             self._backend.forget_node(self.node_id)
         except RendezvousError as exc:
@@ -497,7 +439,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             local_world_size=self._local_world_size,
             role=self._role,
             prev_round=self._rounds.last_round,
-            alive_port=self._alive.port if self._alive is not None else 0,
+            alive_port=self._notices.port,
             min_nodes=self._round_settings.min_nodes,
             max_nodes=self._round_settings.max_nodes,
         )
@@ -505,84 +447,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
     # -- liveness -------------------------------------------------------------------------
 
     def _start_liveness(self) -> None:
-        if self._peer_watch is not None:
-            return
-        try:
-            self._alive = AliveListener(self.node_id, self._addr)
-        except OSError as exc:
-            log.info(
-                "rendezvous '%s': no death-notice port on %s (%s); heartbeats alone judge this node",
-                self._run_id,
-                self._addr,
-                exc,
-            )
-        self._peer_watch = PeerWatch(self._peer_closed)
+        self._notices.start()
         self._liveness.start()
 
     def _ring_position(self) -> RingPosition | None:
         member = self._member
         if member is None:
             return None
-        flags = self._flags
-        is_member = flags is not None and flags.round == member.round and not flags.over
+        is_member = self._state.is_member(member.round)
         successor = member.successor.node_id if member.successor is not None else ""
         return RingPosition(member.round, successor, is_member)
 
-    def _peer_closed(self, node_id: str) -> None:
-        """PeerWatch: ``node_id``'s agent ended. Judge it at once (the liveness thread acts)."""
-        with self._lock:
-            self._closed_peers = self._closed_peers | {node_id}
-        log.info(
-            "rendezvous '%s': the agent of %s ended (its connection closed and its port refuses)",
-            self._run_id,
-            node_id,
-        )
-        self._liveness.poke()
-
     def _with_notices(self, beats: proto.Heartbeats) -> proto.Heartbeats:
         """``beats`` with this node's death notices applied."""
-        closed = self._closed_peers
-        return beats.with_closed(closed, self._clock()) if closed else beats
+        return self._notices.apply(beats, self._clock())
 
-    def _apply_verdict(self, r: int, verdict: proto.RingVerdict) -> None:
-        """The liveness thread's verdict about round ``r``; dropped unless ``r`` is current."""
-        flags = self._flags
-        if flags is None or flags.round != r or flags.over or flags.lost:
-            return
-        if isinstance(verdict, proto.MemberLost):
-            successor = verdict.node_ids[0] if verdict.node_ids else "?"
-            log.warning(
-                "rendezvous '%s': member %s is gone (%s); ending round %d",
-                self._run_id,
-                successor,
-                "its agent ended" if successor in self._closed_peers else "it stopped heartbeating",
-                r,
-            )
-            end_round(
-                self._backend, r, LostRecord(r, "member_lost", verdict.node_ids, self.node_id)
-            )
-            self._set_flags(r, over=True, lost=True, cause="member_lost")
-        elif isinstance(verdict, proto.RoundEnded):
-            self._note_round_end(r)
-        else:
-            return
+    def _notify_change(self) -> None:
         callback = self._on_change
         if callback is not None:
             callback()
-
-    def _note_round_end(self, r: int) -> None:
-        """Mark round r over; a member lost (by whoever saw it) counts as lost here too."""
-        why = read_lost(self._backend, r)
-        cause = why.reason if why is not None else None
-        self._set_flags(r, over=True, lost=cause == "member_lost", cause=cause)
-
-    def _set_flags(self, r: int, *, over: bool, lost: bool, cause: str | None) -> None:
-        with self._lock:
-            flags = self._flags
-            if flags is not None and flags.round == r:
-                self._flags = _RoundFlags(
-                    r, over=flags.over or over, lost=flags.lost or lost, cause=flags.cause or cause
-                )
 
 
 def _conforms(handler: DynamicRendezvousHandler) -> AgentRendezvous:

@@ -4,6 +4,17 @@ from __future__ import annotations
 
 from elastic_run.errors import ElasticRunError
 
+__all__ = [
+    "RendezvousClosedError",
+    "RendezvousConnectionError",
+    "RendezvousError",
+    "RendezvousGracefulExitError",
+    "RendezvousInterruptedError",
+    "RendezvousNotFoundError",
+    "RendezvousStateError",
+    "RendezvousTimeoutError",
+]
+
 
 class RendezvousError(ElasticRunError):
     """Base of every rendezvous error."""

@@ -38,11 +38,29 @@ from elastic_run.rendezvous.etcd_counter import counter_value
 from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd_kv import KeyValue
 from elastic_run.rendezvous.etcd_lease import LeaseFailure
+from elastic_run.rendezvous.settings import RendezvousSettings, conf_seconds
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
-__all__ = ["DEFAULT_KEY_PREFIX", "EtcdRendezvousBackend", "create_etcd_backend"]
+__all__ = ["CONF_KEYS", "DEFAULT_KEY_PREFIX", "EtcdRendezvousBackend", "create_etcd_backend"]
+
+CONF_KEYS = frozenset(
+    {
+        "read_timeout",
+        "protocol",
+        "ca_cert",
+        "cacert",
+        "ssl_cert",
+        "cert",
+        "ssl_cert_key",
+        "key",
+        "user",
+        "password",
+        "key_prefix",
+        "local_addr",
+    }
+)
 
 DEFAULT_KEY_PREFIX = "/elastic-run/"
 _MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases with its default election timing
@@ -65,6 +83,8 @@ class EtcdRendezvousBackend(RendezvousBackend):
         key_prefix: the prefix every job's keys live under.
         lease_ttl_s: the heartbeat lease TTL in seconds (at least 2).
     """
+
+    CONF_KEYS = CONF_KEYS
 
     def __init__(
         self,
@@ -280,9 +300,9 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
     ca_cert = params.get("ca_cert", params.get("cacert"))
     cert = params.get("ssl_cert", params.get("cert"))
     key = params.get("ssl_cert_key", params.get("key"))
-    read_timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
-    interval_s = params.get_as_float("keep_alive_interval", 1.0) or 1.0
-    attempts = params.get_as_int("keep_alive_max_attempt", 3) or 3
+    read_timeout_s = conf_seconds(params, "read_timeout", 60.0)
+    # The lease outlives a heartbeat by the handler's staleness budget (parsed once there).
+    stale_after_s = RendezvousSettings.from_params(params).stale_after_s
     user = params.get("user")
     password = params.get("password")
     client = EtcdClient(
@@ -300,5 +320,5 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
         client,
         params.run_id,
         key_prefix=str(params.get("key_prefix", DEFAULT_KEY_PREFIX)),
-        lease_ttl_s=math.ceil(interval_s * attempts),
+        lease_ttl_s=math.ceil(stale_after_s),
     )

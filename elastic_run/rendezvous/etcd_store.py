@@ -23,7 +23,11 @@ from elastic_run.rendezvous.errors import RendezvousTimeoutError
 from elastic_run.rendezvous.etcd_client import EtcdClient
 from elastic_run.rendezvous.etcd_kv import KeyValue
 
-__all__ = ["EtcdStore", "EtcdStoreTimeoutError"]
+__all__ = [
+    "DEFAULT_TIMEOUT",
+    "EtcdStore",
+    "EtcdStoreTimeoutError",
+]
 
 DEFAULT_TIMEOUT = timedelta(seconds=300)
 

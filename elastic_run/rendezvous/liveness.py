@@ -6,11 +6,13 @@ Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) th
    or the error when it failed. The agent reads that record (``report()``, no I/O) and stops
    its workers once this node's own heartbeat has failed for the budget after which its peers
    judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
-2. reads the store's round and its ring successor's heartbeat (one batch read) and asks the
-   protocol for a verdict (``protocol.judge_ring``: the round ended elsewhere, or the
-   successor is gone);
+2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict
+   (``protocol.judge_ring``: the successor is gone; a round that ended elsewhere is seen by
+   the epoch read of step 4);
 3. hands the verdict to ``on_verdict(round, verdict)``, tagged with the round it is about, so a
-   verdict on round r can never be applied to round r+1 (the handler drops stale ones).
+   verdict on round r can never be applied to round r+1 (the handler drops stale ones);
+4. calls ``refresh()``: the handler's safety-net read (one epoch counter; the round's keys only
+   when it moved), so the agent's loop itself never waits on the store.
 
 Between rounds it keeps watching the last successor, so the next round's coordinator judges a
 successor that died meanwhile from when it died, not from when the next round began.
@@ -31,7 +33,6 @@ from elastic_run.rendezvous import protocol as proto
 from elastic_run.rendezvous.api import LivenessReport
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
-from elastic_run.rendezvous.records import decode_heartbeat, decode_int
 from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["LivenessThread", "RingPosition"]
@@ -61,6 +62,7 @@ class LivenessThread:
         position: returns where this node stands now, or None before its first round.
         with_notices: applies this node's death notices to a heartbeat view.
         on_verdict: receives ``(round, verdict)`` for verdicts other than Keep.
+        refresh: the handler's per-tick read of what changed around its round.
     """
 
     def __init__(
@@ -72,6 +74,7 @@ class LivenessThread:
         position: Callable[[], RingPosition | None],
         with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
         on_verdict: Callable[[int, proto.RingVerdict], None],
+        refresh: Callable[[], None],
     ) -> None:
         self._backend = backend
         self._node_id = node_id
@@ -80,6 +83,7 @@ class LivenessThread:
         self._position = position
         self._with_notices = with_notices
         self._on_verdict = on_verdict
+        self._refresh = refresh
         self._lock = threading.Lock()
         self._last_ok = clock()
         self._error: str | None = None
@@ -157,10 +161,11 @@ class LivenessThread:
                 if self._error is not None:
                     log.warning("rendezvous heartbeat of %s works again", self._node_id)
                 self._last_ok, self._error = self._clock(), None
-        try:
-            self._watch()
-        except RendezvousError as exc:
-            log.warning("rendezvous ring watch of %s failed: %s", self._node_id, exc)
+        for what, step in (("ring watch", self._watch), ("read", self._refresh)):
+            try:
+                step()
+            except RendezvousError as exc:
+                log.warning("rendezvous %s of %s failed: %s", what, self._node_id, exc)
 
     def _watch(self) -> None:
         position = self._position()
@@ -170,17 +175,14 @@ class LivenessThread:
                 self._successor, self._beats = successor, proto.Heartbeats()
         if not successor:
             return
-        hb_key = keys.heartbeat(successor)
-        raw_round, raw_beat = self._backend.get_many([keys.ROUND, hb_key])
+        (beat,) = self._backend.read_heartbeats([successor])
         now = self._clock()
         with self._lock:
-            beats = self._with_notices(
-                self._beats.observe({successor: decode_heartbeat(raw_beat, hb_key)}, now)
-            )
+            beats = self._with_notices(self._beats.observe({successor: beat}, now))
             self._beats = beats
         if position is None or not position.is_member:
             return  # between rounds: only watch
-        store_round = decode_int(keys.ROUND, raw_round) if raw_round is not None else None
+        store_round = None  # the epoch read (refresh) sees a round that ended elsewhere
 
         def judge(closed: bool) -> proto.RingVerdict:
             return proto.judge_ring(

@@ -65,7 +65,15 @@ from dataclasses import dataclass
 
 from elastic_run.descriptors import AcceptPause, accept_error_kind
 
-__all__ = ["AliveListener", "PeerWatch", "greeting"]
+__all__ = [
+    "CONNECT_TIMEOUT_S",
+    "FIRST_RETRY_S",
+    "MAX_CONNECTIONS",
+    "RETRY_S",
+    "AliveListener",
+    "PeerWatch",
+    "greeting",
+]
 
 log = logging.getLogger(__name__)
 

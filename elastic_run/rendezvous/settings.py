@@ -18,12 +18,14 @@ import logging
 import math
 from collections.abc import Iterable
 from dataclasses import dataclass
+from datetime import timedelta
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 
 __all__ = [
     "HANDLER_KEYS",
+    "RendezvousTimeout",
     "MAX_DURATION_S",
     "TORCH_KEYS",
     "RendezvousSettings",
@@ -139,6 +141,57 @@ def check_conf_keys(
     return tuple(foreign + unknown)
 
 
+class RendezvousTimeout:
+    """torch's timeouts of the dynamic rendezvous (``None``: the default of each).
+
+    Args:
+        join: how long a rendezvous may take (600 s).
+        last_call: how long a round at min nodes waits for more (30 s).
+        close: the bound on closing and leaving (30 s).
+        heartbeat: the deadline of one heartbeat (5 s).
+
+    Raises:
+        ValueError: a timeout is not positive.
+    """
+
+    _DEFAULTS = {"join": 600.0, "last_call": 30.0, "close": 30.0, "heartbeat": 5.0}
+
+    def __init__(
+        self,
+        join: timedelta | None = None,
+        last_call: timedelta | None = None,
+        close: timedelta | None = None,
+        heartbeat: timedelta | None = None,
+    ) -> None:
+        given = {"join": join, "last_call": last_call, "close": close, "heartbeat": heartbeat}
+        self._values: dict[str, timedelta] = {}
+        for name, value in given.items():
+            chosen = value if value is not None else timedelta(seconds=self._DEFAULTS[name])
+            if chosen <= timedelta(0):
+                raise ValueError(f"the {name} timeout ({chosen}) must be positive")
+            self._values[name] = chosen
+
+    @property
+    def join(self) -> timedelta:
+        """How long a rendezvous may take."""
+        return self._values["join"]
+
+    @property
+    def last_call(self) -> timedelta:
+        """How long a round at min nodes waits for more."""
+        return self._values["last_call"]
+
+    @property
+    def close(self) -> timedelta:
+        """The bound on closing and leaving."""
+        return self._values["close"]
+
+    @property
+    def heartbeat(self) -> timedelta:
+        """The deadline of one heartbeat."""
+        return self._values["heartbeat"]
+
+
 @dataclass(frozen=True)
 class RendezvousSettings:
     """The timing of the dynamic rendezvous (torch's names, ``_s`` for seconds).
@@ -174,6 +227,24 @@ class RendezvousSettings:
     def stale_after_s(self) -> float:
         """How long a heartbeat may stand still before its node is judged gone."""
         return self.keep_alive_interval_s * self.keep_alive_max_attempt
+
+    @classmethod
+    def from_timeout(
+        cls,
+        timeout: RendezvousTimeout | None,
+        keep_alive_interval_s: float,
+        keep_alive_max_attempt: int,
+    ) -> RendezvousSettings:
+        """Settings from torch's ``RendezvousTimeout`` and keep-alive numbers."""
+        t = timeout or RendezvousTimeout()
+        return cls(
+            join_timeout_s=t.join.total_seconds(),
+            last_call_timeout_s=t.last_call.total_seconds(),
+            close_timeout_s=t.close.total_seconds(),
+            heartbeat_timeout_s=t.heartbeat.total_seconds(),
+            keep_alive_interval_s=keep_alive_interval_s,
+            keep_alive_max_attempt=keep_alive_max_attempt,
+        )
 
     @classmethod
     def from_params(

@@ -28,7 +28,7 @@ from elastic_run.rendezvous.api import (
     RendezvousParameters,
     RendezvousStoreInfo,
 )
-from elastic_run.rendezvous.c10d import parse_endpoint
+from elastic_run.rendezvous.endpoints import parse_endpoint
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from elastic_run.agent.health import AgentHealthServer, HealthCheckServer, Liveness, render_metrics
+from elastic_run.agent.health import AgentHealthServer, Liveness, render_metrics
 from elastic_run.errors import ConfigurationError
 from tests.helpers import wait_until
 
@@ -261,17 +261,3 @@ def test_300_slow_clients_add_no_thread_and_a_prober_still_gets_in(
     finally:
         for sock in slow:
             sock.close()
-
-
-# -- the old keyword form of HealthCheckServer (delete with its compatibility path) --------
-
-
-def test_the_old_keyword_form_still_builds_the_agent_server(liveness: Liveness) -> None:
-    srv = HealthCheckServer("127.0.0.1", 0, status_fn=lambda: {"a": 1}, liveness_fn=liveness.check)
-    srv.start()
-    try:
-        assert srv.addr == "127.0.0.1"
-        assert request(srv.port, "/status")[2] == b'{"a": 1}\n'
-        assert request(srv.port, "/healthz")[0] == 200
-    finally:
-        srv.stop()
