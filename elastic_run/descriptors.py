@@ -25,9 +25,12 @@ from __future__ import annotations
 import errno
 import os
 import resource
-from typing import Literal
+import socket
+from collections.abc import Callable, Iterator
+from typing import Any, Literal
 
 __all__ = [
+    "accept_some",
     "RESERVED_DESCRIPTORS",
     "AcceptErrorKind",
     "AcceptPause",
@@ -169,3 +172,27 @@ class AcceptPause:
         self._next_s = self._first_s
         self._resume_at = None
         return failures
+
+
+def accept_some(
+    listener: socket.socket, limit: int, on_failure: Callable[[OSError], None]
+) -> Iterator[tuple[socket.socket, Any]]:
+    """Accept up to ``limit`` pending connections of a non-blocking listener.
+
+    An error that concerns one connection (see :func:`accept_error_kind`) skips it; any other
+    error (out of descriptors or memory) is handed to ``on_failure`` and ends the burst, as
+    does an empty backlog.
+
+    Yields:
+        ``(connection, address)`` for each accepted connection.
+    """
+    for _ in range(limit):
+        try:
+            yield listener.accept()
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError as exc:
+            if accept_error_kind(exc) == "connection":
+                continue
+            on_failure(exc)
+            return

@@ -52,7 +52,7 @@ from dataclasses import dataclass, field
 from elastic_run.descriptors import (
     RESERVED_DESCRIPTORS,
     AcceptPause,
-    accept_error_kind,
+    accept_some,
     free_descriptors,
 )
 from elastic_run.errors import AgentError
@@ -329,16 +329,7 @@ class BoundedHTTPServer:
     def _accept_burst(self) -> None:
         assert self._listener is not None
         free = free_descriptors()
-        for _ in range(_ACCEPTS_PER_BURST):
-            try:
-                conn, address = self._listener.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if accept_error_kind(exc) == "connection":
-                    continue
-                self._pause_accepting(exc)
-                return
+        for conn, address in accept_some(self._listener, _ACCEPTS_PER_BURST, self._pause_accepting):
             if self._accept_pause.succeeded():
                 logger.warning("%s: accepting connections again", self._name)
             if free is not None and free <= self._reserved:

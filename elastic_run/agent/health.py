@@ -41,7 +41,7 @@ from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
 
 from elastic_run.agent.bounded_http import BoundedHTTPServer
-from elastic_run.errors import AgentError, ConfigurationError
+from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "AgentHealthServer",
@@ -257,7 +257,7 @@ class _Handler(BaseHTTPRequestHandler):
         logger.debug("health server %s: " + format, self.address_string(), *args)
 
 
-class AgentHealthServer:
+class AgentHealthServer(BoundedHTTPServer):
     """Serve the agent's health, status and metrics over HTTP on a bounded set of threads.
 
     Args:
@@ -277,22 +277,10 @@ class AgentHealthServer:
         liveness_fn: Callable[[], tuple[bool, str]],
         metrics_fn: Callable[[], Mapping[str, float]] | None = None,
     ) -> None:
-        self._addr = addr
-        self._port = port
+        super().__init__(addr, port, self._reply, name="health-check")
         self.status_fn = status_fn
         self.liveness_fn = liveness_fn
         self.metrics_fn = metrics_fn
-        self._server: BoundedHTTPServer | None = None
-
-    @property
-    def port(self) -> int:
-        """The bound port once started (the requested one before)."""
-        return self._port
-
-    @property
-    def addr(self) -> str:
-        """The bound address."""
-        return self._addr
 
     def start(self) -> None:
         """Bind and start serving on the server's own threads.
@@ -301,46 +289,28 @@ class AgentHealthServer:
             ConfigurationError: the address cannot be bound (the port is taken, for example).
             AgentError: the server was already started.
         """
-        if self._server is not None:
-            raise AgentError("health-check server is already started")
-        server = BoundedHTTPServer(self._addr, self._port, self._respond, name="health-check")
         try:
-            server.start()
+            super().start()
         except OverflowError as exc:  # socket's word for a port outside 0-65535
             raise ConfigurationError(
-                f"cannot bind the health-check server to {self._addr}:{self._port}: {exc}"
+                f"cannot bind the health-check server to {self.addr}:{self.port}: {exc}"
             ) from exc
         except OSError as exc:
             if exc.errno == errno.EADDRINUSE:
                 raise ConfigurationError(
-                    f"health-check port {self._port} on {self._addr} is already in use; "
+                    f"health-check port {self.port} on {self.addr} is already in use; "
                     f"pick another (TORCHELASTIC_HEALTH_CHECK_PORT) or 0 for a free one"
                 ) from exc
             raise ConfigurationError(
-                f"cannot bind the health-check server to {self._addr}:{self._port}: "
+                f"cannot bind the health-check server to {self.addr}:{self.port}: "
                 f"{exc.strerror or exc}"
             ) from exc
-        self._server = server
-        self._port = server.port
 
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving and close the port; requests already read are still answered.
-
-        Args:
-            timeout_s: the longest to wait for the server's threads.
-
-        Raises:
-            AgentError: the accepting thread did not end within ``timeout_s``.
-        """
-        server, self._server = self._server, None
-        if server is not None:
-            server.stop(timeout_s)
-
-    def _respond(self, request: bytes, client: tuple[str, int]) -> bytes:
+    def _reply(self, request: bytes, client: tuple[str, int]) -> bytes:
         return _Handler(request, client, self).reply()
 
 
-class HealthCheckServer:
+class HealthCheckServer(AgentHealthServer):
     """torch's health-check server API, serving ``/healthz`` (and the other routes) over HTTP.
 
     ``GET /healthz`` answers 200 while ``clock() - alive_callback() < timeout``, else 503 with
@@ -375,39 +345,9 @@ class HealthCheckServer:
         self._alive_callback = alive_callback
         self._timeout = timeout
         self._clock = clock
-        self._server = AgentHealthServer(
+        super().__init__(
             addr, port, status_fn=self._status, liveness_fn=self.check, metrics_fn=self._metrics
         )
-
-    @property
-    def port(self) -> int:
-        """The bound port once started (the requested one before)."""
-        return self._server.port
-
-    @property
-    def addr(self) -> str:
-        """The bound address."""
-        return self._server.addr
-
-    def start(self) -> None:
-        """Bind and start serving on the server's own threads.
-
-        Raises:
-            ConfigurationError: the address cannot be bound (the port is taken, for example).
-            AgentError: the server was already started.
-        """
-        self._server.start()
-
-    def stop(self, timeout_s: float = 5.0) -> None:
-        """Stop serving and free the port.
-
-        Args:
-            timeout_s: the longest to wait for the server's threads.
-
-        Raises:
-            AgentError: the accepting thread did not end within ``timeout_s``.
-        """
-        self._server.stop(timeout_s)
 
     def check(self) -> tuple[bool, str]:
         """Judge the agent alive: progress within ``timeout`` seconds.

@@ -64,6 +64,9 @@ class LogsSpecs(ABC):
         redirects: streams that go to files only, for all ranks or per local rank.
         tee: streams that go to files and the console, for all ranks or per local rank.
         local_ranks_filter: the local ranks shown on the console (None: all).
+
+    Raises:
+        ValueError: ``log_dir`` exists and is not a directory.
     """
 
     def __init__(
@@ -73,6 +76,8 @@ class LogsSpecs(ABC):
         tee: Std | dict[int, Std] = Std.NONE,
         local_ranks_filter: set[int] | None = None,
     ) -> None:
+        if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
+            raise ValueError(f"log_dir: {log_dir} is not a directory")
         self._root_log_dir = log_dir
         self._redirects = redirects
         self._tee = tee
@@ -101,23 +106,9 @@ class LogsSpecs(ABC):
 
 
 class DefaultLogsSpecs(LogsSpecs):
-    """torch's default layout (see the module docstring).
+    """torch's default layout (see the module docstring)."""
 
-    Raises:
-        ValueError: ``log_dir`` exists and is not a directory.
-    """
-
-    def __init__(
-        self,
-        log_dir: str | None = None,
-        redirects: Std | dict[int, Std] = Std.NONE,
-        tee: Std | dict[int, Std] = Std.NONE,
-        local_ranks_filter: set[int] | None = None,
-    ) -> None:
-        if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
-            raise ValueError(f"log_dir: {log_dir} is not a directory")
-        super().__init__(log_dir, redirects, tee, local_ranks_filter)
-        self._run_log_dir: Path | None = None
+    _run_log_dir: Path | None = None
 
     @property
     def root_log_dir(self) -> str:

@@ -21,8 +21,6 @@ Invariants:
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import logging
 import os
 import shutil
@@ -40,57 +38,17 @@ from elastic_run.agent.config import Std
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.output import WorkerOutput
 from elastic_run.errors import AgentError
+from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
 __all__ = ["WorkerExit", "WorkerLaunch", "WorkerProcesses"]
 
 logger = logging.getLogger(__name__)
 
-_PR_SET_PDEATHSIG = 1
 _KILL_ROUNDS = 100
 _POLL_S = 0.01
 # After SIGKILL, processes vanish within milliseconds; this bounds a wait on an unkillable one (D).
 _KILL_WAIT_S = 10.0
 _OUTPUT_JOIN_S = 5.0
-
-
-def _load_prctl() -> Callable[[int, int, int, int, int], int] | None:
-    try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        prctl = libc.prctl
-    except (OSError, AttributeError):
-        return None
-    prctl.argtypes = [ctypes.c_int, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong, ctypes.c_ulong]
-    prctl.restype = ctypes.c_int
-    return prctl
-
-
-# Resolved once in the agent, so the child between fork and exec only makes the call.
-_prctl = _load_prctl()
-
-
-def _set_parent_death_signal() -> None:
-    """Runs in the child between fork and exec: die with SIGKILL when the spawning thread exits."""
-    if _prctl is not None:
-        _prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
-
-
-@functools.cache
-def _death_signal_prefix() -> tuple[str, ...]:
-    """``setpriv --pdeathsig KILL --`` where util-linux's setpriv does that, else ``()``.
-
-    A ``preexec_fn`` makes subprocess fork the whole agent (torch loaded: about 12 ms a worker
-    here) instead of vfork-and-exec (0.4 ms); setpriv sets the same signal in the child and
-    execs the worker, for about a millisecond. Probed once per process by running it.
-    """
-    found = shutil.which("setpriv")
-    if found is None:
-        return ()
-    probe = (found, "--pdeathsig", "KILL", "--", "true")
-    try:
-        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return probe[:4] if ok else ()
 
 
 @dataclass(frozen=True)
@@ -222,7 +180,7 @@ class WorkerProcesses:
                 f"cannot set up the output of worker local_rank {launch.local_rank}: {exc}"
             ) from exc
         argv, env = list(launch.argv), dict(launch.env)
-        prefix = _death_signal_prefix()
+        prefix = death_signal_prefix()
         try:
             if prefix and argv and shutil.which(argv[0], path=env.get("PATH")) is None:
                 # Found by Popen itself otherwise: say so the same way, not as exit 127.
@@ -234,7 +192,7 @@ class WorkerProcesses:
                 stdout=output.stdout,
                 stderr=output.stderr,
                 start_new_session=True,
-                preexec_fn=None if prefix else _set_parent_death_signal,
+                preexec_fn=None if prefix else set_parent_death_signal,
                 close_fds=True,
             )
         except (OSError, subprocess.SubprocessError) as exc:

@@ -20,9 +20,10 @@ from collections.abc import Callable, Sequence
 from typing import Any, TypeVar
 
 import pyetcd
+from typing_extensions import Unpack
 
 from elastic_run.rendezvous.endpoints import parse_endpoints
-from elastic_run.rendezvous.etcd_connection import EtcdConnection
+from elastic_run.rendezvous.etcd_connection import ConnectionOptions, EtcdConnection
 from elastic_run.rendezvous.etcd_counter import add_by_swap, add_one, add_one_leased, counter_value
 from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd_kv import KeyValue, WatchEvent, kv_from_meta, kv_from_proto
@@ -42,43 +43,15 @@ class EtcdClient:
 
     Args:
         endpoints: ``host:port`` strings (one or several members of one cluster).
-        protocol: ``http`` or ``https``.
-        ca_cert: path of the CA certificate (implies TLS).
-        cert: path of the client certificate (with ``key``).
-        key: path of the client key.
-        user: etcd user name (with ``password``).
-        password: the user's password.
-        timeout_s: the deadline of one RPC.
-        retry_window_s: how long a call keeps retrying over the endpoints while none answers.
+        protocol, ca_cert, cert, key, user, password, timeout_s, retry_window_s: the
+            connection's settings, as :class:`EtcdConnection` takes them.
 
     Raises:
         ConfigurationError: when an endpoint, the TLS or the credential settings are wrong.
     """
 
-    def __init__(
-        self,
-        endpoints: Sequence[str],
-        *,
-        protocol: str = "http",
-        ca_cert: str | None = None,
-        cert: str | None = None,
-        key: str | None = None,
-        user: str | None = None,
-        password: str | None = None,
-        timeout_s: float = 60.0,
-        retry_window_s: float = 10.0,
-    ) -> None:
-        self._conn = EtcdConnection(
-            parse_endpoints(",".join(endpoints)),
-            protocol=protocol,
-            ca_cert=ca_cert,
-            cert=cert,
-            key=key,
-            user=user,
-            password=password,
-            timeout_s=timeout_s,
-            retry_window_s=retry_window_s,
-        )
+    def __init__(self, endpoints: Sequence[str], **options: Unpack[ConnectionOptions]) -> None:
+        self._conn = EtcdConnection(parse_endpoints(",".join(endpoints)), **options)
         self._keeper: LeaseKeeper | None = None
         self._keeper_lock = threading.Lock()
 

@@ -26,7 +26,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
-from typing import Any, TypeVar
+from typing import Any, TypedDict, TypeVar
 
 import grpc
 import pyetcd
@@ -37,7 +37,7 @@ from elastic_run.rendezvous.endpoints import format_endpoint
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 from elastic_run.rendezvous.etcd_errors import is_unreachable, refusal, status_of
 
-__all__ = ["EtcdConnection"]
+__all__ = ["ConnectionOptions", "EtcdConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -52,6 +52,19 @@ _GRPC_OPTIONS = [
 # The shortest deadline given to an RPC: gRPC fails one of 0 s at once, which is what a
 # caller whose deadline has passed gets.
 _MIN_RPC_TIMEOUT_S = 0.001
+
+
+class ConnectionOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`EtcdConnection` (also taken by ``EtcdClient``)."""
+
+    protocol: str
+    ca_cert: str | None
+    cert: str | None
+    key: str | None
+    user: str | None
+    password: str | None
+    timeout_s: float
+    retry_window_s: float
 
 
 class EtcdConnection:

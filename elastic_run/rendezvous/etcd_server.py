@@ -8,8 +8,6 @@ directory. Each member's output goes to a log file (``log_paths``, ``read_logs()
 
 from __future__ import annotations
 
-import ctypes
-import functools
 import os
 import shutil
 import signal
@@ -24,6 +22,7 @@ from pathlib import Path
 from typing import IO, Any
 
 from elastic_run.errors import ConfigurationError
+from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 from elastic_run.rendezvous.etcd_client import EtcdClient
 
@@ -57,33 +56,6 @@ def _free_port(host: str) -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
         sock.bind((host, 0))
         return int(sock.getsockname()[1])
-
-
-def _die_with_parent() -> None:
-    """In the child: ask Linux to SIGKILL it when the parent dies, so no etcd outlives us."""
-    if sys.platform.startswith("linux"):
-        libc = ctypes.CDLL("libc.so.6", use_errno=True)
-        libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-
-
-@functools.cache
-def _death_signal_prefix() -> tuple[str, ...]:
-    """``setpriv --pdeathsig KILL --`` where util-linux's setpriv does that, else ``()``.
-
-    Through setpriv, etcd gets its parent-death signal without a ``preexec_fn``, so
-    subprocess spawns it by vfork. A ``preexec_fn`` forks this whole process, and a fork
-    while an etcd client (gRPC) runs here can abort or hang the child (see ``grpc_fork``):
-    ``restart_member`` spawns while clients are busy. Probed once per process.
-    """
-    found = shutil.which("setpriv")
-    if found is None:
-        return ()
-    probe = (found, "--pdeathsig", "KILL", "--", "true")
-    try:
-        ok = subprocess.run(probe, capture_output=True, timeout=10).returncode == 0
-    except (OSError, subprocess.SubprocessError):
-        ok = False
-    return probe[:4] if ok else ()
 
 
 @dataclass(frozen=True)
@@ -226,13 +198,13 @@ class EtcdServer:
 
     def _spawn(self, m: _Member) -> None:
         m.log_file = open(m.log_path, "ab")
-        prefix = _death_signal_prefix()
+        prefix = death_signal_prefix()
         m.process = subprocess.Popen(
             [*prefix, *self._command(m)],
             stdin=subprocess.DEVNULL,
             stdout=m.log_file,
             stderr=subprocess.STDOUT,
-            preexec_fn=None if prefix else _die_with_parent,
+            preexec_fn=None if prefix else set_parent_death_signal,
         )
 
     def start(self, timeout_s: float = 60.0) -> None:

@@ -23,6 +23,8 @@ Keys are relative to the job; a backend adds its own prefix and the run id
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 __all__ = [
     "CLOSED",
     "EPOCH",
@@ -48,29 +50,23 @@ EVENT_COUNT = "ev/count"
 EVENT_RING_SIZE = 64
 
 
-def arrivals(r: int) -> str:
-    """The arrival counter of round ``r``."""
-    return f"r{r}/arrivals"
+def _in_round(name: str) -> Callable[[int], str]:
+    def key(r: int) -> str:
+        return f"r{r}/{name}"
+
+    key.__doc__ = f"The key ``r<r>/{name}``."
+    return key
+
+
+arrivals = _in_round("arrivals")  # the arrival counter of a round
+seal = _in_round("seal")  # the seal of a round
+lost = _in_round("lost")  # why a round ended
+shared_prefix = _in_round("shared/")  # the prefix of a round's private store
 
 
 def node(r: int, index: int) -> str:
     """The record of arrival ``index`` in round ``r``."""
     return f"r{r}/node/{index}"
-
-
-def seal(r: int) -> str:
-    """The seal of round ``r``."""
-    return f"r{r}/seal"
-
-
-def lost(r: int) -> str:
-    """Why round ``r`` ended."""
-    return f"r{r}/lost"
-
-
-def shared_prefix(r: int) -> str:
-    """The prefix of round ``r``'s private store."""
-    return f"r{r}/shared/"
 
 
 def heartbeat(node_id: str) -> str:

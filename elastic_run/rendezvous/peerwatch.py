@@ -63,7 +63,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic_run.descriptors import AcceptPause, accept_error_kind
+from elastic_run.descriptors import AcceptPause, accept_some
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -174,16 +174,7 @@ class AliveListener:
                     self._drop(conn)
 
     def _accept(self) -> None:
-        for _ in range(_ACCEPTS_PER_BURST):
-            try:
-                conn, _ = self._server.accept()
-            except (BlockingIOError, InterruptedError):
-                return
-            except OSError as exc:
-                if accept_error_kind(exc) == "connection":
-                    continue
-                self._pause_accepting(exc)
-                return
+        for conn, _ in accept_some(self._server, _ACCEPTS_PER_BURST, self._pause_accepting):
             failures = self._accept_pause.succeeded()
             if failures:
                 log.warning(

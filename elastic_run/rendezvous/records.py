@@ -28,6 +28,7 @@ __all__ = [
     "decode_heartbeat",
     "decode_int",
     "encode",
+    "load_versioned",
     "ranges",
     "runs",
 ]
@@ -157,11 +158,11 @@ def _tuplify(value: Any) -> Any:
     return value
 
 
-def decode(cls: type[T], key: str, raw: bytes) -> T:
-    """Decode ``raw`` (read under ``key``) as a record of ``cls``.
+def load_versioned(key: str, raw: bytes) -> dict[str, Any]:
+    """Decode ``raw`` (read under ``key``) as a JSON object of schema version 1.
 
     Raises:
-        RendezvousStateError: the value is not JSON, not version 1, or not of this shape.
+        RendezvousStateError: the value is not JSON, or not an object of version 1.
     """
     try:
         body = json.loads(raw.decode("utf-8"))
@@ -175,6 +176,16 @@ def decode(cls: type[T], key: str, raw: bytes) -> T:
             f"the value under rendezvous key '{key}' has an unknown schema version "
             f"(expected v={SCHEMA_VERSION})"
         )
+    return body
+
+
+def decode(cls: type[T], key: str, raw: bytes) -> T:
+    """Decode ``raw`` (read under ``key``) as a record of ``cls``.
+
+    Raises:
+        RendezvousStateError: the value is not JSON, not version 1, or not of this shape.
+    """
+    body = load_versioned(key, raw)
     del body["v"]
     try:
         record = cls(**{k: _tuplify(v) for k, v in body.items()})

@@ -20,8 +20,8 @@ from typing import Any
 
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
-from elastic_run.rendezvous.records import SCHEMA_VERSION, decode_int
+from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.records import SCHEMA_VERSION, decode_int, load_versioned
 
 __all__ = ["SNAPSHOT_EVENTS", "Telemetry", "decode_json_record", "read_events"]
 
@@ -41,19 +41,7 @@ def decode_json_record(key: str, raw: bytes) -> dict[str, Any]:
     Raises:
         RendezvousStateError: the value is not a JSON object of version 1.
     """
-    try:
-        body = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError):
-        raise RendezvousStateError(
-            f"the value under rendezvous key '{key}' is not an elastic-run record "
-            f"(not JSON: {raw[:40]!r})"
-        ) from None
-    if not isinstance(body, dict) or body.get("v") != SCHEMA_VERSION:
-        raise RendezvousStateError(
-            f"the value under rendezvous key '{key}' has an unknown schema version "
-            f"(expected v={SCHEMA_VERSION})"
-        )
-    return body
+    return load_versioned(key, raw)
 
 
 class Telemetry:

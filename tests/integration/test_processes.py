@@ -321,9 +321,9 @@ LONE_AGENT = """
 
     mark_dir, how = Path(sys.argv[1]), sys.argv[2]
     if how == "preexec":
-        processes._death_signal_prefix = lambda: ()  # as on a host without util-linux's setpriv
+        processes.death_signal_prefix = lambda: ()  # as on a host without util-linux's setpriv
     else:
-        assert processes._death_signal_prefix(), "setpriv --pdeathsig is not usable here"
+        assert processes.death_signal_prefix(), "setpriv --pdeathsig is not usable here"
     group = WorkerProcesses([  # no guardian: only the parent-death signal is left
         WorkerLaunch(
             local_rank=0, global_rank=0,
