@@ -132,6 +132,8 @@ def render_status(
         parts.append(waiting)
     if snap.lost:
         parts.append(Text(f"lost from round {snap.round}: {', '.join(snap.lost)}", style="red"))
+    for problem in snap.problems:
+        parts.append(Text(f"unreadable: {problem}", style="bold red"))
     if snap.events:
         events = Table(title="last events", title_justify="left", show_header=False, box=None)
         for event in snap.events[-_EVENTS_SHOWN:]:
@@ -166,8 +168,9 @@ def status_to_json(
     ``rank`` (-1 for waiting nodes), ``node_id``, ``host``, ``addr``, ``pid``,
     ``local_world_size``, ``state``, ``restarts``, ``heartbeat`` (the counter),
     ``heartbeat_age_s`` (seconds since it was seen moving; null when it did not move while
-    sampled)), ``lost`` (node ids lost from the round) and ``events`` (the last events, oldest
-    first, each ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``).
+    sampled)), ``lost`` (node ids lost from the round), ``problems`` (each key whose value could not
+    be decoded, with why; the rest is shown) and ``events`` (the last events, oldest first, each
+    ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``).
     """
     ages = ages or {}
     return {
@@ -185,6 +188,7 @@ def status_to_json(
         "members": [_member_json(m, ages) for m in snap.members],
         "waiting": [_member_json(m, ages) for m in snap.waiting],
         "lost": list(snap.lost),
+        "problems": list(snap.problems),
         "events": [dict(e) for e in snap.events],
     }
 
