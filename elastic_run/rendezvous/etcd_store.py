@@ -15,12 +15,12 @@ import time
 from collections.abc import Sequence
 from datetime import timedelta
 
-# torch.distributed re-exports these without declaring it; mypy sees them here.
-from torch._C import _DistStoreError as DistStoreError
-from torch._C._distributed_c10d import Store
+from torch.distributed import DistStoreError, Store
+from typing_extensions import Unpack
 
 from elastic_run.rendezvous.errors import RendezvousTimeoutError
 from elastic_run.rendezvous.etcd_client import EtcdClient
+from elastic_run.rendezvous.etcd_connection import ConnectionOptions
 from elastic_run.rendezvous.etcd_kv import KeyValue
 
 __all__ = [
@@ -72,7 +72,7 @@ class EtcdStore(Store):
         endpoints: Sequence[str],
         prefix: str,
         timeout: timedelta = DEFAULT_TIMEOUT,
-        **client_kwargs: object,
+        **client_kwargs: Unpack[ConnectionOptions],
     ) -> EtcdStore:
         """Open a store with its own client on ``endpoints`` (closed with the store).
 
@@ -85,7 +85,7 @@ class EtcdStore(Store):
         Returns:
             The store.
         """
-        client = EtcdClient(list(endpoints), **client_kwargs)  # type: ignore[arg-type]
+        client = EtcdClient(list(endpoints), **client_kwargs)
         return cls(client, prefix, timeout, owns_client=True)
 
     @property
