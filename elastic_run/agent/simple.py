@@ -348,6 +348,7 @@ class SimpleElasticAgent(ElasticAgent):
     def _observe(self, result: RunResult) -> sm.Observation:
         status = {
             WorkerState.FAILED: sm.WorkersStatus.FAILED,
+            WorkerState.UNHEALTHY: sm.WorkersStatus.FAILED,  # torch restarts an unhealthy group
             WorkerState.SUCCEEDED: sm.WorkersStatus.SUCCEEDED,
         }.get(result.state, sm.WorkersStatus.RUNNING)
         obs = sm.Observation(
