@@ -242,6 +242,30 @@ class FailureRecord(ProcessFailure):
         self._read_error_file()  # the timestamp is given: the exit's, or the error file's
         self.error_file = given  # as the agent found it
 
+    @classmethod
+    def of(cls, failure: ProcessFailure, global_rank: int, role: str, host: str) -> FailureRecord:
+        """The record of a plain ``ProcessFailure`` (what a torch-style agent subclass reports).
+
+        Args:
+            failure: the failure.
+            global_rank: the failed worker's global rank.
+            role: its role.
+            host: the node it ran on.
+        """
+        path = failure.error_file
+        return cls(
+            local_rank=failure.local_rank,
+            pid=failure.pid,
+            exitcode=failure.exitcode,
+            error_file=path,
+            timestamp=failure.timestamp,
+            global_rank=global_rank,
+            role=role,
+            host=host,
+            log_dir=None,
+            error=read_error_file(path) if path != NOT_AVAILABLE else None,
+        )
+
     @property
     def how(self) -> str:
         """How it ended, in words: ``exit code 1`` or ``killed by SIGKILL (signal 9)``."""
