@@ -299,3 +299,18 @@ def test_run_result_is_torchs_shape() -> None:
     result = RunResult(WorkerState.SUCCEEDED)
     assert result.return_values == {} and result.failures == {} and not result.is_failed()
     assert RunResult(WorkerState.FAILED).is_failed()
+
+
+def test_std_and_the_deprecated_fn_field_are_torchs() -> None:
+    from torch.distributed.elastic.multiprocessing import Std as Theirs
+
+    from elastic_run.agent.config import Std
+
+    assert [(s.name, s.value) for s in Std] == [(s.name, s.value) for s in Theirs]
+    assert Std.from_str("0:1,1:2") == {0: Std.OUT, 1: Std.ERR} and Theirs.from_str("3") == 3
+    assert Std.from_str("3") == Std.ALL
+
+    handler = get_rendezvous_handler(RendezvousParameters("static", "", "x", 1, 1))
+    spec = WorkerSpec("trainer", 1, handler, fn=agent_targets.report)
+    assert spec.entrypoint is agent_targets.report
+    assert spec.get_entrypoint_name() == "report"
