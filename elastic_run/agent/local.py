@@ -79,6 +79,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         options: AgentOptions | None = None,
     ) -> None:
         opts = options or AgentOptions()
+        entry = spec.entrypoint
+        self._functions = (  # first: an unknown start method fails before anything is open
+            None
+            if isinstance(entry, str) or entry is None
+            else FunctionWorkers(
+                entry, spec.args, start_method, close_in_fork=lambda: self._guardian.pipe_fds
+            )
+        )
         super().__init__(spec, exit_barrier_timeout, shutdown_timeout, signals=opts.signals)
         self._options = opts
         self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()
@@ -106,14 +114,6 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._expiries: dict[int, TimerExpiry] = {}
         self._health: AgentHealthServer | None = None
         self._host = socket.gethostname()
-        entry = spec.entrypoint
-        self._functions = (
-            None
-            if isinstance(entry, str) or entry is None
-            else FunctionWorkers(
-                entry, spec.args, start_method, close_in_fork=lambda: self._guardian.pipe_fds
-            )
-        )
 
     @property
     def run_log_dir(self) -> Path:
