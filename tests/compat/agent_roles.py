@@ -33,7 +33,7 @@ def main(argv: list[str]) -> int:
         run_id="compat-job",
         min_nodes=int(nnodes),
         max_nodes=int(nnodes),
-        join_timeout="60",
+        join_timeout="120",
     )
     spec = WorkerSpec(
         role="trainer",

@@ -141,7 +141,9 @@ def test_a_failing_group_is_stopped_and_started_again_through_the_subclass(
     agent = PopenAgent(spec_for(sys.executable, ("import sys; sys.exit(3)",)), tmp_path)
     failed = agent.run()
     assert failed.is_failed()
-    assert {r: f.exitcode for r, f in failed.failures.items()} == {0: 3, 1: 3}
+    # the workers that had exited when the group was seen failing (one, or both)
+    assert failed.failures and set(failed.failures) <= {0, 1}
+    assert {f.exitcode for f in failed.failures.values()} == {3}
 
 
 class RecordingAgent(LocalElasticAgent):
