@@ -49,6 +49,7 @@ __all__ = [
     "configure",
     "expires",
     "record",
+    "write_error_data",
     "write_error_file",
 ]
 
@@ -95,12 +96,25 @@ def write_error_file(path: str, exc: BaseException, callstack: str | None = None
     """
     if callstack is None:
         callstack = "".join(traceback.format_exception(type(exc), exc, exc.__traceback__))
+    write_error_data(path, _error_record(exc, callstack))
+
+
+def write_error_data(path: str, data: Mapping[str, object]) -> None:
+    """Write an error record (the JSON object of an error file) to ``path``, atomically.
+
+    Args:
+        path: the error file.
+        data: the record, e.g. a child's record passed up to the agent's own error file.
+
+    Raises:
+        OSError: the file could not be written.
+    """
     directory = os.path.dirname(os.path.abspath(path))
     os.makedirs(directory, exist_ok=True)
     fd, tmp_path = tempfile.mkstemp(prefix=".error-", suffix=".json.tmp", dir=directory)
     try:
         with os.fdopen(fd, "w", encoding="utf-8") as tmp:
-            json.dump(_error_record(exc, callstack), tmp)
+            json.dump(data, tmp)
         os.replace(tmp_path, path)
     except BaseException:
         try:

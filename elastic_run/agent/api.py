@@ -64,7 +64,8 @@ class WorkerSpec:
         rdzv_handler: the rendezvous this node joins.
         fn: deprecated alias of ``entrypoint`` (as in torch).
         entrypoint: the program (``sys.executable`` for a script, with ``args`` holding
-            ``-u script ...``), or a Python callable run in each worker process.
+            ``-u script ...``), or a Python callable run in each worker process (its return
+            value comes back in ``RunResult.return_values``).
         args: the program's arguments, or the callable's (``${local_rank}`` in a program's
             arguments is replaced per worker).
         max_restarts: how many worker failures of the job are restarted.
@@ -177,8 +178,9 @@ class RunResult:
 
     Attributes:
         state: SUCCEEDED, FAILED or STOPPED.
-        return_values: each succeeded worker's exit code, by global rank.
-        failures: each failed worker, by global rank.
+        return_values: each succeeded worker's return value, by global rank: what a callable
+            entrypoint returned; None for a program (as torch).
+        failures: each failed worker (a ``ProcessFailure``), by global rank.
         exit_code: the process exit code the CLI uses (0, 1, 3, 4, 128+N).
         reason: one line saying why the run ended, when it did not succeed.
     """

@@ -8,6 +8,11 @@ A worker decorated with torch's ``@record`` (or ours) writes, at ``TORCHELASTIC_
 :func:`read_error_file` reads it and never raises on a bad file: a file that is not that JSON is
 kept as raw text. The summary names the earliest failure as the root cause, then lists every
 failed rank with its exit code or signal, time, pid, host, error and log location.
+
+:class:`ProcessFailure` is torch's record of one failed process (``local_rank``, ``pid``,
+``exitcode``, ``error_file``, and what it derives from the file: ``error_file_data``,
+``message``, ``timestamp``); :class:`FailureRecord`, what the agent reports in
+``RunResult.failures``, is one, with the rank, host and log location added.
 """
 
 from __future__ import annotations
@@ -15,22 +20,28 @@ from __future__ import annotations
 import datetime
 import json
 import signal
+import time
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 __all__ = [
+    "NOT_AVAILABLE",
     "FailureRecord",
+    "ProcessFailure",
     "WorkerErrorInfo",
     "failure_facts",
     "format_failure_summary",
+    "load_error_file",
     "ordered_failures",
     "read_error_file",
     "root_cause",
 ]
 
 _MAX_RAW_CHARS = 4000
+NOT_AVAILABLE = "<N/A>"
+_NO_ERROR_DATA = "<NONE>"
 
 
 @dataclass(frozen=True)
@@ -100,70 +111,169 @@ def read_error_file(path: Path | str) -> WorkerErrorInfo | None:
         The error, or None when the file does not exist (the worker wrote none). A file that
         exists but is not in the error-file format gives an info with ``raw`` set.
     """
+    return load_error_file(path)[0]
+
+
+def load_error_file(path: Path | str) -> tuple[WorkerErrorInfo | None, dict[str, Any] | None]:
+    """Read a worker's error file once: what it says, and its JSON object as written.
+
+    Args:
+        path: the worker's TORCHELASTIC_ERROR_FILE.
+
+    Returns:
+        ``(info, data)``: ``info`` as :func:`read_error_file` returns it; ``data`` the file's
+        JSON object, or None when there is no file or it is not a JSON object.
+    """
     path = Path(path)
     try:
-        data = path.read_bytes()
+        raw = path.read_bytes()
     except FileNotFoundError:
-        return None
+        return None, None
     except OSError as exc:
-        return WorkerErrorInfo(message=f"cannot read error file {path}: {exc}", raw="")
-    text = data.decode("utf-8", errors="replace")
+        return WorkerErrorInfo(message=f"cannot read error file {path}: {exc}", raw=""), None
+    text = raw.decode("utf-8", errors="replace")
     try:
-        info = _parse_error(json.loads(text))
+        data = json.loads(text)
     except ValueError:
-        info = None
-    if info is not None:
+        data = None
+    info = _parse_error(data)
+    if info is not None and isinstance(data, dict):
+        return info, data
+    return WorkerErrorInfo(message=f"malformed error file {path}", raw=text[:_MAX_RAW_CHARS]), None
+
+
+@dataclass
+class ProcessFailure:
+    """One failed process, as torch's ``ProcessFailure`` (its fields and what it derives).
+
+    Built from ``(local_rank, pid, exitcode, error_file)``; the error file, when there is
+    one, is read at once. Unlike torch's, a malformed error file is no error: its message
+    says so.
+
+    Attributes:
+        local_rank: the process's local rank.
+        pid: its process id.
+        exitcode: its exit status, or ``-signum`` when a signal killed it.
+        error_file: its error file, or ``"<N/A>"`` when it wrote none.
+        error_file_data: the error file's JSON (``{"message": "<NONE>"}`` without one).
+        message: the file's ``message`` entry (torch's ``{"message", "extraInfo"}`` object,
+            or a string), else a sentence saying how the process ended.
+        timestamp: when it failed, epoch seconds: the error file's, else when this was built.
+    """
+
+    local_rank: int
+    pid: int
+    exitcode: int
+    error_file: str
+    error_file_data: dict[str, Any] = field(init=False, repr=False)
+    message: Any = field(init=False)
+    timestamp: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        info = self._read_error_file()
+        stamp = info.timestamp if info is not None else None
+        self.timestamp = int(stamp) if stamp is not None else int(time.time())
+
+    def _read_error_file(self) -> WorkerErrorInfo | None:
+        """Set ``error_file`` (N/A without a file), ``error_file_data`` and ``message``."""
+        info, data = (None, None)
+        if self.error_file != NOT_AVAILABLE:
+            info, data = load_error_file(self.error_file)
+        if info is None:
+            self.error_file = NOT_AVAILABLE
+            self.error_file_data = {"message": _NO_ERROR_DATA}
+            self.message = self._ended_text()
+        elif data is None:  # there, but not in the format
+            self.error_file_data = {"message": info.message}
+            self.message = info.message
+        else:
+            self.error_file_data = data
+            self.message = data["message"]
         return info
-    return WorkerErrorInfo(
-        message=f"malformed error file {path}",
-        raw=text[:_MAX_RAW_CHARS],
-    )
+
+    def _ended_text(self) -> str:
+        if self.exitcode < 0:
+            return f"Signal {-self.exitcode} ({self.signal_name()}) received by PID {self.pid}"
+        return (
+            f"exit code {self.exitcode}, no error file (decorate the entrypoint with @record "
+            f"to have its exception and traceback here)"
+        )
+
+    def signal_name(self) -> str:
+        """The name of the signal that killed the process (``"SIGKILL"``), else ``"<N/A>"``."""
+        if self.exitcode >= 0:
+            return NOT_AVAILABLE
+        try:
+            return signal.Signals(-self.exitcode).name
+        except ValueError:
+            return NOT_AVAILABLE
+
+    def timestamp_isoformat(self) -> str:
+        """The failure time as torch writes it: local time, ``YYYY-MM-DD_HH:MM:SS``."""
+        return datetime.datetime.fromtimestamp(int(self.timestamp)).isoformat(sep="_")
 
 
-@dataclass(frozen=True)
-class FailureRecord:
-    """One failed worker.
+@dataclass
+class FailureRecord(ProcessFailure):
+    """One failed worker, as the agent reports it (a :class:`ProcessFailure`, with more facts).
 
     Attributes:
         local_rank: its rank on its node.
-        global_rank: its rank in the job.
-        role: its role name.
         pid: its process id.
         exitcode: its exit status, or ``-signum`` when a signal killed it.
+        error_file: its TORCHELASTIC_ERROR_FILE, or ``"<N/A>"`` when it wrote none.
         timestamp: when it failed, epoch seconds.
+        global_rank: its rank in the job.
+        role: its role name.
         host: the node it ran on.
-        error_file: its TORCHELASTIC_ERROR_FILE, or None.
         log_dir: the directory of its logs, or None.
         error: what its error file says, or None when it wrote none.
     """
 
-    local_rank: int
+    timestamp: float
     global_rank: int
     role: str
-    pid: int
-    exitcode: int
-    timestamp: float
     host: str
-    error_file: Path | None
     log_dir: Path | None
     error: WorkerErrorInfo | None
 
-    @property
-    def signal_name(self) -> str | None:
-        """The name of the signal that killed the worker (``"SIGKILL"``), or None if it exited."""
-        if self.exitcode >= 0:
-            return None
-        try:
-            return signal.Signals(-self.exitcode).name
-        except ValueError:
-            return f"signal {-self.exitcode}"
+    def __post_init__(self) -> None:
+        given = self.error_file
+        self._read_error_file()  # the timestamp is given: the exit's, or the error file's
+        self.error_file = given  # as the agent found it
+
+    @classmethod
+    def of(cls, failure: ProcessFailure, global_rank: int, role: str, host: str) -> FailureRecord:
+        """The record of a plain ``ProcessFailure`` (what a torch-style agent subclass reports).
+
+        Args:
+            failure: the failure.
+            global_rank: the failed worker's global rank.
+            role: its role.
+            host: the node it ran on.
+        """
+        path = failure.error_file
+        return cls(
+            local_rank=failure.local_rank,
+            pid=failure.pid,
+            exitcode=failure.exitcode,
+            error_file=path,
+            timestamp=failure.timestamp,
+            global_rank=global_rank,
+            role=role,
+            host=host,
+            log_dir=None,
+            error=read_error_file(path) if path != NOT_AVAILABLE else None,
+        )
 
     @property
     def how(self) -> str:
         """How it ended, in words: ``exit code 1`` or ``killed by SIGKILL (signal 9)``."""
-        name = self.signal_name
-        if name is None:
+        if self.exitcode >= 0:
             return f"exit code {self.exitcode}"
+        name = self.signal_name()
+        if name == NOT_AVAILABLE:
+            return f"killed by signal {-self.exitcode}"
         return f"killed by {name} (signal {-self.exitcode})"
 
     @property
@@ -208,8 +318,8 @@ def failure_facts(failure: FailureRecord) -> list[tuple[str, str]]:
         ("pid", str(failure.pid)),
         ("error", _error_text(failure)),
     ]
-    if failure.error_file is not None:
-        facts.append(("error file", str(failure.error_file)))
+    if failure.error_file != NOT_AVAILABLE:
+        facts.append(("error file", failure.error_file))
     if failure.log_dir is not None:
         facts.append(("logs", str(failure.log_dir)))
     return facts

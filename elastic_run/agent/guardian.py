@@ -216,6 +216,17 @@ class Guardian:
         """The guardian's pid, or None before :meth:`start`."""
         return self._proc.pid if self._proc is not None else None
 
+    @property
+    def pipe_fds(self) -> tuple[int, ...]:
+        """The agent's ends of the guardian's pipes: a forked child must close them (the end of
+        the guardian's input means that the agent is gone)."""
+        proc = self._proc
+        if proc is None:
+            return ()
+        return tuple(
+            f.fileno() for f in (proc.stdin, proc.stdout) if f is not None and not f.closed
+        )
+
     def is_running(self) -> bool:
         """Whether the guardian process is alive."""
         return self._proc is not None and self._proc.poll() is None

@@ -6,7 +6,9 @@ server, the signals, extra worker variables). It owns, for the life of the run: 
 worker outlives the agent), the file-timer watchdog (when enabled), the health-check server
 (when a port is given), and the JSON-lines event log ``<run log dir>/events.jsonl``. Per attempt
 it builds each worker's command and torchrun environment (``worker_env.py``), asks the logs
-specs where the output goes, and hands the launches to ``WorkerProcesses``.
+specs where the output goes, and hands the launches to ``WorkerProcesses``. A callable
+entrypoint runs in a process per worker started by ``start_method`` (``function_workers.py``),
+and its return values come back in ``RunResult.return_values``.
 """
 
 from __future__ import annotations
@@ -22,7 +24,13 @@ from typing import Any
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import AgentEvent, EventLog
-from elastic_run.agent.failures import FailureRecord, WorkerErrorInfo, read_error_file
+from elastic_run.agent.failures import (
+    NOT_AVAILABLE,
+    FailureRecord,
+    WorkerErrorInfo,
+    read_error_file,
+)
+from elastic_run.agent.function_workers import FunctionWorkers
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
@@ -43,7 +51,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     Args:
         spec: what to run.
         logs_specs: where the workers' logs go (default: ``DefaultLogsSpecs()``).
-        start_method: accepted for torch's signature (workers are always subprocesses).
+        start_method: how a callable entrypoint's workers start: ``spawn``, ``fork``, or
+            ``forkserver`` (started as spawn); a program is always run as a subprocess.
         exit_barrier_timeout: how long a finished node waits for the others (s).
         log_line_prefix_template: accepted for torch's signature.
         shutdown_timeout: the grace period between the stop signal and SIGKILL (s).
@@ -52,7 +61,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         options: elastic-run's additions (watchdog, health server, signals, extra env).
 
     Raises:
-        ConfigurationError: the log directory cannot be created.
+        ConfigurationError: the log directory cannot be created, or an unknown start method
+            for a callable entrypoint.
     """
 
     def __init__(
@@ -69,6 +79,14 @@ class LocalElasticAgent(SimpleElasticAgent):
         options: AgentOptions | None = None,
     ) -> None:
         opts = options or AgentOptions()
+        entry = spec.entrypoint
+        self._functions = (  # first: an unknown start method fails before anything is open
+            None
+            if isinstance(entry, str) or entry is None
+            else FunctionWorkers(
+                entry, spec.args, start_method, close_in_fork=lambda: self._guardian.pipe_fds
+            )
+        )
         super().__init__(spec, exit_barrier_timeout, shutdown_timeout, signals=opts.signals)
         self._options = opts
         self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()
@@ -155,6 +173,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._watchdog.stop()
             self._watchdog = None
         self._guardian.close()
+        if self._functions is not None:
+            self._functions.close()
         self._event_log.close()
 
     def _emit(self, kind: str, message: str, **fields: Any) -> None:
@@ -235,6 +255,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
         except OSError as exc:
             raise AgentError(f"cannot create the log directory: {exc.strerror or exc}") from None
+        functions = self._functions
+        if functions is not None:
+            functions.prepare_attempt()
         launches = []
         for worker in group.workers:
             lr = worker.local_rank
@@ -245,13 +268,14 @@ class LocalElasticAgent(SimpleElasticAgent):
                 WorkerLaunch(
                     local_rank=lr,
                     global_rank=worker.global_rank,
-                    argv=tuple(worker_argv(spec, lr)),
+                    argv=(functions.name,) if functions else tuple(worker_argv(spec, lr)),
                     env=envs[lr],
                     log_dir=error_file.parent,
                     redirect=self._logs_specs.redirect_for(lr),
                     tee=self._logs_specs.tee_for(lr),
                     show_on_console=self._logs_specs.shows_on_console(lr),
                     error_file=error_file,
+                    start=functions.start if functions else None,
                 )
             )
         self._expiries.clear()
@@ -300,10 +324,14 @@ class LocalElasticAgent(SimpleElasticAgent):
             failures = [self._failure(worker_group, e) for e in failed.values()]
             return RunResult(WorkerState.FAILED, failures={f.global_rank: f for f in failures})
         if len(exits) == len(worker_group.workers):
+            functions = self._functions
             return RunResult(
                 WorkerState.SUCCEEDED,
                 return_values={
-                    worker_group.workers[lr].global_rank: e.exitcode for lr, e in exits.items()
+                    worker_group.workers[lr].global_rank: (
+                        functions.return_value(lr) if functions is not None else None
+                    )
+                    for lr in exits
                 },
             )
         return RunResult(WorkerState.HEALTHY)
@@ -327,7 +355,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             exitcode=exit_.exitcode,
             timestamp=timestamp,
             host=self._host,
-            error_file=launch.error_file if launch.error_file.exists() else None,
+            error_file=str(launch.error_file) if launch.error_file.exists() else NOT_AVAILABLE,
             log_dir=launch.log_dir,
             error=error,
         )

@@ -11,6 +11,10 @@ by the :class:`~elastic_run.agent.guardian.Guardian` (when given one) and by :me
 snapshots the descendants before signalling and also kills everything left in the workers'
 sessions.
 
+A worker that is not a program (a callable entrypoint, ``function_workers.py``) comes with a
+``start`` in its launch: it is started by that instead of ``argv``, and supervised the same way.
+It joins its own session itself, as its first act; until then :meth:`stop` reaches it by pid.
+
 Invariants:
 - One waiter thread per worker reaps it the moment it exits, records a :class:`WorkerExit` and
   calls ``on_exit``, so the agent loop can wake at once instead of at its next monitor tick.
@@ -31,6 +35,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import IO, Protocol
 
 import psutil
 
@@ -40,7 +45,7 @@ from elastic_run.agent.output import WorkerOutput
 from elastic_run.errors import AgentError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
-__all__ = ["WorkerExit", "WorkerLaunch", "WorkerProcesses"]
+__all__ = ["WorkerExit", "WorkerLaunch", "WorkerProcess", "WorkerProcesses", "WorkerStart"]
 
 logger = logging.getLogger(__name__)
 
@@ -49,6 +54,22 @@ _POLL_S = 0.01
 # After SIGKILL, processes vanish within milliseconds; this bounds a wait on an unkillable one (D).
 _KILL_WAIT_S = 10.0
 _OUTPUT_JOIN_S = 5.0
+
+
+class WorkerProcess(Protocol):
+    """A started worker as it is waited for (a ``subprocess.Popen`` is one)."""
+
+    @property
+    def pid(self) -> int:
+        """Its process id."""
+
+    def wait(self) -> int:
+        """Block until it exits; return its exit status (``-signum`` for a signal)."""
+
+
+WorkerStart = Callable[["WorkerLaunch", "int | IO[bytes]", "int | IO[bytes]"], WorkerProcess]
+"""Starts a worker that is not a program: ``(launch, stdout, stderr) -> process``, where the
+streams are what ``subprocess.Popen`` would be given (a descriptor, a file, or DEVNULL)."""
 
 
 @dataclass(frozen=True)
@@ -66,6 +87,8 @@ class WorkerLaunch:
         tee: the streams that go to files and the console.
         show_on_console: False when --local-ranks-filter excludes this rank (files still written).
         error_file: the worker's TORCHELASTIC_ERROR_FILE (already in ``env``).
+        start: starts a worker that is not a program (``argv`` then only names it); None runs
+            ``argv``.
     """
 
     local_rank: int
@@ -77,6 +100,7 @@ class WorkerLaunch:
     tee: Std
     show_on_console: bool
     error_file: Path
+    start: WorkerStart | None = None
 
 
 @dataclass(frozen=True)
@@ -97,9 +121,7 @@ class WorkerExit:
 
 
 class _Worker:
-    def __init__(
-        self, launch: WorkerLaunch, proc: subprocess.Popen[bytes], output: WorkerOutput
-    ) -> None:
+    def __init__(self, launch: WorkerLaunch, proc: WorkerProcess, output: WorkerOutput) -> None:
         self.launch = launch
         self.proc = proc
         self.output = output
@@ -181,21 +203,25 @@ class WorkerProcesses:
             ) from exc
         argv, env = list(launch.argv), dict(launch.env)
         prefix = death_signal_prefix()
+        proc: WorkerProcess
         try:
-            if prefix and argv and shutil.which(argv[0], path=env.get("PATH")) is None:
+            if launch.start is not None:
+                proc = launch.start(launch, output.stdout, output.stderr)
+            elif prefix and argv and shutil.which(argv[0], path=env.get("PATH")) is None:
                 # Found by Popen itself otherwise: say so the same way, not as exit 127.
                 raise FileNotFoundError(f"no such executable: {argv[0]!r}")
-            proc = subprocess.Popen(
-                [*prefix, *argv],
-                env=env,
-                stdin=subprocess.DEVNULL,
-                stdout=output.stdout,
-                stderr=output.stderr,
-                start_new_session=True,
-                preexec_fn=None if prefix else set_parent_death_signal,
-                close_fds=True,
-            )
-        except (OSError, subprocess.SubprocessError) as exc:
+            else:
+                proc = subprocess.Popen(
+                    [*prefix, *argv],
+                    env=env,
+                    stdin=subprocess.DEVNULL,
+                    stdout=output.stdout,
+                    stderr=output.stderr,
+                    start_new_session=True,
+                    preexec_fn=None if prefix else set_parent_death_signal,
+                    close_fds=True,
+                )
+        except (OSError, subprocess.SubprocessError, AgentError) as exc:
             output.close(timeout_s=0.0)
             argv0 = launch.argv[0] if launch.argv else "<empty command>"
             raise AgentError(
@@ -329,6 +355,8 @@ class WorkerProcesses:
         return found
 
     def _signal_tree(self, sessions: set[int], tree: set[psutil.Process], sig: int) -> None:
+        for worker in self._live_workers():  # a function worker before it joined its session
+            _signal_pid(worker.proc.pid, sig)
         for sid in sessions:
             _signal_group(sid, sig)
         for proc in _session_members(sessions):
@@ -367,6 +395,13 @@ def _signal_name(sig: int) -> str:
 def _signal_group(pgid: int, sig: int) -> None:
     try:
         os.killpg(pgid, sig)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def _signal_pid(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
     except (ProcessLookupError, PermissionError):
         pass
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import logging
 import signal
+import socket
 import threading
 import time
 from abc import abstractmethod
@@ -27,6 +28,7 @@ from typing import Any
 from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import ElasticAgent, RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.events import AgentEvent, EventSink
+from elastic_run.agent.failures import FailureRecord
 from elastic_run.agent.ranks import assign_ranks, share_workers_store, wait_keys
 from elastic_run.agent.signals import SignalLog, Waker
 from elastic_run.agent.snapshot import AgentSnapshot, WorkerSnapshot
@@ -346,8 +348,14 @@ class SimpleElasticAgent(ElasticAgent):
         return self._poll
 
     def _observe(self, result: RunResult) -> sm.Observation:
+        for rank, failure in list(result.failures.items()):
+            if not isinstance(failure, FailureRecord):  # a torch-style subclass's ProcessFailure
+                result.failures[rank] = FailureRecord.of(
+                    failure, rank, self._spec.role, socket.gethostname()
+                )
         status = {
             WorkerState.FAILED: sm.WorkersStatus.FAILED,
+            WorkerState.UNHEALTHY: sm.WorkersStatus.FAILED,  # torch restarts an unhealthy group
             WorkerState.SUCCEEDED: sm.WorkersStatus.SUCCEEDED,
         }.get(result.state, sm.WorkersStatus.RUNNING)
         obs = sm.Observation(
@@ -401,8 +409,6 @@ class SimpleElasticAgent(ElasticAgent):
             return self._spec.local_addr
         if self._rdzv is not None:
             return self._rdzv.advertised_addr
-        import socket
-
         return socket.getfqdn()
 
     def _close_rendezvous(self, reason: sm.ClosedReason) -> None:

@@ -26,6 +26,8 @@ from elastic_run.rendezvous.errors import (
 
 _LAZY = {
     "RendezvousHandlerRegistry": "elastic_run.rendezvous.registry",
+    "RendezvousHandlerCreator": "elastic_run.rendezvous.registry",
+    "get_rendezvous_handler": "elastic_run.rendezvous.registry",
     "rendezvous_handler_registry": "elastic_run.rendezvous.registry",
     "create_rendezvous_handler": "elastic_run.rendezvous.registry",
     "DynamicRendezvousHandler": "elastic_run.rendezvous.dynamic",
@@ -50,6 +52,7 @@ __all__ = [
     "RendezvousError",
     "RendezvousGracefulExitError",
     "RendezvousHandler",
+    "RendezvousHandlerCreator",
     "RendezvousHandlerRegistry",
     "RendezvousInfo",
     "RendezvousParameters",
@@ -59,6 +62,7 @@ __all__ = [
     "StaticRendezvousHandler",
     "create_handler",
     "create_rendezvous_handler",
+    "get_rendezvous_handler",
     "rendezvous_handler_registry",
 ]
 

@@ -9,7 +9,7 @@ from __future__ import annotations
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from elastic_run.errors import ConfigurationError
 
@@ -142,8 +142,26 @@ class RendezvousParameters:
 class RendezvousStoreInfo:
     """Where the workers of a round find their store (MASTER_ADDR, MASTER_PORT)."""
 
+    MASTER_ADDR_KEY: ClassVar[str] = "MASTER_ADDR"
+    MASTER_PORT_KEY: ClassVar[str] = "MASTER_PORT"
     master_addr: str
     master_port: int
+
+    @staticmethod
+    def build(
+        rank: int, store: Store, local_addr: str | None, server_port: int | None = None
+    ) -> RendezvousStoreInfo:
+        """Agree on the workers' store address through ``store`` (torch's ``build``).
+
+        Rank 0 publishes its address (``local_addr`` or its FQDN) and ``server_port`` (or a
+        free port of this host) under :attr:`MASTER_ADDR_KEY` / :attr:`MASTER_PORT_KEY`; every
+        rank then reads them (a blocking store read).
+
+        Raises:
+            RendezvousConnectionError: the store failed, or the published values are not an
+                address and a port.
+        """
+        return _build_store_info(rank, store, local_addr, server_port)
 
 
 @dataclass
@@ -412,3 +430,36 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
 
     def snapshot(self) -> RendezvousSnapshot | None:
         """A read-only picture of the rendezvous, for views."""
+
+
+def _free_port() -> int:
+    import socket
+
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("", 0))
+        return int(sock.getsockname()[1])
+
+
+def _build_store_info(
+    rank: int, store: Store, local_addr: str | None, server_port: int | None
+) -> RendezvousStoreInfo:
+    import socket
+
+    from elastic_run.rendezvous.errors import RendezvousConnectionError
+
+    try:
+        if rank == 0:
+            store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, local_addr or socket.getfqdn())
+            store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(server_port or _free_port()))
+        addr = bytes(store.get(RendezvousStoreInfo.MASTER_ADDR_KEY)).decode()
+        port_text = bytes(store.get(RendezvousStoreInfo.MASTER_PORT_KEY)).decode()
+    except (RuntimeError, OSError, UnicodeDecodeError) as exc:
+        raise RendezvousConnectionError(
+            f"cannot agree on the workers' store address through the rendezvous store: {exc}"
+        ) from exc
+    if not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise RendezvousConnectionError(
+            f"the rendezvous store holds no valid {RendezvousStoreInfo.MASTER_PORT_KEY}: "
+            f"{port_text!r}"
+        )
+    return RendezvousStoreInfo(master_addr=addr, master_port=int(port_text))

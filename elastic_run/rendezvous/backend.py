@@ -19,6 +19,11 @@ Contract, for every implementation:
 - ``CONF_KEYS``: the ``--rdzv-conf`` keys the backend reads itself (beside the handler's).
 - Every method raises ``RendezvousConnectionError`` when the store cannot be
   reached within the backend's read timeout; no third-party error escapes.
+
+torch's ``RendezvousBackend`` is another seam: ``get_state``/``set_state`` of one state blob
+that every join and heartbeat rewrites (O(N) bytes per write, compare-and-set retries). The
+O(N) protocol cannot run on it, deliberately; :func:`require_backend` turns one away with a
+``TypeError`` that names the methods needed here.
 """
 
 from __future__ import annotations
@@ -30,7 +35,7 @@ from typing import TYPE_CHECKING, ClassVar
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["RendezvousBackend"]
+__all__ = ["RendezvousBackend", "require_backend"]
 
 
 class RendezvousBackend(ABC):
@@ -117,3 +122,32 @@ class RendezvousBackend(ABC):
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads. Idempotent."""
+
+
+def require_backend(backend: object) -> RendezvousBackend:
+    """Return ``backend`` if the dynamic rendezvous can run on it.
+
+    Args:
+        backend: what a caller passed as the backend.
+
+    Returns:
+        The backend.
+
+    Raises:
+        TypeError: it is not a :class:`RendezvousBackend`; for a torch-style backend (only
+            ``get_state``/``set_state``) the message says why and what to implement.
+    """
+    if isinstance(backend, RendezvousBackend):
+        return backend
+    needed = ", ".join(sorted(RendezvousBackend.__abstractmethods__))
+    kind = type(backend).__name__
+    if hasattr(backend, "get_state") and hasattr(backend, "set_state"):
+        raise TypeError(
+            f"{kind} is a torch-style rendezvous backend (get_state/set_state over one state "
+            f"blob); elastic-run's O(N) rendezvous cannot run on a single blob. Subclass "
+            f"elastic_run.rendezvous.backend.RendezvousBackend and implement: {needed}"
+        )
+    raise TypeError(
+        f"{kind} is not a RendezvousBackend: subclass "
+        f"elastic_run.rendezvous.backend.RendezvousBackend and implement: {needed}"
+    )

@@ -32,13 +32,14 @@ given as the endpoint (a shared file system for several hosts); nobody hosts any
 from __future__ import annotations
 
 import errno
+import functools
 import ipaddress
 import os
 import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous import keys
@@ -55,6 +56,7 @@ __all__ = [
     "CONF_KEYS",
     "DEFAULT_PORT",
     "C10dRendezvousBackend",
+    "create_backend",
     "create_c10d_backend",
     "is_local_host",
 ]
@@ -130,7 +132,8 @@ class C10dRendezvousBackend(RendezvousBackend):
     Args:
         store: a client (or the server's own store) for short calls.
         run_id: the job id; keys live under ``elastic-run/<run_id>/``.
-        endpoint: ``host:port`` for messages.
+        endpoint: ``host:port`` for messages (None, as torch's two-argument form: taken from
+            ``store``, whose clone then serves the blocking waits).
         waiter: a second client for blocking waits, or a factory for one (made on first use).
         read_timeout_s: how long one store call may take.
         server: the TCPStore object this agent hosts, kept alive with the backend.
@@ -140,7 +143,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         self,
         store: Store,
         run_id: str,
-        endpoint: str,
+        endpoint: str | None = None,
         *,
         waiter: Store | Callable[[], Store] | None = None,
         read_timeout_s: float = 60.0,
@@ -148,6 +151,8 @@ class C10dRendezvousBackend(RendezvousBackend):
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
+        if endpoint is None:
+            endpoint, waiter = _from_store(store, waiter)
         self._prefix = f"elastic-run/{run_id}/"
         self._store_view, self._store = _prefixed(self._prefix, store)
         self._waiter_source = waiter
@@ -419,3 +424,48 @@ def create_c10d_backend(
         read_timeout_s=timeout_s,
         server=server,
     )
+
+
+# -- torch's module-level API (torch.distributed.elastic.rendezvous.c10d_rendezvous_backend) --
+
+
+def _from_store(
+    store: Store, waiter: Store | Callable[[], Store] | None
+) -> tuple[str, Store | Callable[[], Store] | None]:
+    """The endpoint of a store given alone, and a second client for the blocking waits."""
+    from torch.distributed import FileStore, TCPStore
+
+    if isinstance(store, TCPStore):
+        timeout_s = cast(Any, store).timeout.total_seconds()  # torch's stubs omit it
+        if waiter is None:
+            waiter = functools.partial(_connect, store.host, store.port, timeout_s, master=False)
+        return f"{store.host}:{store.port}", waiter
+    if isinstance(store, FileStore):
+        path = str(cast(Any, store).path)  # torch's stubs omit it
+        return f"file:{path}", waiter if waiter is not None else (lambda: FileStore(path, -1))
+    return type(store).__name__, waiter
+
+
+def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend, Store]:
+    """Build a c10d backend and its store from ``params`` (torch's ``create_backend``).
+
+    Reads ``store_type`` (``tcp`` or ``file``), ``read_timeout`` (positive seconds, default
+    60) and ``is_host``, as :func:`create_c10d_backend` does.
+
+    Args:
+        params: the rendezvous parameters.
+
+    Returns:
+        The backend, and the whole store it runs on (a TCPStore or a FileStore, not the
+        backend's prefixed view).
+
+    Raises:
+        ConfigurationError: a bad ``store_type``, ``read_timeout`` or endpoint (a ValueError).
+        RendezvousConnectionError: the store cannot be hosted, reached or opened.
+    """
+    read_timeout = params.get_as_float("read_timeout")
+    if read_timeout is not None and read_timeout <= 0:
+        raise ConfigurationError(f"read_timeout must be a positive number, got {read_timeout:g}")
+    backend = create_c10d_backend(params)
+    store = getattr(backend._store_view, "underlying_store", backend._store_view)
+    return backend, cast("Store", store)

@@ -43,7 +43,7 @@ from elastic_run.rendezvous.api import (
     RoundEnd,
     RoundPoll,
 )
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, require_backend
 from elastic_run.rendezvous.coordinator import read_lost
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.liveness import LivenessThread, RingPosition
@@ -95,6 +95,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         settings: RendezvousSettings | None = None,
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
+        backend = require_backend(backend)  # a torch-style get_state/set_state one: TypeError
         self._run_id = run_id
         self._backend = backend
         self._settings = settings or RendezvousSettings()
@@ -486,6 +487,7 @@ def create_handler(
 
     Raises:
         ConfigurationError: a bad --rdzv-conf value (also a ValueError).
+        TypeError: ``backend`` is not a ``RendezvousBackend`` (e.g. torch-style).
     """
     return DynamicRendezvousHandler(
         run_id=params.run_id,
@@ -493,5 +495,5 @@ def create_handler(
         min_nodes=params.min_nodes,
         max_nodes=params.max_nodes,
         local_addr=params.local_addr,
-        settings=RendezvousSettings.from_params(params, backend.CONF_KEYS),
+        settings=RendezvousSettings.from_params(params, require_backend(backend).CONF_KEYS),
     )

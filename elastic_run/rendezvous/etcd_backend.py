@@ -43,7 +43,13 @@ from elastic_run.rendezvous.settings import RendezvousSettings, conf_seconds
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
 
-__all__ = ["CONF_KEYS", "DEFAULT_KEY_PREFIX", "EtcdRendezvousBackend", "create_etcd_backend"]
+__all__ = [
+    "CONF_KEYS",
+    "DEFAULT_KEY_PREFIX",
+    "EtcdRendezvousBackend",
+    "create_backend",
+    "create_etcd_backend",
+]
 
 CONF_KEYS = frozenset(
     {
@@ -322,3 +328,21 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
         key_prefix=str(params.get("key_prefix", DEFAULT_KEY_PREFIX)),
         lease_ttl_s=math.ceil(stale_after_s),
     )
+
+
+def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend, Store]:
+    """Build an etcd backend and a store beside it from ``params`` (torch's ``create_backend``).
+
+    Reads the keys :func:`create_etcd_backend` reads.
+
+    Args:
+        params: the rendezvous parameters.
+
+    Returns:
+        The backend, and an ``EtcdStore`` on the same client under the job's ``store/`` prefix.
+
+    Raises:
+        ConfigurationError: the endpoint or a config value is invalid (a ValueError).
+    """
+    backend = create_etcd_backend(params)
+    return backend, backend.round_store("store/")

@@ -4,10 +4,17 @@ Invariants: every member listens on free ports of ``host`` (loopback by default)
 ``start()`` returns only once every member answers a real request; ``stop()`` ends
 every process it started (SIGTERM, then SIGKILL) and removes a temporary data
 directory. Each member's output goes to a log file (``log_paths``, ``read_logs()``).
+
+torch's ``EtcdServer`` API is here too: ``EtcdServer(data_dir=None)``, ``start(timeout=60,
+num_retries=3, stderr=None)`` (a start that fails is retried on fresh ports and a fresh data
+directory; one that never becomes healthy raises :class:`EtcdServerTimeoutError`, a
+``TimeoutError``), ``stop()``, ``get_host()``, ``get_port()``, ``get_endpoint()``, and
+``get_client()``, which returns our etcd v3 client (torch's returns a python-etcd v2 one).
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import shutil
 import signal
@@ -23,10 +30,27 @@ from typing import IO, Any
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
-from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+from elastic_run.rendezvous.errors import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousTimeoutError,
+)
 from elastic_run.rendezvous.etcd_client import EtcdClient
 
-__all__ = ["EtcdServer", "EtcdServerTLS", "find_etcd_binary", "main_foreground"]
+__all__ = [
+    "EtcdServer",
+    "EtcdServerTLS",
+    "EtcdServerTimeoutError",
+    "find_etcd_binary",
+    "main_foreground",
+]
+
+log = logging.getLogger(__name__)
+
+
+class EtcdServerTimeoutError(RendezvousTimeoutError, TimeoutError):
+    """An etcd member did not become healthy in time (torch's ``start`` raises TimeoutError)."""
+
 
 _BINARY_VARIABLES = ("ELASTIC_RUN_ETCD_BINARY", "TORCHELASTIC_ETCD_BINARY_PATH")
 
@@ -120,6 +144,7 @@ class EtcdServer:
             else Path(data_dir)
         )
         self._root.mkdir(parents=True, exist_ok=True)
+        self._fixed_port = port
         self._members: list[_Member] = []
         for i in range(members):
             client_port = port if (i == 0 and port) else _free_port(host)
@@ -196,36 +221,82 @@ class EtcdServer:
                 args += ["--trusted-ca-file", self._tls.ca_file]
         return args + list(self._extra_args)
 
-    def _spawn(self, m: _Member) -> None:
+    def _spawn(self, m: _Member, stderr: int | IO[Any] | None = None) -> None:
         m.log_file = open(m.log_path, "ab")
         prefix = death_signal_prefix()
         m.process = subprocess.Popen(
             [*prefix, *self._command(m)],
             stdin=subprocess.DEVNULL,
             stdout=m.log_file,
-            stderr=subprocess.STDOUT,
+            stderr=subprocess.STDOUT if stderr is None else stderr,
             preexec_fn=None if prefix else set_parent_death_signal,
         )
 
-    def start(self, timeout_s: float = 60.0) -> None:
-        """Start every member and return once each answers a real request.
+    def start(
+        self,
+        timeout: float = 60,
+        num_retries: int = 3,
+        stderr: int | IO[Any] | None = None,
+        *,
+        timeout_s: float | None = None,
+    ) -> None:
+        """Start every member and return once each answers a real request (torch's ``start``).
+
+        Args:
+            timeout: seconds each try may take until every member is healthy.
+            num_retries: how many tries in all; each retry takes fresh ports (unless a port
+                was given) and a fresh data directory.
+            stderr: where the members' stderr goes (default: their log files).
+            timeout_s: the same as ``timeout`` (ours; wins when given).
 
         Raises:
-            RendezvousError: when a member exits or does not answer within ``timeout_s``
-                (the message ends with the member's log).
+            EtcdServerTimeoutError: a member did not answer in time on the last try (also a
+                ``TimeoutError``); the message ends with the members' logs.
+            RendezvousError: a member exited at start on the last try.
         """
         if self._started:
             return
-        self._started = True
-        try:
-            for m in self._members:
-                self._spawn(m)
-            deadline = time.monotonic() + timeout_s
-            for i in range(len(self._members)):
-                self._wait_healthy(i, deadline)
-        except BaseException:
-            self.stop()
-            raise
+        wait_s = float(timeout if timeout_s is None else timeout_s)
+        tries = max(1, int(num_retries))
+        for attempt in range(tries):
+            self._started = True
+            try:
+                if attempt:
+                    self._fresh_start(attempt)
+                for m in self._members:
+                    self._spawn(m, stderr)
+                deadline = time.monotonic() + wait_s
+                for i in range(len(self._members)):
+                    self._wait_healthy(i, deadline)
+                return
+            except RendezvousError as exc:
+                if attempt + 1 == tries:
+                    self.stop()
+                    raise
+                log.warning("etcd did not start (try %d of %d): %s", attempt + 1, tries, exc)
+                self._stop_members(signal.SIGKILL)
+            except BaseException:
+                self.stop()
+                raise
+
+    def _fresh_start(self, attempt: int) -> None:
+        for i, m in enumerate(self._members):
+            if not (i == 0 and self._fixed_port):
+                m.client_port = _free_port(self._host)
+            m.peer_port = _free_port(self._host)
+            m.data_dir = self._root / f"try{attempt}" / f"member{i}.etcd"
+
+    def get_host(self) -> str:
+        """The host the members listen on (torch's ``get_host``)."""
+        return self._host
+
+    def get_port(self) -> int:
+        """The first member's client port (torch's ``get_port``)."""
+        return self._members[0].client_port
+
+    def get_endpoint(self) -> str:
+        """The first member's client address, ``host:port`` (torch's ``get_endpoint``)."""
+        return self.endpoint
 
     def _member_client(self, i: int) -> EtcdClient:
         ca = self._tls.ca_file if self._tls else None
@@ -253,7 +324,7 @@ class EtcdServer:
                     return
                 except RendezvousConnectionError as exc:
                     if time.monotonic() >= deadline:
-                        raise RendezvousError(
+                        raise EtcdServerTimeoutError(
                             f"etcd {m.name} at {self.endpoints[i]} did not become healthy: "
                             f"{exc}\n" + self.read_logs(4000)
                         ) from exc
@@ -313,15 +384,17 @@ class EtcdServer:
         """Stop every member and remove a temporary data directory. Idempotent."""
         # Data in a temporary directory is thrown away: no need for a graceful stop
         # (which, in a cluster stopping as a whole, waits on leader transfer).
-        sig = signal.SIGKILL if self._owns_dir else signal.SIGTERM
+        self._stop_members(signal.SIGKILL if self._owns_dir else signal.SIGTERM)
+        if self._owns_dir:
+            shutil.rmtree(self._root, ignore_errors=True)
+        self._started = False
+
+    def _stop_members(self, sig: int) -> None:
         for m in self._members:  # signal all first: members stop in parallel
             if m.process is not None and m.process.poll() is None:
                 m.process.send_signal(sig)
         for m in self._members:
             self._stop_member(m, sig)
-        if self._owns_dir:
-            shutil.rmtree(self._root, ignore_errors=True)
-        self._started = False
 
     def __enter__(self) -> EtcdServer:
         self.start()

@@ -4,6 +4,11 @@ Built in: ``c10d`` (the embedded TCPStore), ``etcd`` and ``etcd-v2`` (etcd v3 un
 the names torch users type), ``static``. A package can add a backend through the entry
 point group ``elastic_run.rendezvous``: the entry point's name is the backend name and its
 object a callable ``(RendezvousParameters) -> RendezvousHandler``.
+
+As torch's registry: an unknown backend is a ``ValueError`` (our ``ConfigurationError``), and a
+creator that returns a handler of another backend is a ``RuntimeError``
+(``RendezvousBackendMismatchError``); ``etcd-v2`` builds an ``etcd`` handler, which matches.
+``get_rendezvous_handler(params)`` builds one with the default registry.
 """
 
 from __future__ import annotations
@@ -20,12 +25,20 @@ __all__ = [
     "RendezvousHandlerCreator",
     "RendezvousHandlerRegistry",
     "create_backend",
+    "RendezvousBackendMismatchError",
     "create_rendezvous_handler",
+    "get_rendezvous_handler",
     "rendezvous_handler_registry",
 ]
 
 ENTRY_POINT_GROUP = "elastic_run.rendezvous"
 RendezvousHandlerCreator = Callable[[RendezvousParameters], RendezvousHandler]
+# Backend names that build a handler of another name (torch users' etcd-v2 is etcd v3 here).
+_BUILDS = {"etcd-v2": "etcd"}
+
+
+class RendezvousBackendMismatchError(ConfigurationError, RuntimeError):
+    """A creator built a handler of another backend than the one asked for (torch: RuntimeError)."""
 
 
 def create_backend(
@@ -99,7 +112,9 @@ class RendezvousHandlerRegistry:
         """Build the handler for ``params.backend``.
 
         Raises:
-            ConfigurationError: no backend of that name.
+            ConfigurationError: no backend of that name (a ValueError), or the creator built no
+                RendezvousHandler.
+            RendezvousBackendMismatchError: the handler is of another backend (a RuntimeError).
             RendezvousError: the backend failed to start or connect.
         """
         creator = self._creators.get(params.backend)
@@ -114,6 +129,12 @@ class RendezvousHandlerRegistry:
         if not isinstance(handler, RendezvousHandler):
             raise ConfigurationError(
                 f"the rendezvous backend '{params.backend}' did not build a RendezvousHandler"
+            )
+        built = handler.get_backend()
+        if built != _BUILDS.get(params.backend, params.backend):
+            raise RendezvousBackendMismatchError(
+                f"the rendezvous backend '{params.backend}' built a handler of the backend "
+                f"'{built}'"
             )
         return handler
 
@@ -141,4 +162,15 @@ rendezvous_handler_registry.register("static", _static)
 
 def create_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
     """Build a handler with the default registry (torch's ``get_rendezvous_handler``)."""
+    return rendezvous_handler_registry.create_handler(params)
+
+
+def get_rendezvous_handler(params: RendezvousParameters) -> RendezvousHandler:
+    """Build a handler with the default registry (torch's name for it).
+
+    Raises:
+        ConfigurationError: an unknown backend or a bad configuration (a ValueError).
+        RendezvousBackendMismatchError: the handler is of another backend (a RuntimeError).
+        RendezvousError: the backend failed to start or connect.
+    """
     return rendezvous_handler_registry.create_handler(params)

@@ -84,15 +84,15 @@ def record(
         exitcode=exitcode,
         timestamp=timestamp,
         host="node-a",
-        error_file=Path(f"/logs/{global_rank}/error.json"),
+        error_file=f"/logs/{global_rank}/error.json",
         log_dir=Path(f"/logs/{global_rank}"),
         error=error,
     )
 
 
 def test_signal_name() -> None:
-    assert record(0, -signal.SIGKILL, 0).signal_name == "SIGKILL"
-    assert record(0, 1, 0).signal_name is None
+    assert record(0, -signal.SIGKILL, 0).signal_name() == "SIGKILL"
+    assert record(0, 1, 0).signal_name() == "<N/A>"
     assert record(0, -signal.SIGTERM, 0).how == "killed by SIGTERM (signal 15)"
     assert record(0, 2, 0).how == "exit code 2"
 
