@@ -1,7 +1,8 @@
 """Executing the state machine's actions: the agent's run loop, from start to exit code.
 
-``run_to_end(agent)``: join a round, start the workers, then each turn observe, ``decide``
-and apply, until an action ends the run. Every effect of an action lives here (stop the
+``run_to_end(agent)``: join a round and start the workers (through the agent's
+``_initialize_workers``, later ``_restart_workers``, so a torch-style subclass's overrides take
+effect), then each turn observe, ``decide`` and apply, until an action ends the run. Every effect of an action lives here (stop the
 workers, report a failure, close the rendezvous, emit events, publish state); every decision
 lives in ``state_machine.py``. Library errors become actions too: a rendezvous that fails ends
 the run with its documented exit code; an agent error (a worker that cannot be spawned) exits 1.
@@ -48,14 +49,16 @@ def run_to_end(agent: SimpleElasticAgent) -> RunResult:
             backend=handler.get_backend(),
             endpoint=agent._rdzv.endpoint if agent._rdzv is not None else "",
         )
+        again = False
         while True:
             try:
-                action = _join(agent)
+                action = _join(agent, again)
             except _RoundEnded:
-                continue  # the round ended while it was set up: join the next
+                again = True  # the round ended while it was set up: join the next
+                continue
             if not isinstance(action, sm.Start):
                 return _apply_end(agent, action, RunResult(WorkerState.INIT))
-            agent._start_attempt(group)
+            again = True
             while True:
                 agent._wait_tick()
                 result = agent._monitor_workers(group)
@@ -72,11 +75,16 @@ def run_to_end(agent: SimpleElasticAgent) -> RunResult:
         return _fail(agent, exc.exit_code, str(exc))
 
 
-def _join(agent: SimpleElasticAgent) -> sm.Action:
+def _join(agent: SimpleElasticAgent, again: bool) -> sm.Action:
+    """Rendezvous and start the workers through torch's extension points (a subclass's
+    ``_initialize_workers`` / ``_restart_workers`` take effect), then decide."""
     obs = sm.Observation(sm.Phase.JOINING)
     reason = ""
     try:
-        agent._rendezvous(agent._worker_group)
+        if again:
+            agent._restart_workers(agent._worker_group)
+        else:
+            agent._initialize_workers(agent._worker_group)
     except RendezvousInterruptedError:
         pass  # the signal is in the log: decide() stops
     except RendezvousClosedError as exc:

@@ -190,13 +190,21 @@ class RecordingAgent(LocalElasticAgent):
         self.calls.append(f"shutdown:{death_sig.name}")
         super()._shutdown(death_sig, timeout)
 
+    def _initialize_workers(self, worker_group: WorkerGroup) -> None:
+        self.calls.append("initialize")
+        super()._initialize_workers(worker_group)
+
+    def _restart_workers(self, worker_group: WorkerGroup) -> None:
+        self.calls.append("restart")
+        super()._restart_workers(worker_group)
+
 
 def test_local_elastic_agent_overrides_are_called_with_torchs_arguments(tmp_path: Path) -> None:
     agent = RecordingAgent(spec_for(agent_targets.report, ("x",)), DefaultLogsSpecs(str(tmp_path)))
     result = agent.run()
     assert result.state == WorkerState.SUCCEEDED
     assert sorted(result.return_values) == [0, 1]
-    assert agent.calls[:2] == ["rendezvous", "start"]
+    assert agent.calls[:3] == ["initialize", "rendezvous", "start"]
     assert agent.ranks_at_start == [[0, 1]]
 
 
@@ -211,4 +219,16 @@ def test_an_unhealthy_group_is_restarted_as_torch_does(tmp_path: Path) -> None:
     assert result.state == WorkerState.SUCCEEDED
     assert result.return_values == {0: "0", 1: "1"}
     after = agent.calls[agent.calls.index("unhealthy") :]
-    assert after[:5] == ["unhealthy", "stop", "shutdown:SIGTERM", "rendezvous", "start"]
+    # The loop stops the group, then restarts it through torch's _restart_workers (which
+    # stops again, a no-op, and initializes: rendezvous, start).
+    assert after[:9] == [
+        "unhealthy",
+        "stop",
+        "shutdown:SIGTERM",
+        "restart",
+        "stop",
+        "shutdown:SIGTERM",
+        "initialize",
+        "rendezvous",
+        "start",
+    ], after
