@@ -135,6 +135,7 @@ class FailureRecord:
         error_file: its TORCHELASTIC_ERROR_FILE, or None.
         log_dir: the directory of its logs, or None.
         error: what its error file says, or None when it wrote none.
+        stacks_file: its Python stacks as the agent took them (``stacks.txt``), or None.
     """
 
     local_rank: int
@@ -147,6 +148,7 @@ class FailureRecord:
     error_file: Path | None
     log_dir: Path | None
     error: WorkerErrorInfo | None
+    stacks_file: Path | None = None
 
     @property
     def signal_name(self) -> str | None:
@@ -212,6 +214,8 @@ def failure_facts(failure: FailureRecord) -> list[tuple[str, str]]:
         facts.append(("error file", str(failure.error_file)))
     if failure.log_dir is not None:
         facts.append(("logs", str(failure.log_dir)))
+    if failure.stacks_file is not None:
+        facts.append(("stacks", str(failure.stacks_file)))
     return facts
 
 
