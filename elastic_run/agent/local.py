@@ -31,7 +31,7 @@ from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpec
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.agent.progress_duties import ProgressDuties
 from elastic_run.agent.simple import SimpleElasticAgent
-from elastic_run.agent.snapshot import WorkerProgress
+from elastic_run.agent.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.state_machine import Observation
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
 from elastic_run.agent.worker_env import build_worker_env, worker_argv
@@ -385,6 +385,9 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _worker_progress(self, local_rank: int) -> WorkerProgress | None:
         return self._progress.watch.progress().get(local_rank)
+
+    def _job_progress(self) -> JobProgress | None:
+        return self._progress.job_progress()
 
     def _progress_observation(self, obs: Observation) -> Observation:
         return self._progress.observe(obs)

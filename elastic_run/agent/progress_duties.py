@@ -24,6 +24,7 @@ from elastic_run.agent.failures import WorkerErrorInfo
 from elastic_run.agent.hang_watch import HangWatch, HungWorker
 from elastic_run.agent.progress_config import ProgressOptions
 from elastic_run.agent.progress_publisher import ProgressPublisher
+from elastic_run.agent.snapshot import JobProgress
 from elastic_run.agent.stack_report import StackReport, format_stacks
 from elastic_run.rendezvous.telemetry import Telemetry, TelemetryHost
 
@@ -251,6 +252,10 @@ class ProgressDuties:
             emit=emit,
         )
         self._publisher.start()
+
+    def job_progress(self) -> JobProgress | None:
+        """The job's step times as last published (None: not known)."""
+        return self._publisher.job if self._publisher is not None else None
 
     def stop_publisher(self) -> None:
         """Stop the publisher thread. Idempotent."""

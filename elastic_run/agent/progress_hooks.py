@@ -9,7 +9,7 @@ failed group are stopped, at the end of an attempt); ``LocalElasticAgent`` fills
 from __future__ import annotations
 
 from elastic_run.agent import state_machine as sm
-from elastic_run.agent.snapshot import WorkerProgress
+from elastic_run.agent.snapshot import JobProgress, WorkerProgress
 
 __all__ = ["ProgressHooks"]
 
@@ -19,6 +19,10 @@ class ProgressHooks:
 
     def _worker_progress(self, local_rank: int) -> WorkerProgress | None:
         """This worker's progress for the snapshot (None: not watched)."""
+        return None
+
+    def _job_progress(self) -> JobProgress | None:
+        """The job's step times for the snapshot (None: not known)."""
         return None
 
     def _progress_observation(self, obs: sm.Observation) -> sm.Observation:

@@ -8,7 +8,8 @@ A thread (the store may block; the agent loop must not), once a second:
 - the node of group rank 0 also, every ``judge_every_s``, reads the round's records (one batch
   read of N small keys), computes the job's median and slowest ranks (``stragglers.py``), emits a
   ``straggler`` event for a rank that stayed above ``--straggler-factor`` x the median for a
-  while, and writes the summary (``pg/job``, O(1)) that every live view reads.
+  while, and writes the summary (``pg/job``, O(1));
+- every other node reads that summary at the same pace (one O(1) read) for its live panel.
 
 Nothing here raises into the agent: a store that fails is logged and tried again next second.
 """
@@ -21,6 +22,7 @@ import time
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
+from elastic_run.agent.snapshot import JobProgress
 from elastic_run.agent.stragglers import (
     JobSteps,
     RankTime,
@@ -32,7 +34,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.telemetry import Telemetry, read_progress
 
-__all__ = ["ProgressPublisher", "job_summary", "rank_times"]
+__all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times"]
 
 log = logging.getLogger(__name__)
 
@@ -80,6 +82,27 @@ def job_summary(steps: JobSteps, factor: float, stragglers: Sequence[int]) -> di
     }
 
 
+def job_progress(record: Mapping[str, Any]) -> JobProgress:
+    """A ``pg/job`` record as the agent's snapshot carries it."""
+    slowest = []
+    for entry in record.get("slowest") or ():
+        if isinstance(entry, Mapping):
+            rank, work, ratio = entry.get("rank"), entry.get("work_s"), entry.get("ratio")
+            if isinstance(rank, int) and isinstance(work, (int, float)):
+                slowest.append((rank, float(work), float(ratio or 0.0)))
+    median = record.get("median_s")
+    return JobProgress(
+        median_s=float(median) if isinstance(median, (int, float)) else None,
+        ranks=int(record.get("ranks") or 0),
+        slowest=tuple(slowest),
+        stragglers=tuple(
+            e["rank"]
+            for e in record.get("slowest") or ()
+            if isinstance(e, Mapping) and e.get("straggler") and isinstance(e.get("rank"), int)
+        ),
+    )
+
+
 class ProgressPublisher:
     """The thread that publishes this node's progress and, on node 0, judges stragglers.
 
@@ -122,6 +145,7 @@ class ProgressPublisher:
         self._watch = StragglerWatch()
         self._member_ids: tuple[int, Sequence[str]] = (-1, ())
         self._next_judge = 0.0
+        self.job: JobProgress | None = None
 
     def start(self) -> None:
         """Start the thread."""
@@ -151,13 +175,17 @@ class ProgressPublisher:
         if record is not None:
             self._telemetry.publish_progress(record)
         round_, group_rank = self._position()
-        if group_rank != 0 or round_ < 0 or now < self._next_judge:
+        if round_ < 0 or now < self._next_judge:
             return
         self._next_judge = now + self._judge_every_s
         try:
-            self._judge(round_, time.monotonic_ns())
+            if group_rank == 0:
+                self._judge(round_, time.monotonic_ns())
+            else:  # one O(1) read: the summary node 0 wrote, for the live panel
+                _, job, _ = read_progress(self._backend, ())
+                self.job = job_progress(job) if job is not None else None
         except RendezvousError as exc:
-            log.info("judging stragglers: %s", exc)
+            log.info("reading or judging the job's progress: %s", exc)
 
     def _judge(self, round_: int, now_ns: int) -> None:
         if self._member_ids[0] != round_:
@@ -185,6 +213,6 @@ class ProgressPublisher:
                 },
             )
         stragglers = sorted(self._watch.reported)
-        self._telemetry.publish_job_progress(
-            {"round": round_, **job_summary(steps, self._factor, stragglers)}
-        )
+        summary = {"round": round_, **job_summary(steps, self._factor, stragglers)}
+        self._telemetry.publish_job_progress(summary)
+        self.job = job_progress(summary)

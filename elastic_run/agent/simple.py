@@ -153,6 +153,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 )
                 for w in group.workers
             ),
+            job_progress=self._job_progress(),
         )
 
     def loop_alive_since(self) -> float:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AgentSnapshot", "WorkerProgress", "WorkerSnapshot"]
+__all__ = ["AgentSnapshot", "JobProgress", "WorkerProgress", "WorkerSnapshot"]
 
 
 @dataclass(frozen=True)
@@ -54,6 +54,23 @@ class WorkerSnapshot:
 
 
 @dataclass(frozen=True)
+class JobProgress:
+    """The job's step times as the node of group rank 0 last published them.
+
+    Attributes:
+        median_s: the median step (or work) time over the job's ranks.
+        ranks: how many ranks reported one.
+        slowest: (rank, time in s, ratio to the median), slowest first.
+        stragglers: the ranks reported as stragglers.
+    """
+
+    median_s: float | None
+    ranks: int
+    slowest: tuple[tuple[int, float, float], ...] = ()
+    stragglers: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class AgentSnapshot:
     """The agent as a whole.
 
@@ -70,6 +87,7 @@ class AgentSnapshot:
         restarts: restarts used so far.
         max_restarts: restarts allowed.
         workers: the local workers.
+        job_progress: the job's step times (None: not published).
     """
 
     run_id: str
@@ -83,3 +101,4 @@ class AgentSnapshot:
     restarts: int
     max_restarts: int
     workers: tuple[WorkerSnapshot, ...] = ()
+    job_progress: JobProgress | None = None
