@@ -187,7 +187,7 @@ class LiveView:
             self._terminal = self._capture.start()
             self._console = Console(file=self._terminal, stderr=False)
         self._live = Live(
-            get_renderable=self._render,
+            get_renderable=self.render,
             console=self._console,
             refresh_per_second=2,
             transient=False,
@@ -258,7 +258,8 @@ class LiveView:
         height = self._console.size.height
         return max(_MIN_HEIGHT, int(height * _HEIGHT_SHARE))
 
-    def _render(self) -> RenderableType:
+    def render(self) -> RenderableType:
+        """The frame now, from the latest snapshots (called on rich's refresh thread)."""
         budget = self._height_budget() - 2  # the panel's two border rows
         snap = self._agent.snapshot()
         rows: list[RenderableType] = [_line(self._header(snap))]
@@ -313,8 +314,10 @@ class LiveView:
         table = Table(box=box.SIMPLE_HEAD, show_edge=False, pad_edge=False, padding=(0, 1))
         for col in ("local", "rank", "pid", "state", "cpu", "memory", *worker_columns()):
             table.add_column(col, no_wrap=True, overflow="ellipsis")
-        fits = len(snap.workers) <= room - 2
-        shown = snap.workers if fits else snap.workers[: max(1, room - 3)]
+        fits = len(snap.workers) <= room - 2  # the header row and its rule
+        if not fits and room < 4:  # the header, its rule, one row and the "more" caption
+            return None, 0
+        shown = snap.workers if fits else snap.workers[: room - 3]
         for w in shown:
             cpu, mem = self._usage(w.pid)
             cells = worker_cells(w, stragglers)
