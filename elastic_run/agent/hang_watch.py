@@ -307,6 +307,13 @@ class HangWatch:
             self.last_hang = hung[0]
         self._publish(now)
 
+    def read_beats(self, now_ns: int | None = None) -> None:
+        """Read every slot without judging (a worker that beat and exited between two ticks)."""
+        now = time.monotonic_ns() if now_ns is None else now_ns
+        with self._lock:
+            for worker in self._workers.values():
+                self._fold(worker, now)
+
     def _fold(self, worker: _Worker, now: int) -> None:
         reading = self._file.read(worker.local_rank) if self._file is not None else None
         slot_beats = reading.beats if reading is not None else 0

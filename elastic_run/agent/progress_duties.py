@@ -101,6 +101,8 @@ class ProgressDuties:
     def observe(self, obs: sm.Observation) -> sm.Observation:
         """Add what the state machine reads of progress to the loop's observation."""
         failed = obs.workers is sm.WorkersStatus.FAILED
+        if failed:
+            self.watch.read_beats()  # beats of workers that exited since the last tick count
         return replace(
             obs,
             hung=bool(self.watch.hung) and obs.workers is sm.WorkersStatus.RUNNING,
