@@ -32,7 +32,7 @@ __all__ = ["ProgressDuties"]
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, str, dict[str, Any]], None]
+_Emit = Callable[[str, str, dict[str, Any]], None]
 _WHERE_CHARS = 160
 
 
@@ -110,7 +110,7 @@ class ProgressDuties:
             max_no_progress_restarts=self.options.max_no_progress_restarts,
         )
 
-    def stop_hung(self, emit: Emit, kill: Callable[[int], None] = _kill_tree) -> None:
+    def stop_hung(self, emit: _Emit, kill: Callable[[int], None] = _kill_tree) -> None:
         """Kill the hung workers (their stacks are on disk by now), with a ``worker.hung`` event.
 
         Args:
@@ -233,7 +233,7 @@ class ProgressDuties:
         position: Callable[[], tuple[int, int]],
         attempt: Callable[[], int],
         members: Callable[[int], Sequence[str]],
-        emit: Emit,
+        emit: _Emit,
     ) -> None:
         """Start publishing, when the rendezvous handler can lend its backend (ours can)."""
         if not isinstance(handler, TelemetryHost):

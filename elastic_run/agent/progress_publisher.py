@@ -38,7 +38,7 @@ __all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times"]
 
 log = logging.getLogger(__name__)
 
-Emit = Callable[[str, str, dict[str, Any]], None]
+_Emit = Callable[[str, str, dict[str, Any]], None]
 
 
 def rank_times(records: Mapping[str, Mapping[str, Any]], round_: int) -> list[RankTime]:
@@ -127,7 +127,7 @@ class ProgressPublisher:
         position: Callable[[], tuple[int, int]],
         members: Callable[[int], Sequence[str]],
         factor: float,
-        emit: Emit,
+        emit: _Emit,
         interval_s: float = 1.0,
         judge_every_s: float = 2.0,
     ) -> None:
