@@ -112,6 +112,11 @@ def test_a_rank_blocked_before_all_reduce_is_found_and_the_job_recovers(
     assert {r["total"] for r in results.values()} == {_expected_total(4, steps)}
     assert {r["restart"] for r in results.values()} == {1}
     job.assert_no_survivors()
+    if job.backend == "etcd":  # the store outlives the job: status reads MIN:MAX and progress
+        body = _status_json(job)
+        assert (body["min_nodes"], body["max_nodes"]) == (2, 2)
+        assert body["progress"]["ranks_reporting"] == 4, body["progress"]
+        assert "hung" in [e["kind"].split(".")[-1] for e in body["events"]]
 
 
 @pytest.mark.timeout(400)
@@ -287,3 +292,29 @@ def test_each_worker_gets_its_beat_slot_and_the_file_goes_with_its_attempt(
     assert set(shown) == {"ELASTIC_RUN_PROGRESS_FILE", "ELASTIC_RUN_PROGRESS_SLOT"}
     assert shown["ELASTIC_RUN_PROGRESS_SLOT"] == "0"
     assert not Path(shown["ELASTIC_RUN_PROGRESS_FILE"]).exists()  # removed with its attempt
+
+
+WATCHED = (
+    "import threading\n"
+    "from elastic_run.worker import expires\n"
+    "with expires(after=1, scope='load'):\n"
+    "    threading.Event().wait()  # stuck here\n"
+)
+
+
+def test_a_watchdog_expiry_takes_the_stacks_before_the_kill(tmp_path: Path) -> None:
+    script = tmp_path / "watched.py"
+    script.write_text(WATCHED)
+    log_dir = tmp_path / "logs"
+    proc = run_cli(
+        ["--standalone", "--no-live", "--watchdog", "--log-dir", str(log_dir), str(script)],
+        env={"COLUMNS": "300"},
+        timeout_s=120,
+    )
+    assert proc.returncode == 1, proc.stderr
+    (run_dir,) = log_dir.iterdir()
+    stacks = (run_dir / "attempt_0" / "0" / "stacks.txt").read_text()
+    assert "its watchdog timer expired" in stacks.splitlines()[0]
+    assert f"<module> ({script}:4)" in stacks
+    assert "the watchdog timer 'load' expired and killed the worker" in proc.stderr
+    assert "stuck in Condition.wait at watched.py:4" in proc.stderr
