@@ -139,6 +139,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._spec.rdzv_handler.get_run_id(),
             position=self._position,
             attempt=lambda: self.attempt,
+            running=lambda: self._worker_group.state is WorkerState.HEALTHY,
             members=self._member_ids,
             emit=lambda kind, message, fields: self._emit(kind, message, **fields),
         )

@@ -141,6 +141,8 @@ class ProgressDuties:
             kill(worker.pid)
             self.watch.mark(worker.local_rank, "hung")
         self.watch.forget_hung()
+        if self._publisher is not None:
+            self._publisher.nudge()
 
     def before_failed_stop(self, alive: Iterable[int]) -> None:
         """Take the stacks of the surviving workers of a failed group before they are stopped.
@@ -232,17 +234,31 @@ class ProgressDuties:
         *,
         position: Callable[[], tuple[int, int]],
         attempt: Callable[[], int],
+        running: Callable[[], bool],
         members: Callable[[int], Sequence[str]],
         emit: _Emit,
     ) -> None:
-        """Start publishing, when the rendezvous handler can lend its backend (ours can)."""
+        """Start publishing, when the rendezvous handler can lend its backend (ours can).
+
+        Args:
+            handler: the rendezvous handler.
+            run_id: the job's id.
+            position: (round, group rank) now.
+            attempt: this node's attempt now.
+            running: whether the workers run (records are published only then, and once more
+                right after a hang verdict: never while the job ends and its store goes away).
+            members: the node ids of a round's members.
+            emit: sends an agent event.
+        """
         if not isinstance(handler, TelemetryHost):
             return
         telemetry = Telemetry(handler.backend, run_id, handler.node_id, self._host)
 
-        def record() -> dict[str, Any] | None:
+        def record(forced: bool) -> dict[str, Any] | None:
             round_, _ = position()
-            return self.node_record(round_, attempt()) if round_ >= 0 else None
+            if round_ < 0 or not (forced or running()):
+                return None
+            return self.node_record(round_, attempt())
 
         self._publisher = ProgressPublisher(
             telemetry,

@@ -109,7 +109,8 @@ class ProgressPublisher:
     Args:
         telemetry: this node's writer.
         backend: the job's backend (node 0 reads the others' records through it).
-        node_record: this node's record now (None: nothing to publish yet).
+        node_record: this node's record now, given whether the publication was forced by
+            :meth:`nudge` (None: nothing to publish now).
         position: (round, group rank) of this node now ((-1, -1) before the first round).
         members: the node ids of a round's members (node 0 asks once per round).
         factor: ``--straggler-factor``.
@@ -123,7 +124,7 @@ class ProgressPublisher:
         telemetry: Telemetry,
         backend: RendezvousBackend,
         *,
-        node_record: Callable[[], dict[str, Any] | None],
+        node_record: Callable[[bool], dict[str, Any] | None],
         position: Callable[[], tuple[int, int]],
         members: Callable[[int], Sequence[str]],
         factor: float,
@@ -141,6 +142,7 @@ class ProgressPublisher:
         self._interval_s = interval_s
         self._judge_every_s = judge_every_s
         self._stop = threading.Event()
+        self._nudged = threading.Event()
         self._thread: threading.Thread | None = None
         self._watch = StragglerWatch()
         self._member_ids: tuple[int, Sequence[str]] = (-1, ())
@@ -153,9 +155,14 @@ class ProgressPublisher:
         self._thread = threading.Thread(target=self._run, name="progress-publisher", daemon=True)
         self._thread.start()
 
+    def nudge(self) -> None:
+        """Publish now (a hang verdict: ``status`` should show it at once). Any thread."""
+        self._nudged.set()
+
     def stop(self, timeout_s: float = 5.0) -> None:
         """Stop the thread (bounded join). Idempotent."""
         self._stop.set()
+        self._nudged.set()
         if self._thread is not None:
             self._thread.join(timeout_s)
             if self._thread.is_alive():
@@ -163,17 +170,22 @@ class ProgressPublisher:
             self._thread = None
 
     def _run(self) -> None:
-        while not self._stop.wait(self._interval_s):
+        while not self._stop.is_set():
+            forced = self._nudged.wait(self._interval_s)
+            self._nudged.clear()
+            if self._stop.is_set():
+                break
             try:
-                self.publish_once(time.monotonic())
+                self.publish_once(time.monotonic(), forced=forced)
             except Exception:  # never let a bug end the publications silently
                 log.exception("publishing progress failed")
 
-    def publish_once(self, now: float) -> None:
+    def publish_once(self, now: float, forced: bool = False) -> None:
         """Publish this node's record; on node 0, judge the stragglers when due."""
-        record = self._node_record()
-        if record is not None:
-            self._telemetry.publish_progress(record)
+        record = self._node_record(forced)
+        if record is None:
+            return
+        self._telemetry.publish_progress(record)
         round_, group_rank = self._position()
         if round_ < 0 or now < self._next_judge:
             return
