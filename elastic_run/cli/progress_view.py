@@ -137,8 +137,15 @@ def render_progress(picture: ProgressPicture | None, max_rows: int = 16) -> Rend
         for s in picture.get("slowest") or ()
         if s.get("ratio", 0) > 1.0
     ][:3]
+    # With sync_point() the ranks are compared by their own work per step, not the step.
+    works = any(
+        r["work_s"] is not None
+        and r["step_s"] is not None
+        and abs(r["work_s"] - r["step_s"]) > 1e-9
+        for r in picture["ranks"]
+    )
     head = Text.assemble(
-        ("median step ", "dim"),
+        ("median work per step " if works else "median step ", "dim"),
         _s(median),
         (f" over {picture.get('ranks_reporting', 0)} ranks", "dim"),
         *((("  slowest ", "dim"), ", ".join(slowest)) if slowest else ()),

@@ -234,7 +234,7 @@ def test_a_straggler_is_the_slowest_rank_in_status_and_an_event(make_job: Any) -
         ],
         env={"COLUMNS": "200"},
     ).stdout
-    assert "nnodes 2:3" in text and "straggler" in text and "median step" in text
+    assert "nnodes 2:3" in text and "straggler" in text and "median work per step" in text
 
 
 CRASH = "from elastic_run.worker import progress\nimport os, sys\n{beat}sys.exit(1)\n"

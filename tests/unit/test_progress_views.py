@@ -96,7 +96,7 @@ def test_status_json_carries_the_progress_and_the_table_shows_the_verdicts() -> 
     text = console.file.getvalue()  # type: ignore[attr-defined]
     assert "hung: Event.wait at train.py:39" in text
     assert "last hang: rank 2 stuck 31 s" in text
-    assert "median step 0.050 s over 3 ranks" in text
+    assert "median work per step 0.050 s over 3 ranks" in text
 
 
 def test_narrow_text_keeps_every_character_one_column_wide() -> None:
