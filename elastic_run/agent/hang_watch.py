@@ -136,6 +136,7 @@ class HangWatch:
         self._streak = 0
         self._suspect_since = 0
         self._hung: tuple[HungWorker, ...] = ()
+        self._stopped: set[int] = set()
         self._snapshot: tuple[tuple[int, WorkerProgress], ...] = ()
         self.last_hang: HungWorker | None = None
 
@@ -169,6 +170,7 @@ class HangWatch:
             self._attempt_beat = False
             self._suspect_since = 0
             self._hung = ()
+            self._stopped = set()
         slots = max((lr for lr, _ in workers), default=-1) + 1
         path = self._new_path(attempt)
         try:
@@ -260,7 +262,7 @@ class HangWatch:
         """
         now = time.monotonic_ns() if now_ns is None else now_ns
         armed = set(armed_pids)
-        gone = set(exited)
+        gone = set(exited) | self._stopped
         suspects: dict[int, hang.Silence] = {}
         with self._lock:
             for worker in self._workers.values():
@@ -462,7 +464,10 @@ class HangWatch:
         return dict(self._snapshot)
 
     def mark(self, local_rank: int, verdict: str) -> None:
-        """Set a worker's verdict in the picture (``hung`` once the agent stopped it)."""
+        """Set a worker's verdict in the picture (``hung`` once the agent stopped it: it is not
+        judged again, even before its exit is seen)."""
+        if verdict == "hung":
+            self._stopped.add(local_rank)
         pictures = tuple(
             (lr, replace(p, verdict=verdict) if lr == local_rank else p) for lr, p in self._snapshot
         )
