@@ -159,9 +159,33 @@ class Job:
                     if f[0] == "start" and float(f[1]) > hang
                 }
             )
-            result.note = f"not training again within {bound_s:g} s ({new} new workers started)"
+            result.note = (
+                f"not training again within {bound_s:g} s ({new} new workers started); "
+                f"its workers then: {self.where_workers_are()}"
+            )
         self.stop_file.touch()
         return result
+
+    def where_workers_are(self) -> str:
+        """Where the running workers are, from their stacks (py-spy), e.g. ``3 in all_reduce``."""
+        from elastic_run.agent.stacks import capture_stacks
+
+        pids = {}
+        for agent in self.agents.values():
+            try:
+                for proc in psutil.Process(agent.pid).children(recursive=True):
+                    if str(WORKER) in proc.cmdline():
+                        pids[proc.pid] = proc.pid
+            except psutil.Error:
+                continue
+        if not pids:
+            return "none running"
+        counts: dict[str, int] = {}
+        for report in capture_stacks(pids).values():
+            where = report.where()
+            key = where.text() if where is not None else (report.error or "unknown")
+            counts[key] = counts.get(key, 0) + 1
+        return ", ".join(f"{n} in {key}" for key, n in sorted(counts.items()))
 
     def _verdict(self, hang: float) -> float | None:
         for path in (self.tmp / "logs_B").glob("*/events.jsonl"):
