@@ -289,14 +289,14 @@ def main() -> None:
     load = os.getloadavg()[0]
     print(f"hang of rank 3 before an all_reduce, 2 nodes x 2 gloo workers (load {load:.1f})")
     print(
-        f"{'launcher':48} {'hang -> verdict':>18} {'hang -> stacks':>18} "
-        f"{'hang -> training again':>24}"
+        f"{'launcher':48} {'hang -> verdict':>24} {'hang -> stacks':>24} "
+        f"{'hang -> training again':>26}"
     )
     for name, results in rows:
         print(
-            f"{name:48} {_cell([r.verdict_s for r in results]):>18} "
-            f"{_cell([r.stacks_s for r in results]):>18} "
-            f"{_cell([r.training_s for r in results]):>24}"
+            f"{name:48} {_cell([r.verdict_s for r in results]):>24} "
+            f"{_cell([r.stacks_s for r in results]):>24} "
+            f"{_cell([r.training_s for r in results]):>26}"
         )
         for r in results:
             if r.note:
