@@ -24,6 +24,8 @@ Invariants:
   forks stops writing (``os.register_at_fork``), so a data-loader process never beats for it.
 - A reader never sees a half-written slot: it retries while ``seq`` is odd or changed under it
   (a seqlock; on x86-64 stores are seen in program order, which the lock relies on).
+- An agent removes its files at the end of each attempt; one killed with SIGKILL cannot, and the
+  next agent on the host removes them (:func:`sweep_stale_beat_files`: the name carries the pid).
 - The worker never fails a training step over a beat: when the file cannot be mapped it says so
   once on stderr and every later beat is a no-op.
 
@@ -51,6 +53,7 @@ __all__ = [
     "SlotReading",
     "create_beat_file",
     "open_writer_from_env",
+    "sweep_stale_beat_files",
 ]
 
 PROGRESS_FILE_ENV = "ELASTIC_RUN_PROGRESS_FILE"
@@ -254,3 +257,36 @@ def open_writer_from_env() -> BeatWriter | None:
     except (OSError, ValueError) as exc:
         print(f"elastic_run.worker.progress: beats are off: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def sweep_stale_beat_files(directory: Path) -> None:
+    """Remove the agents' beat files (``elastic-run-<pid>-...``) whose agent no longer runs.
+
+    An agent killed with SIGKILL cannot remove its file; the next agent on the host does. A
+    file whose pid is alive is kept, even when another process reused the pid (a few hundred
+    bytes, never read).
+
+    Args:
+        directory: where agents create their beat files.
+    """
+    try:
+        paths = list(directory.glob("elastic-run-*-*-*.beats"))
+    except OSError:
+        return
+    for path in paths:
+        pid = path.name.split("-")[2]
+        if pid.isdigit() and not _alive(int(pid)):
+            try:
+                path.unlink()
+            except OSError:
+                pass

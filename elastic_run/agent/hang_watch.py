@@ -45,6 +45,7 @@ from elastic_run.beat_file import (
     PROGRESS_SLOT_ENV,
     BeatFile,
     create_beat_file,
+    sweep_stale_beat_files,
 )
 
 __all__ = ["HangWatch", "HungWorker"]
@@ -137,6 +138,7 @@ class HangWatch:
         self._suspect_since = 0
         self._hung: tuple[HungWorker, ...] = ()
         self._stopped: set[int] = set()
+        self._swept = False
         self._snapshot: tuple[tuple[int, WorkerProgress], ...] = ()
         self.last_hang: HungWorker | None = None
 
@@ -195,6 +197,9 @@ class HangWatch:
         if base is None:
             shm = Path("/dev/shm")
             base = shm if shm.is_dir() and os.access(shm, os.W_OK) else Path("/tmp")
+        if not self._swept:
+            self._swept = True
+            sweep_stale_beat_files(base)
         return base / f"elastic-run-{os.getpid()}-{attempt}-{secrets.token_hex(4)}.beats"
 
     def started(self, pids: Mapping[int, int]) -> None:

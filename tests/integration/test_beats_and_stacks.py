@@ -17,7 +17,13 @@ import pytest
 from elastic_run.agent import hang, stacks
 from elastic_run.agent.hang_watch import HangWatch
 from elastic_run.agent.watchdog import FileTimerServer
-from elastic_run.beat_file import PROGRESS_FILE_ENV, PROGRESS_SLOT_ENV, BeatFile, create_beat_file
+from elastic_run.beat_file import (
+    PROGRESS_FILE_ENV,
+    PROGRESS_SLOT_ENV,
+    BeatFile,
+    create_beat_file,
+    sweep_stale_beat_files,
+)
 from tests.helpers import REPO_ROOT, wait_until
 
 BEATER = textwrap.dedent(
@@ -186,3 +192,15 @@ def test_file_timer_requests_are_beats(
     finally:
         server.stop()
         watch.close()
+
+
+def test_beat_files_of_agents_that_are_gone_are_swept(tmp_path: Path) -> None:
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait(timeout=60)
+    stale = tmp_path / f"elastic-run-{gone.pid}-0-abcd1234.beats"
+    mine = tmp_path / f"elastic-run-{os.getpid()}-3-abcd1234.beats"
+    other = tmp_path / "elastic-run-notapid-0-x.beats"
+    for path in (stale, mine, other):
+        create_beat_file(path, 1)
+    sweep_stale_beat_files(tmp_path)
+    assert not stale.exists() and mine.exists() and other.exists()
