@@ -237,8 +237,9 @@ def progress_cost() -> tuple[float, float]:
         "from pathlib import Path\n"
         "from elastic_run.beat_file import create_beat_file\n"
         "use = sys.argv[1] == '1'\n"
+        "tmp = tempfile.TemporaryDirectory(dir='/dev/shm' if os.path.isdir('/dev/shm') else None)\n"
         "if use:\n"
-        "    path = Path(tempfile.mkdtemp(dir='/dev/shm' if os.path.isdir('/dev/shm') else None))\n"
+        "    path = Path(tmp.name)\n"
         "    create_beat_file(path / 'b.beats', 4)\n"
         "    os.environ['ELASTIC_RUN_PROGRESS_FILE'] = str(path / 'b.beats')\n"
         "    os.environ['ELASTIC_RUN_PROGRESS_SLOT'] = '1'\n"
@@ -248,6 +249,7 @@ def progress_cost() -> tuple[float, float]:
         "best = min(timeit.repeat('progress(7)', globals=globals(), number=n, repeat=400)) / n\n"
         "loop = min(timeit.repeat('pass', number=n, repeat=400)) / n\n"
         "print((best - loop) * 1e9)\n"
+        "tmp.cleanup()\n"
     )
     env = dict(os.environ, PYTHONPATH=str(REPO_ROOT))
     env.pop("ELASTIC_RUN_PROGRESS_FILE", None)
