@@ -7,6 +7,8 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from elastic_run.agent.progress_config import ProgressOptions
+
 __all__ = [
     "DEFAULT_SIGNALS",
     "AgentOptions",
@@ -85,6 +87,7 @@ class AgentOptions:
         health_check_timeout_s: how long without progress before /healthz fails.
         extra_env: variables set in every worker's environment.
         base_env: the environment workers start from (None: the agent's, when they start).
+        progress: hang and straggler verdicts on the workers' progress beats.
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -95,6 +98,7 @@ class AgentOptions:
     health_check_timeout_s: float = 60.0
     extra_env: tuple[tuple[str, str], ...] = ()
     base_env: tuple[tuple[str, str], ...] | None = None
+    progress: ProgressOptions = field(default_factory=ProgressOptions)
 
 
 @dataclass(frozen=True)
@@ -145,3 +149,4 @@ class LaunchConfig:
     python_exec: str | None = None
     extra_env: tuple[tuple[str, str], ...] = field(default=())
     base_env: tuple[tuple[str, str], ...] | None = None
+    progress: ProgressOptions = field(default_factory=ProgressOptions)

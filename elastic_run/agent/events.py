@@ -12,6 +12,11 @@ Kinds (stable, documented in the README):
     workers.started      the local workers run (fields: pids, ranks, attempt)
     worker.exited        one worker exited (fields: local_rank, rank, pid, exitcode)
     worker.failed        the local group failed (fields: local_rank, rank, exitcode, reason)
+    worker.hung          a worker was silent past its hang timeout: its stacks were taken and it
+                         was killed (fields: rank, local_rank, pid, silent_s, timeout_s, learned,
+                         where, function, in_collective, stacks, stacks_error)
+    straggler            a rank stayed at or above --straggler-factor x the job's median step
+                         time (fields: rank, host, node, time_s, median_s, ratio)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)
     membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting;
                          when the round ended: cause, ended_by, lost (node ids))

@@ -113,6 +113,9 @@ def _closed_now(agent: SimpleElasticAgent) -> sm.ClosedReason:
 def _decide_turn(agent: SimpleElasticAgent, result: RunResult) -> sm.Action:
     obs = agent._observe(result)
     action = sm.decide(obs)
+    if isinstance(action, sm.StopHung):
+        agent._stop_hung()  # the hung workers die: the next turn sees the group FAILED
+        return sm.Wait(action.state)
     if not isinstance(action, sm.ReportFailure):
         return action
     agent._set_state(action.state)
@@ -165,7 +168,10 @@ def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, resu
             **fields,
         )
     agent._set_state(action.state)
+    if isinstance(action, sm.Restart):
+        agent._before_failed_stop()
     agent._stop_workers(agent._worker_group)
+    agent._attempt_ended(failed=isinstance(action, sm.Restart))
     if isinstance(action, sm.Rejoin) and agent._rdzv is not None:
         if action.reason in ("nodes_waiting", "liveness_lost"):
             # This node ends the round: record why, so the others tell the same story.
@@ -213,16 +219,24 @@ def _apply_end(agent: SimpleElasticAgent, action: sm.Action, result: RunResult) 
         agent._publish_state("STOPPED", f"received {name}")
         agent._emit("workers.stopped", f"workers stopped ({name})", signal=name, reason="signal")
         return RunResult(action.state, exit_code=action.exit_code, reason=f"stopped by {name}")
-    if isinstance(action, sm.Fail):
+    if isinstance(action, (sm.Fail, sm.NoProgress)):
+        agent._before_failed_stop()
         agent._stop_workers(agent._worker_group)
         reason = (
             f"worker failure and {spec.max_restarts} restart"
             f"{'' if spec.max_restarts == 1 else 's'} used up"
         )
+        if isinstance(action, sm.NoProgress):
+            reason = (
+                f"no progress: {action.restarts} restart{'' if action.restarts == 1 else 's'} "
+                "in a row ended without a progress beat (--max-no-progress-restarts)"
+            )
         agent._close_rendezvous("failed")
         agent._set_state(action.state)
         agent._publish_state("FAILED", reason)
-        agent._emit("failed", f"the job failed: {reason}", reason=reason, exit_code=1)
+        agent._emit(
+            "failed", f"the job failed: {reason}", reason=reason, exit_code=action.exit_code
+        )
         return RunResult(
             action.state, failures=result.failures, exit_code=action.exit_code, reason=reason
         )

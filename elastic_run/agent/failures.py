@@ -228,6 +228,7 @@ class FailureRecord(ProcessFailure):
         host: the node it ran on.
         log_dir: the directory of its logs, or None.
         error: what its error file says, or None when it wrote none.
+        stacks_file: its Python stacks as the agent took them (``stacks.txt``), or None.
     """
 
     timestamp: float
@@ -236,6 +237,7 @@ class FailureRecord(ProcessFailure):
     host: str
     log_dir: Path | None
     error: WorkerErrorInfo | None
+    stacks_file: Path | None = None
 
     def __post_init__(self) -> None:
         given = self.error_file
@@ -322,6 +324,8 @@ def failure_facts(failure: FailureRecord) -> list[tuple[str, str]]:
         facts.append(("error file", failure.error_file))
     if failure.log_dir is not None:
         facts.append(("logs", str(failure.log_dir)))
+    if failure.stacks_file is not None:
+        facts.append(("stacks", str(failure.stacks_file)))
     return facts
 
 

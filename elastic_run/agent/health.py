@@ -141,14 +141,18 @@ def render_metrics(metrics: Mapping[str, float]) -> str:
     """Render metrics in the Prometheus text exposition format (all as gauges).
 
     Args:
-        metrics: metric names (without the ``elastic_run_`` prefix) to values.
+        metrics: metric names (without the ``elastic_run_`` prefix) to values; a name may end
+            in a label set written by the caller (``step_time_seconds{rank="3"}``), kept as is.
 
     Returns:
-        The text, one ``# TYPE`` line and one sample line per metric.
+        The text: one ``# TYPE`` line per metric family, then one sample line per metric.
     """
     lines: list[str] = []
+    typed: set[str] = set()
     for raw_name, value in sorted(metrics.items()):
-        name = _METRIC_PREFIX + _INVALID_METRIC_CHARS.sub("_", raw_name)
+        # A name may carry labels, as in 'step_time_seconds{rank="3"}': one family, one # TYPE.
+        base, brace, labels = raw_name.partition("{")
+        name = _METRIC_PREFIX + _INVALID_METRIC_CHARS.sub("_", base)
         number = float(value)
         if math.isnan(number):
             text = "NaN"
@@ -156,8 +160,10 @@ def render_metrics(metrics: Mapping[str, float]) -> str:
             text = "+Inf" if number > 0 else "-Inf"
         else:
             text = repr(int(number)) if number.is_integer() else repr(number)
-        lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name} {text}")
+        if name not in typed:
+            typed.add(name)
+            lines.append(f"# TYPE {name} gauge")
+        lines.append(f"{name}{brace}{labels} {text}")
     return "\n".join(lines) + "\n" if lines else ""
 
 

@@ -4,7 +4,9 @@ Constructed as torch's (``LocalElasticAgent(spec, logs_specs, start_method, exit
 log_line_prefix_template, ...)``), plus our options (``AgentOptions``: the watchdog, the health
 server, the signals, extra worker variables). It owns, for the life of the run: the guardian (no
 worker outlives the agent), the file-timer watchdog (when enabled), the health-check server
-(when a port is given), and the JSON-lines event log ``<run log dir>/events.jsonl``. Per attempt
+(when a port is given), the JSON-lines event log ``<run log dir>/events.jsonl``, and the
+progress duties (beats, hang verdicts, stacks, published progress: ``progress_duties.py``). Per
+attempt
 it builds each worker's command and torchrun environment (``worker_env.py``), asks the logs
 specs where the output goes, and hands the launches to ``WorkerProcesses``. A callable
 entrypoint runs in a process per worker started by ``start_method`` (``function_workers.py``),
@@ -35,7 +37,10 @@ from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
+from elastic_run.agent.progress_duties import ProgressDuties
 from elastic_run.agent.simple import SimpleElasticAgent
+from elastic_run.agent.snapshot import JobProgress, WorkerProgress
+from elastic_run.agent.state_machine import Observation
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
 from elastic_run.agent.worker_env import build_worker_env, worker_argv
 from elastic_run.errors import AgentError, ConfigurationError
@@ -114,6 +119,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._expiries: dict[int, TimerExpiry] = {}
         self._health: AgentHealthServer | None = None
         self._host = socket.gethostname()
+        self._progress = ProgressDuties(opts.progress, self._host)
+        self._expiry_where: dict[int, str] = {}
 
     @property
     def run_log_dir(self) -> Path:
@@ -138,11 +145,34 @@ class LocalElasticAgent(SimpleElasticAgent):
                 max_interval=0.1,
                 is_known_pid=self._is_worker_pid,
                 on_expired=self._on_timer_expired,
+                on_request=self._progress.watch.timer_beat,
+                before_kill=self._before_timer_kill,
             )
             self._watchdog.start()
             self._timer_file = self._watchdog.file_path
         if opts.health_check_port is not None:
             self._start_health(opts)
+        self._progress.start_publisher(
+            self._spec.rdzv_handler,
+            self._spec.rdzv_handler.get_run_id(),
+            position=self._position,
+            attempt=lambda: self.attempt,
+            running=lambda: self._worker_group.state is WorkerState.HEALTHY,
+            members=self._member_ids,
+            emit=lambda kind, message, fields: self._emit(kind, message, **fields),
+        )
+
+    def _position(self) -> tuple[int, int]:
+        group = self._worker_group
+        if group.group_rank is None:
+            return -1, -1
+        return group.round, group.group_rank
+
+    def _member_ids(self, round_: int) -> list[str]:
+        snap = self._rdzv.snapshot() if self._rdzv is not None else None
+        if snap is None or snap.round != round_:
+            return []
+        return [m.node_id for m in snap.members]
 
     def _start_health(self, opts: AgentOptions) -> None:
         liveness = Liveness(opts.health_check_timeout_s)
@@ -167,6 +197,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         )
 
     def _teardown(self) -> None:
+        self._progress.close()
         if self._health is not None:
             self._health.stop()
         if self._watchdog is not None:
@@ -212,11 +243,15 @@ class LocalElasticAgent(SimpleElasticAgent):
             "world_size": float(snap.world_size),
             "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
             "watchdog_expiries": float(len(self._expiries)),
+            **self._progress.metrics(),
         }
 
     def _is_worker_pid(self, pid: int) -> bool:
         procs = self._procs
         return procs is not None and pid in procs.pids.values()
+
+    def _before_timer_kill(self, pid: int) -> None:
+        self._expiry_where[pid] = self._progress.before_timer_kill(pid)
 
     def _on_timer_expired(self, expiry: TimerExpiry) -> None:
         self._expiries[expiry.pid] = expiry
@@ -258,12 +293,18 @@ class LocalElasticAgent(SimpleElasticAgent):
         functions = self._functions
         if functions is not None:
             functions.prepare_attempt()
+        beats = self._progress.env_for_attempt(
+            self.attempt,
+            [(w.local_rank, w.global_rank) for w in group.workers],
+            {w.local_rank: Path(dest.error_files[w.local_rank]).parent for w in group.workers},
+        )
         launches = []
         for worker in group.workers:
             lr = worker.local_rank
             error_file = Path(dest.error_files[lr])
             error_file.unlink(missing_ok=True)
             envs[lr]["TORCHELASTIC_ERROR_FILE"] = str(error_file)
+            envs[lr].update(beats.get(lr, {}))
             launches.append(
                 WorkerLaunch(
                     local_rank=lr,
@@ -279,6 +320,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 )
             )
         self._expiries.clear()
+        self._expiry_where.clear()
         self._stopped_by_agent = False
         procs = WorkerProcesses(launches, on_exit=self._waker.wake, guardian=self._guardian)
         self._procs = procs
@@ -287,6 +329,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         pids = procs.pids
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
+        self._progress.started(pids)
         return dict(pids)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -319,6 +362,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         if procs is None:
             return RunResult(WorkerState.INIT)
         exits = procs.poll()
+        if len(exits) < len(worker_group.workers) and not self._stopped_by_agent:
+            watchdog = self._watchdog
+            armed = {t.pid for t in watchdog.armed_timers()} if watchdog is not None else set()
+            self._progress.tick(armed, exited=exits.keys())
         failed = {lr: e for lr, e in exits.items() if e.exitcode != 0}
         if failed:
             failures = [self._failure(worker_group, e) for e in failed.values()]
@@ -338,11 +385,13 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _failure(self, group: WorkerGroup, exit_: WorkerExit) -> FailureRecord:
         launch = self._launched[exit_.local_rank]
-        error = read_error_file(launch.error_file)
+        error = read_error_file(launch.error_file) or self._progress.failure_error(exit_.pid)
         expiry = self._expiries.get(exit_.pid)
         if error is None and expiry is not None:
+            where = self._expiry_where.get(exit_.pid)
             error = WorkerErrorInfo(
                 message=f"the watchdog timer '{expiry.scope_id}' expired and killed the worker"
+                + (f" ({where})" if where else "")
             )
         timestamp = exit_.finished_at
         if error is not None and error.timestamp is not None:
@@ -358,7 +407,31 @@ class LocalElasticAgent(SimpleElasticAgent):
             error_file=str(launch.error_file) if launch.error_file.exists() else NOT_AVAILABLE,
             log_dir=launch.log_dir,
             error=error,
+            stacks_file=self._progress.stacks_file(exit_.local_rank),
         )
+
+    # -- progress hooks (progress_duties.py) -----------------------------------------------
+
+    def _worker_progress(self, local_rank: int) -> WorkerProgress | None:
+        return self._progress.watch.progress().get(local_rank)
+
+    def _job_progress(self) -> JobProgress | None:
+        return self._progress.job_progress()
+
+    def _progress_observation(self, obs: Observation) -> Observation:
+        return self._progress.observe(obs)
+
+    def _stop_hung(self) -> None:
+        self._progress.stop_hung(lambda kind, message, fields: self._emit(kind, message, **fields))
+
+    def _before_failed_stop(self) -> None:
+        procs = self._procs
+        if procs is not None:
+            exited = procs.poll()
+            self._progress.before_failed_stop(lr for lr in procs.pids if lr not in exited)
+
+    def _attempt_ended(self, failed: bool) -> None:
+        self._progress.attempt_ended(failed)
 
     def _worker_state(self, local_rank: int) -> str:
         procs = self._procs

@@ -29,6 +29,7 @@ from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import ElasticAgent, RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.events import AgentEvent, EventSink
 from elastic_run.agent.failures import FailureRecord
+from elastic_run.agent.progress_hooks import ProgressHooks
 from elastic_run.agent.ranks import assign_ranks, share_workers_store, wait_keys
 from elastic_run.agent.signals import SignalLog, Waker
 from elastic_run.agent.snapshot import AgentSnapshot, WorkerSnapshot
@@ -45,6 +46,8 @@ _PUBLISHED = frozenset(
     {
         "rendezvous.complete",
         "worker.failed",
+        "worker.hung",
+        "straggler",
         "watchdog.expired",
         "membership.changed",
         "restart",
@@ -63,7 +66,7 @@ class _RoundEnded(Exception):
     """Internal: the round ended while the agent set it up; rendezvous again."""
 
 
-class SimpleElasticAgent(ElasticAgent):
+class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     """The elastic run loop; subclasses start, watch and stop the workers.
 
     Args:
@@ -148,9 +151,11 @@ class SimpleElasticAgent(ElasticAgent):
                     pid=w.id,
                     state=self._worker_state(w.local_rank),
                     exitcode=self._worker_exitcode(w.local_rank),
+                    progress=self._worker_progress(w.local_rank),
                 )
                 for w in group.workers
             ),
+            job_progress=self._job_progress(),
         )
 
     def loop_alive_since(self) -> float:
@@ -358,12 +363,14 @@ class SimpleElasticAgent(ElasticAgent):
             WorkerState.UNHEALTHY: sm.WorkersStatus.FAILED,  # torch restarts an unhealthy group
             WorkerState.SUCCEEDED: sm.WorkersStatus.SUCCEEDED,
         }.get(result.state, sm.WorkersStatus.RUNNING)
-        obs = sm.Observation(
-            sm.Phase.RUNNING,
-            signal=self._signal_log.pending_stop(),
-            workers=status,
-            restarts=self._restarts,
-            max_restarts=self._spec.max_restarts,
+        obs = self._progress_observation(
+            sm.Observation(
+                sm.Phase.RUNNING,
+                signal=self._signal_log.pending_stop(),
+                workers=status,
+                restarts=self._restarts,
+                max_restarts=self._spec.max_restarts,
+            )
         )
         if status is not sm.WorkersStatus.RUNNING or obs.signal is not None:
             return obs

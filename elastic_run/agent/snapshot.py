@@ -4,7 +4,32 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-__all__ = ["AgentSnapshot", "WorkerSnapshot"]
+__all__ = ["AgentSnapshot", "JobProgress", "WorkerProgress", "WorkerSnapshot"]
+
+
+@dataclass(frozen=True)
+class WorkerProgress:
+    """One local worker's progress beats and the verdicts on them.
+
+    Attributes:
+        beats: progress beats so far this attempt (0: none yet).
+        step: its last named step (-1: none).
+        step_time_s: the mean gap between its beats lately (None: not known yet).
+        work_time_s: its own work per step (beat to ``sync_point()``), or the step time.
+        last_beat_age_s: seconds since its last beat (None: never beat).
+        timeout_s: the silence after which it is hung (learned or given; None: off).
+        verdict: ``""``, ``"silent"`` (past its timeout, being looked at), ``"hung"``.
+        where: where it was last seen stuck (``all_reduce at train.py:88``), or ``""``.
+    """
+
+    beats: int = 0
+    step: int = -1
+    step_time_s: float | None = None
+    work_time_s: float | None = None
+    last_beat_age_s: float | None = None
+    timeout_s: float | None = None
+    verdict: str = ""
+    where: str = ""
 
 
 @dataclass(frozen=True)
@@ -17,6 +42,7 @@ class WorkerSnapshot:
         pid: the process id (None when not started).
         state: ``INIT``, ``HEALTHY``, ``SUCCEEDED``, ``FAILED``, ``STOPPED``.
         exitcode: the exit code once it exited (negative: killed by that signal).
+        progress: its progress beats, when the agent watches them.
     """
 
     local_rank: int
@@ -24,6 +50,24 @@ class WorkerSnapshot:
     pid: int | None
     state: str
     exitcode: int | None = None
+    progress: WorkerProgress | None = None
+
+
+@dataclass(frozen=True)
+class JobProgress:
+    """The job's step times as the node of group rank 0 last published them.
+
+    Attributes:
+        median_s: the median step (or work) time over the job's ranks.
+        ranks: how many ranks reported one.
+        slowest: (rank, time in s, ratio to the median), slowest first.
+        stragglers: the ranks reported as stragglers.
+    """
+
+    median_s: float | None
+    ranks: int
+    slowest: tuple[tuple[int, float, float], ...] = ()
+    stragglers: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -43,6 +87,7 @@ class AgentSnapshot:
         restarts: restarts used so far.
         max_restarts: restarts allowed.
         workers: the local workers.
+        job_progress: the job's step times (None: not published).
     """
 
     run_id: str
@@ -56,3 +101,4 @@ class AgentSnapshot:
     restarts: int
     max_restarts: int
     workers: tuple[WorkerSnapshot, ...] = ()
+    job_progress: JobProgress | None = None

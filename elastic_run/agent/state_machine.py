@@ -17,6 +17,8 @@ While the workers run (``Phase.RUNNING``), first match wins:
 
     a terminating signal is pending                     -> Stop(signal)        STOPPED  128+N
     workers FAILED, failure not yet reported            -> ReportFailure       FAILED
+    workers FAILED, K failed attempts in a row without
+      a progress beat (--max-no-progress-restarts K)    -> NoProgress          FAILED   5
     workers FAILED, counted, restarts used up           -> Fail                FAILED   1
     workers FAILED                                      -> Restart(counted)    STOPPED
     workers SUCCEEDED                                   -> Finish              SUCCEEDED 0
@@ -26,12 +28,20 @@ While the workers run (``Phase.RUNNING``), first match wins:
     the round ended: another node saw nodes waiting     -> Rejoin(nodes_waiting)
     the round ended otherwise                           -> Rejoin(round_ended)
     nodes wait at the door                              -> Rejoin(nodes_waiting)
+    a local worker is judged hung                       -> StopHung            HEALTHY
     otherwise                                           -> Wait                HEALTHY
 
 "Counted": the first node to report a failure of the round ends it, and only that failure
 counts against ``max_restarts`` (the other nodes restart without spending one). ``Restart`` and
 ``Rejoin`` both stop the workers and rendezvous again; only ``Restart(counted=True)`` spends a
 restart. The restart count is the job's: every worker of a round sees the same value.
+
+"Hung": silent past its hang timeout (``hang.py``), checked after the rendezvous rows.
+``StopHung`` takes the local workers' stacks and kills the hung ones; the next turn sees the
+group FAILED, so a hung worker is a failed worker from there on (reported, restarted under
+``--max-restarts``). ``NoProgress``
+ends the job like ``Fail`` but with its own exit code, so that a scheduler can tell a crash
+loop (do not requeue) from a job that used up its restarts while making progress.
 """
 
 from __future__ import annotations
@@ -45,12 +55,14 @@ from elastic_run.agent.api import WorkerState
 __all__ = [
     "EXIT_CLOSED",
     "EXIT_FAILED",
+    "EXIT_NO_PROGRESS",
     "EXIT_SUCCEEDED",
     "Action",
     "ClosedReason",
     "End",
     "Fail",
     "Finish",
+    "NoProgress",
     "Observation",
     "Phase",
     "Rejoin",
@@ -59,6 +71,7 @@ __all__ = [
     "Restart",
     "Start",
     "Stop",
+    "StopHung",
     "Wait",
     "WorkersStatus",
     "decide",
@@ -70,6 +83,7 @@ RejoinReason = Literal["liveness_lost", "member_lost", "round_ended", "nodes_wai
 EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_CLOSED = 3
+EXIT_NO_PROGRESS = 5
 
 
 class Phase(enum.Enum):
@@ -106,6 +120,10 @@ class Observation:
         member_lost: it ended because a member was judged dead.
         end_cause: why it ended, as recorded by the node that ended it.
         nodes_waiting: nodes waiting at the door of the round.
+        hung: a local worker is judged hung (silent past its hang timeout).
+        no_progress_restarts: failed attempts in a row without a progress beat, each after a
+            restart, this one included when it failed without one.
+        max_no_progress_restarts: stop at this many (0: never).
     """
 
     phase: Phase
@@ -121,6 +139,9 @@ class Observation:
     member_lost: bool = False
     end_cause: str | None = None
     nodes_waiting: int = 0
+    hung: bool = False
+    no_progress_restarts: int = 0
+    max_no_progress_restarts: int = 0
 
 
 @dataclass(frozen=True)
@@ -174,6 +195,22 @@ class Restart:
 
 
 @dataclass(frozen=True)
+class NoProgress:
+    """Attempts keep failing without a progress beat: close the rendezvous as failed, exit 5."""
+
+    restarts: int
+    exit_code: int = EXIT_NO_PROGRESS
+    state: WorkerState = WorkerState.FAILED
+
+
+@dataclass(frozen=True)
+class StopHung:
+    """Take the local workers' stacks and kill the hung ones (they then count as failed)."""
+
+    state: WorkerState = WorkerState.HEALTHY
+
+
+@dataclass(frozen=True)
 class Finish:
     """Every local worker succeeded: exit barrier, close as succeeded, exit 0."""
 
@@ -206,7 +243,19 @@ class Rejoin:
     state: WorkerState = WorkerState.STOPPED
 
 
-Action = Wait | Start | Stop | ReportFailure | Fail | Restart | Finish | End | Rejoin
+Action = (
+    Wait
+    | Start
+    | Stop
+    | ReportFailure
+    | NoProgress
+    | Fail
+    | Restart
+    | Finish
+    | StopHung
+    | End
+    | Rejoin
+)
 
 
 def _closed(reason: ClosedReason) -> End:
@@ -232,6 +281,9 @@ def decide(obs: Observation) -> Action:
     if obs.workers is WorkersStatus.FAILED:
         if obs.failure_counted is None:
             return ReportFailure()
+        limit = obs.max_no_progress_restarts
+        if limit > 0 and obs.no_progress_restarts >= limit:
+            return NoProgress(obs.no_progress_restarts)
         if obs.failure_counted and obs.restarts >= obs.max_restarts:
             return Fail()
         return Restart(counted=obs.failure_counted)
@@ -247,4 +299,8 @@ def decide(obs: Observation) -> Action:
         return Rejoin("nodes_waiting" if obs.end_cause == "nodes_waiting" else "round_ended")
     if obs.nodes_waiting > 0:
         return Rejoin("nodes_waiting")
+    if obs.hung:
+        # After the rendezvous rows: a lost or departing peer also silences the workers
+        # (they wait for it in a collective), and re-rendezvousing is then the cure.
+        return StopHung()
     return Wait()

@@ -107,6 +107,10 @@ class FileTimerServer:
             arming timers for other pids are ignored with a warning. None: every pid is accepted.
         on_expired: called on the server's thread for every expired timer of a running process,
             after the signal was sent.
+        on_request: called on the server's thread with the pid of every accepted request (an
+            arm or a release: the agent counts it as a progress beat of that worker).
+        before_kill: called on the server's thread with the pid of a process whose timer
+            expired, before its signal is sent (the agent takes its stacks).
         max_line_bytes: longest accepted request line, newline excluded.
 
     Raises:
@@ -125,6 +129,8 @@ class FileTimerServer:
         is_known_pid: Callable[[int], bool] | None = None,
         on_expired: Callable[[TimerExpiry], None] | None = None,
         max_line_bytes: int = MAX_LINE_BYTES,
+        on_request: Callable[[int], None] | None = None,
+        before_kill: Callable[[int], None] | None = None,
     ) -> None:
         if not (max_interval > 0 and math.isfinite(max_interval)):
             raise ConfigurationError(
@@ -141,6 +147,8 @@ class FileTimerServer:
         self._log_event = log_event
         self._is_known_pid = is_known_pid
         self._on_expired = on_expired
+        self._on_request = on_request
+        self._before_kill = before_kill
         self._max_line_bytes = max_line_bytes
         # Writers hold the lock; readers take the reference (a table is immutable).
         self._lock = threading.Lock()
@@ -338,6 +346,14 @@ class FileTimerServer:
             return
         with self._lock:
             self._table = self._table.apply(request)
+        if self._on_request is not None:
+            self._call(self._on_request, request.worker_pid, "on_request")
+
+    def _call(self, callback: Callable[[int], None], pid: int, name: str) -> None:
+        try:
+            callback(pid)
+        except Exception:
+            logger.exception("%s: %s(%d) failed", self._name, name, pid)
 
     def _accepts(self, pid: int) -> bool:
         if self._is_known_pid is None:
@@ -361,6 +377,8 @@ class FileTimerServer:
         self._emit("timer expired", request)
         killed_at: float | None = None
         if timer.signal > 0:
+            if self._before_kill is not None:
+                self._call(self._before_kill, timer.pid, "before_kill")
             try:
                 os.kill(timer.pid, timer.signal)
                 killed_at = time.time()

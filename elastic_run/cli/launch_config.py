@@ -22,6 +22,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_run.agent.config import LaunchConfig
+from elastic_run.agent.progress_config import ProgressOptions
 from elastic_run.cli.entrypoint import check_entrypoint
 from elastic_run.cli.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
 from elastic_run.cli.values import (
@@ -226,6 +227,21 @@ def _rendezvous(
     return _Rendezvous(backend, endpoint, run_id, local_addr, conf, min_nodes, max_nodes)
 
 
+def _progress(params: dict[str, Any]) -> ProgressOptions:
+    """--hang-timeout, --straggler-factor, --max-no-progress-restarts (absent: the defaults)."""
+    no_progress = check_count(
+        params.get("max_no_progress_restarts", 0), "--max-no-progress-restarts", 0, MAX_RESTARTS
+    )
+    try:
+        return ProgressOptions.parse(
+            str(params.get("hang_timeout", "auto")),
+            float(params.get("straggler_factor", 1.5)),
+            no_progress,
+        )
+    except ValueError as exc:
+        raise ConfigurationError(str(exc)) from None
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "y", "t", "on")
 
@@ -281,6 +297,7 @@ def parse_launch_config(
     log_dir = _log_dir(params["log_dir"])
     ranks_filter = parse_local_ranks(params["local_ranks_filter"])
     rdzv = _rendezvous(params, nodes, master_port, chosen, notices)
+    progress = _progress(params)
     watchdog = params["watchdog"]
     if watchdog is None:
         watchdog = _truthy(env.get("TORCHELASTIC_ENABLE_FILE_TIMER"))
@@ -323,6 +340,7 @@ def parse_launch_config(
         health_check_timeout_s=durations.health_check_timeout_s,
         live=params["live"],
         exit_barrier_timeout_s=durations.exit_barrier_timeout_s,
+        progress=progress,
     )
     for name in _SHOWN_IN_PRINT_CONFIG:
         if not any(row[0] == name for row in chosen):

@@ -104,6 +104,7 @@ def run_job(config: LaunchConfig) -> int:
                 health_check_timeout_s=config.health_check_timeout_s,
                 extra_env=config.extra_env,
                 base_env=config.base_env,
+                progress=config.progress,
             ),
         )
     except (ElasticRunError, ValueError):

@@ -154,6 +154,26 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "--elastic-min", type=int, default=None, help="Under SLURM: MIN for --nnodes MIN:<nodes>."
     ),
     _opt(
+        "--hang-timeout",
+        default="auto",
+        show_default=True,
+        help="Silence after a progress beat that makes a worker hung: auto, auto:FLOOR, S, off.",
+    ),
+    _opt(
+        "--straggler-factor",
+        type=float,
+        default=1.5,
+        show_default=True,
+        help="A rank this many times slower than the median step is a straggler.",
+    ),
+    _opt(
+        "--max-no-progress-restarts",
+        type=int,
+        default=0,
+        show_default=True,
+        help="Exit 5 after K restarts in a row without a progress beat (0: off).",
+    ),
+    _opt(
         "--print-config",
         is_flag=True,
         default=False,

@@ -112,6 +112,15 @@ def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, An
     return snap, ages, snap.closed_reason
 
 
+def _progress(backend: Any, snap: Any) -> dict[str, Any] | None:
+    """The members' published progress (one batch read), or None when none was published."""
+    from elastic_run.cli.progress_view import progress_picture
+    from elastic_run.rendezvous.telemetry import read_progress
+
+    records, job, _ = read_progress(backend, [m.node_id for m in snap.members])
+    return progress_picture(records, job, snap.round) if records else None
+
+
 def _run(fn: Any) -> None:
     """Call ``fn()``; turn our errors into one line on stderr and the documented exit code."""
     try:
@@ -157,19 +166,23 @@ def status_command(
         try:
             if not watch:
                 snap, ages, reason = _read(backend, target, sample)
+                progress = _progress(backend, snap)
                 if as_json:
-                    click.echo(json.dumps(status_to_json(snap, ages, reason), sort_keys=True))
+                    body = status_to_json(snap, ages, reason, progress)
+                    click.echo(json.dumps(body, sort_keys=True))
                 else:
-                    Console().print(render_status(snap, ages, reason))
+                    Console().print(render_status(snap, ages, reason, progress))
                 return
             snap, ages, reason = _read(backend, target, 0)
             with Live(render_status(snap, ages, reason), refresh_per_second=4) as live:
                 while True:
                     snap, ages, reason = _read(backend, target, max(interval, 0.1))
+                    progress = _progress(backend, snap)
                     if as_json:
-                        live.console.print_json(json.dumps(status_to_json(snap, ages, reason)))
+                        body = status_to_json(snap, ages, reason, progress)
+                        live.console.print_json(json.dumps(body))
                     else:
-                        live.update(render_status(snap, ages, reason))
+                        live.update(render_status(snap, ages, reason, progress))
         except KeyboardInterrupt:
             return
         except RendezvousConnectionError as exc:

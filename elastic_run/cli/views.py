@@ -5,9 +5,8 @@ rendezvous handler's ``snapshot()``) and events; this module turns them into ric
 plain text. Nothing under ``elastic_run.agent`` imports rich: this module is where it lives.
 
 - :class:`PlainLines`: one timestamped line per event on stderr (SLURM logs, pipes).
-- :class:`LiveView`: one rich live panel on a terminal: job and round, rendezvous members, the
-  local workers (pid, state, CPU %, memory via psutil), the last events. Worker output goes
-  through the console sink of :mod:`elastic_run.agent.output` and is printed above the panel.
+- :class:`LiveView` (:mod:`elastic_run.cli.live_panel`): one compact rich panel on a terminal,
+  redrawn in place, with worker lines (and the agent's own output) scrolling above it.
 - :func:`render_status` and :func:`status_to_json`: the ``elastic-run status`` view, shared by
   its one-shot, ``--watch`` and ``--json`` forms.
 - :func:`render_failure_summary`: the failure summary when a job's restarts are used up.
@@ -16,16 +15,12 @@ plain text. Nothing under ``elastic_run.agent`` imports rich: this module is whe
 from __future__ import annotations
 
 import sys
-import threading
-import time
-from collections import deque
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import asdict
 from datetime import datetime, timezone
 from typing import Any, Protocol
 
 from rich.console import Console, Group, RenderableType
-from rich.live import Live
 from rich.panel import Panel
 from rich.table import Table
 from rich.text import Text
@@ -33,9 +28,13 @@ from rich.text import Text
 from elastic_run.agent.config import LaunchConfig
 from elastic_run.agent.events import AgentEvent
 from elastic_run.agent.failures import FailureRecord, failure_facts, ordered_failures
-from elastic_run.agent.output import StreamName, set_console_sink, write_console
+from elastic_run.agent.output import StreamName, write_console
 from elastic_run.agent.snapshot import AgentSnapshot
-from elastic_run.errors import ElasticRunError
+from elastic_run.cli.live_panel import LiveView
+from elastic_run.cli.progress_view import (
+    ProgressPicture,
+    render_progress,
+)
 from elastic_run.rendezvous.api import MemberSnapshot, RendezvousSnapshot
 
 __all__ = [
@@ -94,13 +93,15 @@ def render_status(
     snap: RendezvousSnapshot,
     ages: Mapping[str, float | None] | None = None,
     closed_reason: str | None = None,
+    progress: ProgressPicture | None = None,
 ) -> RenderableType:
-    """The rendezvous as a rich renderable: header, members, waiting nodes, last events.
+    """The rendezvous as a rich renderable: header, members, waiting nodes, progress, events.
 
     Args:
         snap: what :func:`elastic_run.rendezvous.dynamic.read_snapshot` read.
         ages: seconds since each node's heartbeat was last seen moving (None: not seen moving).
         closed_reason: why the job was closed, when it is.
+        progress: the ranks' progress (:func:`~elastic_run.cli.progress_view.progress_picture`).
     """
     ages = ages or {}
     nnodes = f"{snap.min_nodes}:{snap.max_nodes}" if snap.min_nodes or snap.max_nodes else "unknown"
@@ -132,6 +133,9 @@ def render_status(
         parts.append(waiting)
     if snap.lost:
         parts.append(Text(f"lost from round {snap.round}: {', '.join(snap.lost)}", style="red"))
+    shown = render_progress(progress)
+    if shown is not None:
+        parts.append(shown)
     for problem in snap.problems:
         parts.append(Text(f"unreadable: {problem}", style="bold red"))
     if snap.events:
@@ -159,6 +163,7 @@ def status_to_json(
     snap: RendezvousSnapshot,
     ages: Mapping[str, float | None] | None = None,
     closed_reason: str | None = None,
+    progress: ProgressPicture | None = None,
 ) -> dict[str, Any]:
     """The ``status --json`` object (schema version :data:`STATUS_SCHEMA_VERSION`).
 
@@ -169,8 +174,10 @@ def status_to_json(
     ``local_world_size``, ``state``, ``restarts``, ``heartbeat`` (the counter),
     ``heartbeat_age_s`` (seconds since it was seen moving; null when it did not move while
     sampled)), ``lost`` (node ids lost from the round), ``problems`` (each key whose value could not
-    be decoded, with why; the rest is shown) and ``events`` (the last events, oldest first, each
-    ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``).
+    be decoded, with why; the rest is shown), ``events`` (the last events, oldest first, each
+    ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``) and ``progress`` (the
+    ranks' steps, step times and verdicts: see :func:`~elastic_run.cli.progress_view.
+    progress_picture`; null when no agent published any).
     """
     ages = ages or {}
     return {
@@ -190,137 +197,11 @@ def status_to_json(
         "lost": list(snap.lost),
         "problems": list(snap.problems),
         "events": [dict(e) for e in snap.events],
+        "progress": progress,
     }
 
 
-# -- the live panel of a running agent ----------------------------------------------------------
-
-
-class LiveView:
-    """The rich live panel of a running agent; an event sink with ``start`` and ``stop``.
-
-    A refresh thread redraws twice a second from the agent's snapshot; the rendezvous
-    snapshot (a few store reads) is taken at most once a second. Worker output goes through
-    the console sink and is printed above the panel.
-    """
-
-    def __init__(
-        self,
-        agent: _SnapshotSource,
-        run_id: str,
-        console: Console | None = None,
-        rendezvous: Callable[[], RendezvousSnapshot | None] | None = None,
-    ) -> None:
-        self._agent = agent
-        self._read_rendezvous = rendezvous
-        self._rdzv_error = ""
-        self._run_id = run_id
-        self._console = console or Console(stderr=True)
-        self._events: deque[AgentEvent] = deque(maxlen=_EVENTS_SHOWN)
-        self._lock = threading.Lock()
-        self._live: Live | None = None
-        self._procs: dict[int, Any] = {}
-        self._rdzv: RendezvousSnapshot | None = None
-        self._rdzv_at = 0.0
-
-    def __call__(self, event: AgentEvent) -> None:
-        with self._lock:
-            self._events.append(event)
-        if self._live is not None:
-            self._live.refresh()
-
-    def start(self) -> None:
-        """Show the panel and route worker output above it."""
-        self._live = Live(
-            get_renderable=self._render,
-            console=self._console,
-            refresh_per_second=2,
-            transient=False,
-            redirect_stdout=False,
-            redirect_stderr=False,
-        )
-        self._live.start()
-        live = self._live
-
-        def sink(stream: StreamName, text: str) -> None:
-            live.console.print(text, end="", markup=False, highlight=False, soft_wrap=True)
-
-        set_console_sink(sink)
-
-    def stop(self) -> None:
-        """Draw the panel a last time and give the console back."""
-        set_console_sink(None)
-        if self._live is not None:
-            self._live.refresh()
-            self._live.stop()
-            self._live = None
-
-    def _rendezvous(self) -> RendezvousSnapshot | None:
-        now = time.monotonic()
-        if self._read_rendezvous is not None and now - self._rdzv_at >= 1.0:
-            self._rdzv_at = now
-            try:
-                self._rdzv = self._read_rendezvous()
-                self._rdzv_error = ""
-            except ElasticRunError as exc:
-                # Shown in the panel (the last picture stays); the agent acts on its own reads.
-                self._rdzv_error = str(exc)
-        return self._rdzv
-
-    def _usage(self, pid: int | None) -> tuple[str, str]:
-        if pid is None:
-            return "-", "-"
-        import psutil
-
-        try:
-            proc = self._procs.get(pid)
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-                proc.cpu_percent(None)
-            cpu = proc.cpu_percent(None)
-            rss = proc.memory_info().rss
-        except (psutil.Error, OSError):
-            self._procs.pop(pid, None)
-            return "-", "-"
-        return f"{cpu:.0f}%", f"{rss / 2**20:.0f} MiB"
-
-    def _render(self) -> RenderableType:
-        snap = self._agent.snapshot()
-        header = Text.assemble(
-            ("job ", "dim"),
-            (snap.run_id, "bold"),
-            ("  round ", "dim"),
-            str(snap.round),
-            ("  node ", "dim"),
-            f"{snap.group_rank}/{snap.group_world_size}",
-            ("  world ", "dim"),
-            str(snap.world_size),
-            ("  state ", "dim"),
-            (snap.state, "bold"),
-            ("  restarts ", "dim"),
-            f"{snap.restarts}/{snap.max_restarts}",
-        )
-        workers = Table(title="workers", title_justify="left")
-        for col in ("local", "rank", "pid", "state", "cpu", "memory"):
-            workers.add_column(col)
-        for w in snap.workers:
-            cpu, mem = self._usage(w.pid)
-            workers.add_row(str(w.local_rank), str(w.rank), str(w.pid or "-"), w.state, cpu, mem)
-        parts: list[RenderableType] = [header]
-        rdzv = self._rendezvous()
-        if rdzv is not None:
-            parts.append(render_status(rdzv))
-        if self._rdzv_error:
-            parts.append(Text(f"rendezvous unreadable: {self._rdzv_error}", style="yellow"))
-        parts.append(workers)
-        with self._lock:
-            events = list(self._events)
-        if events:
-            table = Table(show_header=False, box=None, title="events", title_justify="left")
-            for event in events:
-                table.add_row(_clock(event.timestamp), event.kind, event.message)
-            parts.append(table)
-        return Panel(Group(*parts), title=f"elastic-run {self._run_id}", title_align="left")
+# -- the live panel (live_panel.py) or plain lines ------------------------------------------
 
 
 def make_view(

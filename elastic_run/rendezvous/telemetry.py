@@ -8,6 +8,12 @@ Keys (see ``keys.py``): ``st/<node id>`` holds a JSON object ``{"v": 1, "state",
 "round", "message", "ts"}``; events go to a ring of ``EVENT_RING_SIZE`` slots: one atomic add on
 ``ev/count`` gives the event its sequence number ``seq``, one write puts it in slot
 ``(seq - 1) % EVENT_RING_SIZE``. Two O(1) operations per event, whatever the job's size.
+
+Progress (the agent's hang and straggler picture): ``pg/<node id>`` holds one node's ranks
+(step, step time, beats, verdicts; written at most once a second, its size bounded by the
+node's local world size, not by the job's), and ``pg/job`` the job's median step time and
+slowest ranks, written by the node of group rank 0 every few seconds. Both are JSON objects of
+version 1 whose fields the agent defines; :func:`read_progress` reads them in one batch.
 """
 
 from __future__ import annotations
@@ -15,19 +21,45 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
 
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.records import SCHEMA_VERSION, decode_int, load_versioned
 
-__all__ = ["SNAPSHOT_EVENTS", "Telemetry", "decode_json_record", "read_events"]
+__all__ = [
+    "PROGRESS_JOB_KEY",
+    "SNAPSHOT_EVENTS",
+    "Telemetry",
+    "TelemetryHost",
+    "decode_json_record",
+    "progress_key",
+    "read_events",
+    "read_progress",
+]
 
 log = logging.getLogger(__name__)
 
 SNAPSHOT_EVENTS = 20
+PROGRESS_JOB_KEY = "pg/job"
+
+
+def progress_key(node_id: str) -> str:
+    """The key of one node's progress record."""
+    return f"pg/{node_id}"
+
+
+@runtime_checkable
+class TelemetryHost(Protocol):
+    """A rendezvous handler that can lend its backend and node id to a telemetry writer."""
+
+    node_id: str
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        """The job's backend."""
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
@@ -94,6 +126,54 @@ class Telemetry:
             self._backend.set(keys.event_slot(seq), _json_bytes(body))
         except RendezvousError as exc:
             log.warning("rendezvous '%s': could not publish an event: %s", self._run_id, exc)
+
+    def publish_progress(self, body: Mapping[str, Any]) -> None:
+        """Write this node's progress record (one O(1) write). Never raises."""
+        self._write(progress_key(self._node_id), body, "the progress record")
+
+    def publish_job_progress(self, body: Mapping[str, Any]) -> None:
+        """Write the job's progress summary (one O(1) write). Never raises."""
+        self._write(PROGRESS_JOB_KEY, body, "the job's progress summary")
+
+    def _write(self, key: str, body: Mapping[str, Any], what: str) -> None:
+        record = {"v": SCHEMA_VERSION, "ts": time.time(), "node": self._node_id, **body}
+        try:
+            self._backend.set(key, _json_bytes(record))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish %s: %s", self._run_id, what, exc)
+
+
+def read_progress(
+    backend: RendezvousBackend, node_ids: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None, tuple[str, ...]]:
+    """Read the nodes' progress records and the job's summary in one batch.
+
+    Args:
+        backend: the job's backend.
+        node_ids: whose records.
+
+    Returns:
+        (node id -> record for those that have one, the job summary or None, the problems: a
+        sentence for each value that is not ours, which is left out).
+    """
+    wanted = [progress_key(n) for n in node_ids]
+    values = backend.get_many([*wanted, PROGRESS_JOB_KEY])
+    records: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    job: dict[str, Any] | None = None
+    for key, node_id, raw in zip([*wanted, PROGRESS_JOB_KEY], [*node_ids, ""], values, strict=True):
+        if raw is None:
+            continue
+        try:
+            body = decode_json_record(key, raw)
+        except RendezvousError as exc:
+            problems.append(str(exc))
+            continue
+        if node_id:
+            records[node_id] = body
+        else:
+            job = body
+    return records, job, tuple(problems)
 
 
 def read_events(

@@ -20,6 +20,10 @@ PURE = [
     "elastic_run/rendezvous/records.py",
     "elastic_run/rendezvous/keys.py",
     "elastic_run/agent/timer_table.py",
+    "elastic_run/agent/hang.py",
+    "elastic_run/agent/stragglers.py",
+    "elastic_run/agent/stack_report.py",
+    "elastic_run/agent/progress_config.py",
 ]
 IMPURE_MODULES = {"socket", "threading", "time", "subprocess", "torch", "grpc", "psutil", "select"}
 MAX_LINES = 500

@@ -409,4 +409,4 @@ def test_worker_module_imports_nothing_of_the_agent() -> None:
     banned = ("elastic_run.agent", "elastic_run.cli", "elastic_run.rendezvous", "torch", "psutil")
     assert not [name for name in imported if name.startswith(banned)]
     ours = {name for name in imported if name.startswith("elastic_run")}
-    assert ours == {"elastic_run.errors", "elastic_run.timer_wire"}
+    assert ours == {"elastic_run.beat_file", "elastic_run.errors", "elastic_run.timer_wire"}

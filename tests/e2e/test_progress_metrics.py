@@ -1,0 +1,86 @@
+"""Progress in the agent's own endpoints: /metrics exports each rank's beats and step time, and
+/status carries each worker's progress (the real command, a standalone job, no torch)."""
+
+from __future__ import annotations
+
+import http.client
+import json
+from pathlib import Path
+
+import cli_harness
+import pytest
+from cli_harness import Launch
+
+from elastic_run.agent.health import render_metrics
+from tests.helpers import free_port, wait_until
+
+launch = cli_harness.launch
+
+BEATER = """\
+import sys, time
+from pathlib import Path
+from elastic_run.worker import progress
+out = Path(sys.argv[1])
+for step in range(20):
+    time.sleep(0.05)
+    progress(step)
+(out / "beaten").write_text("1")
+while not (out / "go").exists():
+    time.sleep(0.05)
+"""
+
+
+def _get(port: int, path: str) -> str:
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=10)
+    try:
+        conn.request("GET", path)
+        return conn.getresponse().read().decode()
+    finally:
+        conn.close()
+
+
+def test_render_metrics_keeps_labels_and_types_each_family_once() -> None:
+    text = render_metrics({'beats{rank="0"}': 3, 'beats{rank="1"}': 4, "round": 2})
+    assert text.splitlines() == [
+        "# TYPE elastic_run_beats gauge",
+        'elastic_run_beats{rank="0"} 3',
+        'elastic_run_beats{rank="1"} 4',
+        "# TYPE elastic_run_round gauge",
+        "elastic_run_round 2",
+    ]
+
+
+@pytest.mark.timeout(180)
+def test_metrics_and_status_show_each_ranks_progress(launch: Launch, tmp_path: Path) -> None:
+    worker = tmp_path / "beater.py"
+    worker.write_text(BEATER)
+    port = free_port()
+    agent = launch(
+        [
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "--health-check-port",
+            str(port),
+            str(worker),
+            str(tmp_path),
+        ]
+    )
+    wait_until(lambda: (tmp_path / "beaten").exists(), 120, message=agent.describe)
+
+    def twenty_beats() -> bool:
+        text = _get(port, "/metrics")
+        return 'elastic_run_progress_beats{rank="1",local_rank="1"} 20' in text
+
+    wait_until(twenty_beats, 60, interval_s=0.2, message=lambda: _get(port, "/metrics"))
+    metrics = _get(port, "/metrics")
+    assert 'elastic_run_progress_step{rank="0",local_rank="0"} 19' in metrics
+    assert 'elastic_run_step_time_seconds{rank="0",local_rank="0"}' in metrics
+    assert 'elastic_run_hang_timeout_seconds{rank="0",local_rank="0"} 30' in metrics  # floor
+    assert 'elastic_run_hung{rank="0",local_rank="0"} 0' in metrics
+    assert metrics.count("# TYPE elastic_run_progress_beats gauge") == 1
+    status = json.loads(_get(port, "/status"))
+    progress = status["workers"][1]["progress"]
+    assert progress["beats"] == 20 and progress["step"] == 19 and progress["verdict"] == ""
+    (tmp_path / "go").touch()
+    assert agent.wait(120) == 0, agent.describe()
