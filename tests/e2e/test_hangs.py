@@ -65,10 +65,12 @@ def _events(job: Job, name: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in job.nodes[name].events() if e["kind"] == kind]
 
 
-def _start_pair(job: Job, extra: tuple[str, ...], env: dict[str, str], **env_b: str) -> None:
-    """Node a (hosts the c10d store) and node b, two workers each; b gets ``env_b`` on top."""
-    job.start("a", nnodes="2", nproc=2, host=True, extra=extra, env=env, script=(str(TRAIN),))
-    job.start("b", nnodes="2", nproc=2, extra=extra, env={**env, **env_b}, script=(str(TRAIN),))
+def _start_pair(job: Job, extra: tuple[str, ...], env: dict[str, str], **by_rank: str) -> None:
+    """Node a (hosts the c10d store) and node b, two workers each; ``by_rank`` (HANG_RANK...)
+    goes to both, as either node may hold the rank it names."""
+    full = {**env, **by_rank}
+    job.start("a", nnodes="2", nproc=2, host=True, extra=extra, env=full, script=(str(TRAIN),))
+    job.start("b", nnodes="2", nproc=2, extra=extra, env=full, script=(str(TRAIN),))
 
 
 @pytest.mark.timeout(400)
