@@ -1,7 +1,12 @@
-"""Where a worker's stdout and stderr go: files, the console with a rank prefix, or both.
+"""Where a worker's stdout and stderr go: files, the console, or both.
 
-This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``, with our console prefix
-``[rank N]: `` (global rank) in place of torchrun's ``[default0]:``:
+This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``. As in torchrun, a stream
+that is only shown on the console passes through unchanged (no prefix; with the default console it
+is the agent's own descriptor, so ``elastic-run ... | jq`` sees exactly what the worker wrote), and
+a teed stream's console lines carry a prefix (torchrun's ``[default0]:``, or what
+``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` makes of it; the caller chooses). Lines of a teed stream
+that contain one of the duplicate filters' strings also go to a shared file (torchrun's
+``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``), prefixed the same way:
 
 =====================  ==========================  ====================================
 stream is ...          rank shown on the console   rank filtered out of the console
@@ -17,7 +22,8 @@ redirected nor teed, even when a log directory is set.
 Invariants:
 - A file-only stream is the worker's own file descriptor: the kernel writes it, so nothing is lost
   when the worker is killed and no thread of ours is on the path.
-- A stream that reaches the console goes through a pipe and one reader thread, which drains it to
+- A console-only stream with the default console is the agent's own descriptor: no thread.
+- A stream that reaches the console otherwise goes through a pipe and one reader thread, which drains it to
   EOF (so the last lines of a killed worker still arrive) and hands the console only whole lines
   (a line longer than ``_MAX_PARTIAL_BYTES`` is cut into pieces), under one process-wide lock: lines
   of different ranks never interleave mid-line.
@@ -42,9 +48,11 @@ from elastic_run.agent.config import Std
 
 __all__ = [
     "ConsoleSink",
+    "LineFilter",
     "StreamName",
     "StreamPlan",
     "WorkerOutput",
+    "console_is_default",
     "plan_stream",
     "set_console_sink",
     "write_console",
@@ -64,7 +72,7 @@ class StreamName(str, enum.Enum):
 
 
 ConsoleSink = Callable[[StreamName, str], None]
-"""Receives console text: the stream it came from, and one or more whole, prefixed lines."""
+"""Receives console text: the stream it came from, and one or more whole lines."""
 
 
 def _default_sink(stream: StreamName, text: str) -> None:
@@ -81,8 +89,8 @@ def set_console_sink(sink: ConsoleSink | None) -> None:
     """Send workers' console lines to ``sink`` instead of ``sys.stdout`` / ``sys.stderr``.
 
     Args:
-        sink: called with the stream and a block of whole lines (each ending in a newline and
-            carrying the ``[rank N]: `` prefix), under the console lock, from reader threads.
+        sink: called with the stream and a block of whole lines (each ending in a newline; a
+            teed stream's lines carry their prefix), under the console lock, from reader threads.
             ``None`` restores the default sink.
     """
     global _console_sink
@@ -103,13 +111,58 @@ def write_console(stream: StreamName, text: str) -> None:
         _console_sink(stream, text)
 
 
+def console_is_default() -> bool:
+    """Whether console text goes to the agent's own stdout/stderr (no sink was set)."""
+    return _console_sink is _default_sink
+
+
+def _own_descriptor(stream: StreamName) -> int | None:
+    """The agent's stdout/stderr descriptor (flushed first), or None when it has none."""
+    target = sys.stdout if stream is StreamName.STDOUT else sys.stderr
+    try:
+        target.flush()
+        return target.fileno()
+    except (AttributeError, OSError, ValueError):  # replaced by an object without one, closed
+        return None
+
+
+class LineFilter:
+    """Appends the lines that contain any of ``needles`` to one file shared by every worker.
+
+    torchrun's ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: the file is
+    ``attempt_<n>/filtered_stdout.log`` (or ``filtered_stderr.log``), created empty at once.
+
+    Args:
+        needles: the strings; a line matches when it contains one of them.
+        path: the file.
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, needles: tuple[str, ...], path: Path) -> None:
+        self.needles = needles
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+    def write_matching(self, lines: list[str]) -> None:
+        """Append the matching lines (each ending in a newline, already prefixed)."""
+        matching = [line for line in lines if any(n in line for n in self.needles)]
+        if not matching:
+            return
+        with self._lock, open(self.path, "a", encoding="utf-8", errors="replace") as f:
+            f.writelines(matching)
+
+
 @dataclass(frozen=True)
 class StreamPlan:
     """How one stream of one worker is handled.
 
     Attributes:
         to_file: the stream is written to ``file_path``.
-        to_console: the stream is shown on the console with the rank prefix.
+        to_console: the stream is shown on the console.
         file_path: the log file, or None when the stream has no file.
     """
 
@@ -119,8 +172,13 @@ class StreamPlan:
 
     @property
     def needs_pipe(self) -> bool:
-        """Whether a reader thread must sit between the worker and its destinations."""
+        """Whether the console part of the stream exists (a pipe, or the agent's descriptor)."""
         return self.to_console
+
+    @property
+    def is_teed(self) -> bool:
+        """Whether the stream goes to its file and to the console (its lines get the prefix)."""
+        return self.to_file and self.to_console
 
 
 def plan_stream(
@@ -166,15 +224,18 @@ class _LineForwarder:
         read_fd: int,
         prefix: str,
         file: IO[bytes] | None,
+        duplicate: LineFilter | None = None,
+        name: str = "",
     ) -> None:
         self._stream = stream
         self._read_fd = read_fd
         self._prefix = prefix
         self._file = file
+        self._duplicate = duplicate
         self._partial = b""
         self._started = False
         self._thread = threading.Thread(
-            target=self._run, name=f"output-{prefix.strip(': ')}-{stream.value}", daemon=True
+            target=self._run, name=f"output-{name}-{stream.value}", daemon=True
         )
 
     def start(self) -> None:
@@ -228,9 +289,11 @@ class _LineForwarder:
 
     def _emit(self, lines: list[bytes]) -> None:
         prefix = self._prefix
-        text = "".join(f"{prefix}{line.decode('utf-8', errors='replace')}\n" for line in lines)
+        shown = [f"{prefix}{line.decode('utf-8', errors='replace')}\n" for line in lines]
         try:
-            write_console(self._stream, text)
+            write_console(self._stream, "".join(shown))
+            if self._duplicate is not None:
+                self._duplicate.write_matching(shown)
         except Exception:
             # Keep draining: a reader that stops would block the worker on a full pipe.
             logger.exception("the console sink failed; worker output dropped from the console")
@@ -252,21 +315,27 @@ class WorkerOutput:
         redirect: Std,
         tee: Std,
         show_on_console: bool,
+        tee_prefix: str = "",
+        duplicates: dict[StreamName, LineFilter] | None = None,
     ) -> None:
         """Open the worker's log files and pipes.
 
         Args:
-            global_rank: the rank shown in the console prefix.
+            global_rank: the worker's rank (names its reader threads).
             log_dir: the directory for ``stdout.log`` / ``stderr.log``, or None.
             redirect: the streams that go to files only.
             tee: the streams that go to files and the console.
             show_on_console: False when --local-ranks-filter hides this worker.
+            tee_prefix: the prefix of a teed stream's console lines (torchrun's ``[default0]:``).
+            duplicates: per stream, where a teed stream's matching lines are also written.
 
         Raises:
             ValueError: a stream is redirected or teed without a log directory.
             OSError: a log file or pipe could not be created.
         """
-        self._prefix = f"[rank {global_rank}]: "
+        self._name = f"rank{global_rank}"
+        self._prefix = tee_prefix
+        self._duplicates = duplicates or {}
         self._files: list[IO[bytes]] = []
         self._child_fds: list[int] = []
         self._forwarders: list[_LineForwarder] = []
@@ -299,9 +368,23 @@ class WorkerOutput:
             self._files.append(file)
         if not plan.needs_pipe:
             return file if file is not None else subprocess.DEVNULL
+        own = _own_descriptor(stream) if not plan.to_file and console_is_default() else None
+        if own is not None:
+            # The agent's own descriptor: the worker's bytes as written, as under torchrun.
+            return own
         read_fd, write_fd = os.pipe()
         self._child_fds.append(write_fd)
-        self._forwarders.append(_LineForwarder(stream, read_fd, self._prefix, file))
+        teed = plan.is_teed
+        self._forwarders.append(
+            _LineForwarder(
+                stream,
+                read_fd,
+                self._prefix if teed else "",
+                file,
+                self._duplicates.get(stream) if teed else None,
+                self._name,
+            )
+        )
         return write_fd
 
     def after_spawn(self) -> None:
