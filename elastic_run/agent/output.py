@@ -1,9 +1,8 @@
 """Where a worker's stdout and stderr go: files, the console, or both.
 
 This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``. As in torchrun, a stream
-that is only shown on the console passes through unchanged (no prefix; with the default console it
-is the agent's own descriptor, so ``elastic-run ... | jq`` sees exactly what the worker wrote), and
-a teed stream's console lines carry a prefix (torchrun's ``[default0]:``, or what
+that is only shown on the console passes through unchanged (no prefix, the worker's bytes as
+written, so ``elastic-run ... | jq`` works), and a teed stream's console lines carry a prefix (torchrun's ``[default0]:``, or what
 ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` makes of it; the caller chooses). Lines of a teed stream
 that contain one of the duplicate filters' strings also go to a shared file (torchrun's
 ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``), prefixed the same way:
@@ -22,11 +21,14 @@ redirected nor teed, even when a log directory is set.
 Invariants:
 - A file-only stream is the worker's own file descriptor: the kernel writes it, so nothing is lost
   when the worker is killed and no thread of ours is on the path.
-- A console-only stream with the default console is the agent's own descriptor: no thread.
-- A stream that reaches the console otherwise goes through a pipe and one reader thread, which drains it to
+- A stream that reaches the console goes through a pipe and one reader thread, which drains it to
   EOF (so the last lines of a killed worker still arrive) and hands the console only whole lines
   (a line longer than ``_MAX_PARTIAL_BYTES`` is cut into pieces), under one process-wide lock: lines
-  of different ranks never interleave mid-line.
+  of different ranks never interleave mid-line. (Under torchrun the workers share the console's
+  descriptor, and ``python -u`` writes a line's text and its newline in two calls, so two ranks'
+  lines can be cut into each other: ``| jq`` then fails.) An unprefixed partial line (a progress
+  bar, a prompt) is passed on as it is once its stream has been quiet for
+  ``_PARTIAL_FLUSH_S``, so it shows without waiting for its newline.
 - The console sink is replaceable (:func:`set_console_sink`), so a live view can print above its
   panel; by default it writes to the agent's ``sys.stdout`` / ``sys.stderr``.
 """
@@ -36,6 +38,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -52,7 +55,6 @@ __all__ = [
     "StreamName",
     "StreamPlan",
     "WorkerOutput",
-    "console_is_default",
     "plan_stream",
     "set_console_sink",
     "write_console",
@@ -62,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 65536
 _MAX_PARTIAL_BYTES = 65536
+_PARTIAL_FLUSH_S = 0.05
 
 
 class StreamName(str, enum.Enum):
@@ -111,21 +114,6 @@ def write_console(stream: StreamName, text: str) -> None:
         _console_sink(stream, text)
 
 
-def console_is_default() -> bool:
-    """Whether console text goes to the agent's own stdout/stderr (no sink was set)."""
-    return _console_sink is _default_sink
-
-
-def _own_descriptor(stream: StreamName) -> int | None:
-    """The agent's stdout/stderr descriptor (flushed first), or None when it has none."""
-    target = sys.stdout if stream is StreamName.STDOUT else sys.stderr
-    try:
-        target.flush()
-        return target.fileno()
-    except (AttributeError, OSError, ValueError):  # replaced by an object without one, closed
-        return None
-
-
 class LineFilter:
     """Appends the lines that contain any of ``needles`` to one file shared by every worker.
 
@@ -172,7 +160,7 @@ class StreamPlan:
 
     @property
     def needs_pipe(self) -> bool:
-        """Whether the console part of the stream exists (a pipe, or the agent's descriptor)."""
+        """Whether a reader thread must sit between the worker and its destinations."""
         return self.to_console
 
     @property
@@ -256,6 +244,10 @@ class _LineForwarder:
     def _run(self) -> None:
         try:
             while True:
+                if self._partial and not self._prefix and not self._is_readable(_PARTIAL_FLUSH_S):
+                    self._emit_raw(self._partial)  # quiet: show the partial line as it is
+                    self._partial = b""
+                    continue
                 try:
                     chunk = os.read(self._read_fd, _READ_CHUNK_BYTES)
                 except InterruptedError:
@@ -273,6 +265,19 @@ class _LineForwarder:
             os.close(self._read_fd)
             if self._file is not None:
                 self._file.flush()
+
+    def _is_readable(self, timeout_s: float) -> bool:
+        try:
+            readable, _, _ = select.select([self._read_fd], [], [], timeout_s)
+        except InterruptedError:
+            return True
+        return bool(readable)
+
+    def _emit_raw(self, data: bytes) -> None:
+        try:
+            write_console(self._stream, data.decode("utf-8", errors="replace"))
+        except Exception:
+            logger.exception("the console sink failed; worker output dropped from the console")
 
     def _handle(self, chunk: bytes) -> None:
         if self._file is not None:
@@ -368,10 +373,6 @@ class WorkerOutput:
             self._files.append(file)
         if not plan.needs_pipe:
             return file if file is not None else subprocess.DEVNULL
-        own = _own_descriptor(stream) if not plan.to_file and console_is_default() else None
-        if own is not None:
-            # The agent's own descriptor: the worker's bytes as written, as under torchrun.
-            return own
         read_fd, write_fd = os.pipe()
         self._child_fds.append(write_fd)
         teed = plan.is_teed

@@ -553,3 +553,26 @@ def test_killed_worker_output_is_complete(
     assert teed == expected
     assert plain == expected
     assert all(e.exitcode == -signal.SIGKILL for e in group.poll().values())
+
+
+PARTIAL = """
+    import os, sys, time
+    sys.stdout.write("progress 50%")
+    sys.stdout.flush()
+    mark = os.path.join(os.environ["MARK_DIR"], "go")
+    while not os.path.exists(mark):
+        time.sleep(0.01)
+    print(" done")
+    print("two\\nlines")
+"""
+
+
+def test_console_only_output_is_unchanged_and_a_partial_line_shows_without_its_newline(
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses]
+) -> None:
+    group = start([launch(tmp_path, PARTIAL, local_rank=0)], cleanup)
+    wait_until(lambda: console.lines() == ["progress 50%"], 30, "the partial line")
+    (tmp_path / "go").touch()
+    wait_exits(group, 1)
+    group.stop(signal.SIGTERM, 5)
+    assert "".join(text for _, text in console.blocks) == "progress 50% done\ntwo\nlines\n"
