@@ -34,7 +34,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.telemetry import Telemetry, read_progress
 
-__all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times"]
+__all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times", "slowest_rows"]
 
 log = logging.getLogger(__name__)
 
@@ -68,18 +68,30 @@ def job_summary(steps: JobSteps, factor: float, stragglers: Sequence[int]) -> di
         "median_s": steps.median_s,
         "ranks": steps.ranks,
         "factor": factor,
-        "slowest": [
-            {
-                "rank": t.rank,
-                "host": t.host,
-                "node": t.node_id,
-                "work_s": round(t.time_s, 6),
-                "ratio": round(ratio, 3),
-                "straggler": t.rank in stragglers,
-            }
-            for t, ratio in steps.slowest
-        ],
+        "slowest": slowest_rows(steps, lambda rank, ratio: rank in stragglers),
     }
+
+
+def slowest_rows(
+    steps: JobSteps, is_straggler: Callable[[int, float], bool]
+) -> list[dict[str, Any]]:
+    """The slowest ranks as ``pg/job`` and ``status --json`` show them.
+
+    Args:
+        steps: the job's step times, summarised.
+        is_straggler: (rank, ratio to the median) -> whether to mark the rank a straggler.
+    """
+    return [
+        {
+            "rank": t.rank,
+            "host": t.host,
+            "node": t.node_id,
+            "work_s": round(t.time_s, 6),
+            "ratio": round(ratio, 3),
+            "straggler": is_straggler(t.rank, ratio),
+        }
+        for t, ratio in steps.slowest
+    ]
 
 
 def job_progress(record: Mapping[str, Any]) -> JobProgress:
