@@ -101,9 +101,18 @@ class TorchrunHandler:
             self._inner.set_closed()
 
     def num_nodes_waiting(self) -> int:
-        """How many nodes wait at the door of the current round."""
+        """How many nodes wait for a new round: at the door, or in the next one already.
+
+        torch's agent restarts its workers into a new round only when this is above zero. A
+        peer that re-rendezvoused (its workers failed) ended this node's round and arrived in
+        the next one: torch's own handler counts such a node as waiting, so this one does too.
+        """
         with _as_torch_errors():
-            return self._inner.num_nodes_waiting()
+            waiting = self._inner.num_nodes_waiting()
+        poll = getattr(self._inner, "poll", None)
+        if callable(poll) and poll().round_over:
+            return max(1, waiting)
+        return waiting
 
     def get_run_id(self) -> str:
         """The job's id."""

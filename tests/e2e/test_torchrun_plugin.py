@@ -25,6 +25,7 @@ from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - 
 
 TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 ALLREDUCE = REPO_ROOT / "tests" / "e2e" / "scripts" / "allreduce.py"
+FAIL_BEFORE_INIT = REPO_ROOT / "tests" / "e2e" / "scripts" / "fail_before_init.py"
 EXIT_S = 90.0
 
 
@@ -52,7 +53,12 @@ def agents_fixture() -> Iterator[list[subprocess.Popen[bytes]]]:
 
 
 def _run_two(
-    agents: list[subprocess.Popen[bytes]], backend: str, endpoint: str, tmp: Path
+    agents: list[subprocess.Popen[bytes]],
+    backend: str,
+    endpoint: str,
+    tmp: Path,
+    extra: tuple[str, ...] = (),
+    script: Path = ALLREDUCE,
 ) -> list[str]:
     run_id = f"tr-{uuid.uuid4().hex[:8]}"
     logs = [tmp / f"agent{i}.log" for i in range(2)]
@@ -73,7 +79,8 @@ def _run_two(
                     run_id,
                     "--local-addr",
                     "127.0.0.1",
-                    str(ALLREDUCE),
+                    *extra,
+                    str(script),
                 ],
                 stdin=subprocess.DEVNULL,
                 stdout=log.open("wb"),
@@ -101,7 +108,7 @@ def _results(outputs: list[str]) -> list[dict[str, float]]:
         for line in out.splitlines()
         if "RESULT " in line
     ]
-    return sorted(found, key=lambda r: r["rank"])
+    return sorted(found, key=lambda r: (r["rank"], r["restart"]))
 
 
 @pytest.mark.etcd
@@ -124,4 +131,26 @@ def test_torchrun_runs_a_two_node_job_on_elastic_run_c10d(
     assert _results(outputs) == [
         {"rank": 0, "sum": 3.0, "restart": 0},
         {"rank": 1, "sum": 3.0, "restart": 0},
+    ], outputs
+
+
+@pytest.mark.timeout(240)
+def test_torchrun_restarts_both_nodes_through_our_rendezvous_keeping_node_ranks(
+    agents: list[subprocess.Popen[bytes]], tmp_path: Path
+) -> None:
+    # Rank 1 fails before joining the group on its first attempt; its agent re-rendezvouses
+    # (a new round, through our handler), node 0's agent sees a node waiting and restarts its
+    # worker (torch counts no restart for that). Node ranks are stable, so RANK 1 stays with
+    # the agent whose restart count is now 1 and the second attempt succeeds on both.
+    outputs = _run_two(
+        agents,
+        "elastic-run-c10d",
+        f"127.0.0.1:{free_port()}",
+        tmp_path,
+        extra=("--max-restarts", "1"),
+        script=FAIL_BEFORE_INIT,
+    )
+    assert _results(outputs) == [
+        {"rank": 0, "sum": 3.0, "restart": 0},
+        {"rank": 1, "sum": 3.0, "restart": 1},
     ], outputs
