@@ -42,7 +42,6 @@ BIN = Path(sys.executable).parent
 WORKERS = Path(__file__).resolve().parent / "compat_workers"
 WORKER = WORKERS / "dump_env.py"
 LAUNCHERS = {"torchrun": str(BIN / "torchrun"), "elastic-run": str(BIN / "elastic-run")}
-TIMEOUT_S = 90.0
 
 
 def free_port() -> int:
@@ -61,6 +60,8 @@ class Case:
     program: list[str] = field(default_factory=lambda: [str(WORKER)])
     env: dict[str, str] = field(default_factory=dict)
     runs: int = 1  # run the whole invocation this many times (--log-dir reuse)
+    timeout_s: float = 90.0  # then the launcher is killed (SIGKILL to its process group)
+    sigterm: int = 0  # SIGTERM each launcher once this many workers dumped their environment
 
 
 def _cases() -> list[Case]:
@@ -101,6 +102,8 @@ def _cases() -> list[Case]:
         Case("--nproc-per-node xpu", [["--standalone", "--nproc-per-node", "xpu"]]),
         Case("--rdzv-conf unknown key", [[*one, "--rdzv-conf", "no_such_key=1"]]),
         Case("static --rdzv-conf join_timeout", [[*static, "--rdzv-conf", "join_timeout=30"]]),
+        Case("SIGTERM to the launcher", [two], env={"COMPAT_WAIT": "1"}, sigterm=2),
+        Case("--standalone --nnodes 2", [["--standalone", "--nnodes", "2"]], timeout_s=20.0),
     ]
     return cases
 
@@ -146,6 +149,12 @@ def _normalizer(tmp: Path, run_id: str, port: int) -> Callable[[str], str]:
     return normalize
 
 
+def _wait_for_workers(out: Path, count: int, timeout_s: float) -> None:
+    deadline = time.monotonic() + timeout_s
+    while len(list(out.glob("env-*.json"))) < count and time.monotonic() < deadline:
+        time.sleep(0.1)
+
+
 def _launch(launcher: str, case: Case, root: Path, base_env: dict[str, str]) -> Outcome:
     tmp = root / launcher
     tmp.mkdir()
@@ -175,13 +184,17 @@ def _launch(launcher: str, case: Case, root: Path, base_env: dict[str, str]) -> 
                     start_new_session=True,
                 )
             )
+        if case.sigterm:
+            _wait_for_workers(out, case.sigterm, case.timeout_s)
+            for proc in procs:
+                proc.send_signal(signal.SIGTERM)
         for proc in procs:
             try:
-                o, e = proc.communicate(timeout=TIMEOUT_S)
+                o, e = proc.communicate(timeout=case.timeout_s)
             except subprocess.TimeoutExpired:
                 os.killpg(proc.pid, signal.SIGKILL)
                 o, e = proc.communicate()
-                e += f"\n[compat: killed after {TIMEOUT_S:g} s]"
+                e += f"\n[compat: killed after {case.timeout_s:g} s]"
             codes.append(proc.returncode)
             stdout += o.splitlines()
             stderr += e.splitlines()

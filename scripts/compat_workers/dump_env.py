@@ -2,12 +2,14 @@
 
 Writes ``$COMPAT_OUT/env-<RANK>-<TORCHELASTIC_RESTART_COUNT>-<pid>.json``. With
 ``COMPAT_FAIL=1`` the worker of RANK 1 raises (under torch's ``@record``, so an error file is
-written where the launcher asked for one).
+written where the launcher asked for one). With ``COMPAT_WAIT=1`` it then waits (at most a
+minute) for the launcher to stop it.
 """
 
 import json
 import os
 import sys
+import time
 from pathlib import Path
 
 from torch.distributed.elastic.multiprocessing.errors import record
@@ -23,6 +25,8 @@ def main() -> None:
     print(f"err from rank {rank}", file=sys.stderr, flush=True)
     if os.environ.get("COMPAT_FAIL") == "1" and rank == "1":
         raise RuntimeError("compat worker fails on purpose")
+    if os.environ.get("COMPAT_WAIT") == "1":
+        time.sleep(60)
 
 
 if __name__ == "__main__":
