@@ -70,6 +70,9 @@ class NodeRecord:
             ends (see ``peerwatch.py``); 0: none, heartbeats alone judge the node.
         min_nodes: the job's MIN nodes as this node was started with (0: not said).
         max_nodes: the job's MAX nodes as this node was started with (0: not said).
+        prev_rank: the rank this node held in round ``rank_round`` (-1: none yet); the seal
+            keeps it where the new world allows (``stable_ranks.py``).
+        rank_round: the last round this node was a member of (-1: none).
     """
 
     node_id: str
@@ -82,6 +85,8 @@ class NodeRecord:
     alive_port: int = 0
     min_nodes: int = 0
     max_nodes: int = 0
+    prev_rank: int = -1
+    rank_round: int = -1
 
 
 @dataclass(frozen=True)

@@ -123,6 +123,8 @@ class Rounds:
         self._seed_beats = seed_beats
         self._with_notices = with_notices
         self.last_round = -1
+        self.last_rank = -1
+        self.rank_round = -1
 
     def join(self, deadline: float) -> Membership:
         """Block until this node is a member of a completed round.
@@ -143,6 +145,7 @@ class Rounds:
             member = self._join_round(r, deadline)
             if member is not None:
                 self.last_round = member.round
+                self.last_rank, self.rank_round = member.assign.rank, member.round
                 return member
 
     def check_closed(self) -> None:
