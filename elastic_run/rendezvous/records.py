@@ -96,7 +96,9 @@ class SealRecord:
     Attributes:
         round: the round number.
         sealed_arrivals: arrival indices below this were considered; higher ones wait.
-        admitted: the admitted arrival indices in rank order, as inclusive ranges.
+        admitted: the admitted arrival indices in rank order, as inclusive ranges: one range
+            when ranks follow arrival order (a first round), up to one per member when stable
+            ranks reorder a re-formed round (about 10 bytes a member).
         world_size: the number of member nodes.
         reason: why the round completed (max, last_call, reform).
         workers: the members' (local world size, role) in rank order, run-length
