@@ -88,6 +88,8 @@ class AgentOptions:
         extra_env: variables set in every worker's environment.
         base_env: the environment workers start from (None: the agent's, when they start).
         progress: hang and straggler verdicts on the workers' progress beats.
+        warm_start: fork Python workers from a per-node zygote that has torch imported.
+        preload: modules the zygote imports after torch.
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -99,6 +101,8 @@ class AgentOptions:
     extra_env: tuple[tuple[str, str], ...] = ()
     base_env: tuple[tuple[str, str], ...] | None = None
     progress: ProgressOptions = field(default_factory=ProgressOptions)
+    warm_start: bool = False
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -150,3 +154,5 @@ class LaunchConfig:
     extra_env: tuple[tuple[str, str], ...] = field(default=())
     base_env: tuple[tuple[str, str], ...] | None = None
     progress: ProgressOptions = field(default_factory=ProgressOptions)
+    warm_start: bool = False
+    preload: tuple[str, ...] = ()

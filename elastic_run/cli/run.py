@@ -105,6 +105,8 @@ def run_job(config: LaunchConfig) -> int:
                 extra_env=config.extra_env,
                 base_env=config.base_env,
                 progress=config.progress,
+                warm_start=config.warm_start,
+                preload=config.preload,
             ),
         )
     except (ElasticRunError, ValueError):
