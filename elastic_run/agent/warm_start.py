@@ -8,14 +8,13 @@ from the zygote, or None for a cold start. A warm start that fails at the last m
 zygote died between the check and the fork) starts that worker cold instead.
 
 Invariants:
-- Every reason to start cold is logged once as one warning line (and as an event).
+- Every reason to start cold is said once, as one event (one line on the console).
 - A zygote that refused (a preload raised, started a thread, initialized CUDA) is not replaced:
   the job runs cold from then on.
 """
 
 from __future__ import annotations
 
-import logging
 from collections.abc import Callable, Mapping, Sequence
 from typing import IO, Any
 
@@ -24,8 +23,6 @@ from elastic_run.agent.zygote import WarmCommand, Zygote, env_mismatch, warm_com
 from elastic_run.errors import AgentError
 
 __all__ = ["READY_TIMEOUT_S", "Emit", "WarmStarts"]
-
-logger = logging.getLogger(__name__)
 
 READY_TIMEOUT_S = 300.0
 """How long an attempt waits for the zygote's imports (a cold start would pay them too)."""
@@ -93,7 +90,6 @@ class WarmStarts:
         reason = zygote.wait_ready(READY_TIMEOUT_S)
         if reason is not None and zygote.was_ready:  # it was killed after it was ready
             message = f"the zygote (pid {zygote.pid}) died; starting a new one for warm starts"
-            logger.warning("%s", message)
             self._emit("zygote.lost", message, {"pid": zygote.pid})
             zygote.close()
             self._start(zygote.python, zygote.env)
@@ -124,7 +120,7 @@ class WarmStarts:
             launch: WorkerLaunch, stdout: int | IO[bytes], stderr: int | IO[bytes]
         ) -> WorkerProcess:
             try:
-                return zygote.spawn(command, launch.env, stdout, stderr)
+                return zygote.spawn(command, launch.argv, launch.env, stdout, stderr)
             except AgentError as exc:
                 self._warn(f"starting worker local_rank {launch.local_rank} cold: {exc}")
                 return start_program(launch, stdout, stderr)
@@ -146,5 +142,4 @@ class WarmStarts:
         if message in self._warned:
             return
         self._warned.add(message)
-        logger.warning("%s", message)
         self._emit("warm_start.cold", message, {})

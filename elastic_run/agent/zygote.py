@@ -62,6 +62,8 @@ PER_WORKER_KEYS = frozenset(
 _PER_WORKER_PREFIXES = ("TORCHELASTIC_", "ELASTIC_RUN_")
 _PROGRAM = Path(__file__).with_name("zygote_process.py")
 _REPLY_TIMEOUT_S = 30.0
+# Room in the zygote's argv area for a worker's command line (``ps`` shows the worker's command).
+_PADDING = " " * 2048
 _MAX_MESSAGE_BYTES = 1 << 20
 
 
@@ -168,7 +170,7 @@ class Zygote:
         try:
             self._proc = subprocess.Popen(
                 [*prefix, self.python, str(_PROGRAM), str(child.fileno()), self._path0]
-                + [",".join(self._preload)],
+                + [",".join(self._preload), _PADDING],
                 env=self.env,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -210,6 +212,7 @@ class Zygote:
     def spawn(
         self,
         command: WarmCommand,
+        launch_argv: Sequence[str],
         env: Mapping[str, str],
         stdout: int | IO[bytes],
         stderr: int | IO[bytes],
@@ -231,6 +234,7 @@ class Zygote:
         request = {
             "id": request_id,
             "argv": list(command.argv),
+            "command": list(launch_argv),
             "module": command.module,
             "unbuffered": command.unbuffered,
             "path0": command.path0,

@@ -111,6 +111,25 @@ def _stream(fd: int, *, unbuffered: bool, line: bool, like: Any) -> io.TextIOWra
     )
 
 
+def _set_command_line(argv: list[str]) -> None:
+    """Show the worker's command in ``ps`` and /proc/PID/cmdline: rewrite the argv area in place.
+
+    The zygote was started with a padding argument, so the area holds most commands; a longer
+    one is cut (the worker's own ``sys.argv`` is not).
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    if size <= 1:
+        return
+    text = b"\0".join(os.fsencode(a) for a in argv)[: size - 1]
+    ctypes.memmove(start, text.ljust(size, b"\0"), size)
+
+
 def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> None:
     """In the forked child: everything a cold start of the worker would have set up."""
     os.setsid()
@@ -145,6 +164,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> 
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    _set_command_line(list(request["command"]))
     sys.argv = list(request["argv"])
     sys.path[0] = request["path0"]
     numpy_random = sys.modules.get("numpy.random")
@@ -197,6 +217,20 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         _send(sock, {"id": request["id"], "pid": pid})
 
 
+def _exit_like_python(exc: BaseException) -> None:
+    """Print an uncaught exception without the zygote's and runpy's frames; exit as Python."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    sys.excepthook(type(exc), exc, tb)
+    if isinstance(exc, KeyboardInterrupt):  # Python ends by SIGINT then
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+
+
 def main(argv: list[str]) -> dict[str, Any] | None:
     """The zygote: ``zygote_process.py SOCK_FD PATH0 [PRELOAD,...]``; returns in a worker only."""
     for sig in IGNORED_SIGNALS:
@@ -218,7 +252,12 @@ if __name__ == "__main__":
     del _worker["env"]
     import runpy
 
-    if _worker["module"]:
-        runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-    else:
-        runpy.run_path(sys.argv[0], run_name="__main__")
+    try:
+        if _worker["module"]:
+            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as _exc:  # shown as a cold start shows it: from the script's frame
+        _exit_like_python(_exc)
