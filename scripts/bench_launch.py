@@ -35,13 +35,15 @@ from bench_netns import reexec_in_netns
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "bench_workers"
 BIN = Path(sys.executable).parent
-IMPLS = ("ours", "torch")
+IMPLS = ("ours", "warm", "torch")
+NAMES = {"ours": "elastic-run cold", "warm": "elastic-run warm", "torch": "torchrun"}
 
 
 def launcher(impl: str) -> list[str]:
     """The launcher's command line up to the script (standalone, two workers)."""
-    exe = "elastic-run" if impl == "ours" else "torchrun"
-    return [str(BIN / exe), "--standalone", "--nproc-per-node", "2"]
+    exe = "torchrun" if impl == "torch" else "elastic-run"
+    flags = {"ours": ["--no-warm-start"], "warm": ["--warm-start"]}.get(impl, [])
+    return [str(BIN / exe), *flags, "--standalone", "--nproc-per-node", "2"]
 
 
 def child_env() -> dict[str, str]:
@@ -122,14 +124,15 @@ def alternate(
 
 
 def summary(values: list[float | str]) -> tuple[float | None, str]:
-    """(median of the successful runs or None, 'median (min-max)' text with failures noted)."""
+    """(median or None, 'first / median / p90 / last' text of the successful runs, failures)."""
     ok = [v for v in values if isinstance(v, float)]
     failed = len(values) - len(ok)
     note = f", {failed} failed" if failed else ""
     if not ok:
         return None, f"all {failed} failed"
     med = statistics.median(ok)
-    return med, f"{med:.3f} ({min(ok):.3f}-{max(ok):.3f}{note})"
+    p90 = sorted(ok)[min(len(ok) - 1, int(0.9 * len(ok)))]
+    return med, f"{ok[0]:.2f} / {med:.2f} / {p90:.2f} / {ok[-1]:.2f}{note}"
 
 
 def main() -> None:
@@ -159,23 +162,30 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     print(
-        f"elastic-run vs torchrun, --standalone --nproc-per-node 2, {args.runs} alternating runs "
-        f"each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
+        f"elastic-run (cold, warm) vs torchrun, --standalone --nproc-per-node 2, {args.runs} "
+        f"alternating runs each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
         f"{load_after:.2f} after"
     )
-    print("(shared machine: figures are noisy; medians, with min-max in parentheses)")
+    print("(shared machine: figures are noisy; each cell: first / median / p90 / last, seconds)")
     print()
-    print(
-        f"| figure                            | {'elastic-run':>24} | {'torchrun':>24} | ours/torch |"
-    )
-    print(f"|-----------------------------------|{'-' * 25}:|{'-' * 25}:|-----------:|")
+    head = "".join(f" {NAMES[impl]:>30} |" for impl in IMPLS)
+    print(f"| figure                            |{head} cold/torch | warm/torch |")
+    rule = ("-" * 31 + ":|") * len(IMPLS)
+    print(f"|-----------------------------------|{rule}-----------:|-----------:|")
     for label, results in figures:
-        ours_med, ours_text = summary(results["ours"])
-        torch_med, torch_text = summary(results["torch"])
-        ratio = "-"
-        if ours_med is not None and torch_med:
-            ratio = f"{ours_med / torch_med:.2f}"
-        print(f"| {label:33} | {ours_text:>24} | {torch_text:>24} | {ratio:>10} |")
+        meds, cells = {}, ""
+        for impl in IMPLS:
+            meds[impl], text = summary(results[impl])
+            cells += f" {text:>30} |"
+        ratios = []
+        for impl in ("ours", "warm"):
+            mine, theirs = meds[impl], meds["torch"]
+            ratios.append(f"{mine / theirs:.2f}" if mine is not None and theirs else "-")
+        print(f"| {label:33} |{cells} {ratios[0]:>10} | {ratios[1]:>10} |")
+    for label, results in figures:
+        for impl in IMPLS:
+            for value in dict.fromkeys(v for v in results[impl] if isinstance(v, str)):
+                print(f"{label} {NAMES[impl]}: FAILED ({value})")
 
 
 if __name__ == "__main__":
