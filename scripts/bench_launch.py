@@ -1,10 +1,14 @@
-"""Benchmark single-node launch and restart: elastic-run against torchrun, side by side.
+"""Benchmark single-node launch and restart: elastic-run (cold and warm) against torchrun.
 
-Both launchers run in the same invocation, alternating (ours, torch, torch, ours, ...), so a
-load that comes and goes on the machine falls on both alike; medians and the ratio are printed.
+The three (elastic-run cold, elastic-run ``--warm-start``, torchrun) run in the same
+invocation, alternating (cold, warm, torch, torch, warm, cold, ...), so a load that comes and
+goes on the machine falls on all alike; each cell is first / median / p90 / last, and the
+ratios of the medians to torchrun's are printed.
 
 (a) launch: the wall time of ``--standalone --nproc-per-node 2`` over a worker that only prints
     its rank (scripts/bench_workers/print_rank.py), from spawning the launcher to its exit.
+(c) launch with torch: as (a), over a worker that imports torch first
+    (scripts/bench_workers/print_rank_torch.py): what a warm start saves or costs at launch.
 (b) restart: ``--standalone --nproc-per-node 2 --max-restarts 1`` over
     scripts/bench_workers/restart_stamp.py; local rank 1 stamps time.time() just before it exits
     1 on attempt 0, and again as its first line on attempt 1. The figure is the difference.
@@ -82,6 +86,12 @@ def launch_once(impl: str, timeout_s: float) -> float | str:
     return error if error else wall
 
 
+def launch_torch_once(impl: str, timeout_s: float) -> float | str:
+    """(c): as (a), with a worker that imports torch."""
+    wall, error = run_job([*launcher(impl), str(WORKERS / "print_rank_torch.py")], timeout_s)
+    return error if error else wall
+
+
 def restart_once(impl: str, timeout_s: float) -> float | str:
     """(b): seconds from rank 1's failure to its restarted self's first line, or why not."""
     with tempfile.TemporaryDirectory() as tmp:
@@ -140,7 +150,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5, help="runs per launcher and figure")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per job")
-    parser.add_argument("--only", choices=["launch", "restart"], help="run one figure only")
+    parser.add_argument(
+        "--only", choices=["launch", "launch-torch", "restart"], help="run one figure only"
+    )
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     args = parser.parse_args()
     if not args.no_unshare:
@@ -151,6 +163,13 @@ def main() -> None:
     if args.only in (None, "launch"):
         figures.append(
             ("(a) 2-worker launch, wall (s)", alternate(launch_once, args.runs, args.timeout, "a"))
+        )
+    if args.only in (None, "launch-torch"):
+        figures.append(
+            (
+                "(c) 2-worker launch, import torch",
+                alternate(launch_torch_once, args.runs, args.timeout, "c"),
+            )
         )
     if args.only in (None, "restart"):
         figures.append(

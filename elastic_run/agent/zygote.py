@@ -64,6 +64,8 @@ _PROGRAM = Path(__file__).with_name("zygote_process.py")
 _REPLY_TIMEOUT_S = 30.0
 # Room in the zygote's argv area for a worker's command line (``ps`` shows the worker's command).
 _PADDING = " " * 2048
+# Room in its environment area for a worker's environment (what /proc/PID/environ shows).
+_ENV_PADDING = "_" * 16384
 _MAX_MESSAGE_BYTES = 1 << 20
 
 
@@ -171,7 +173,7 @@ class Zygote:
             self._proc = subprocess.Popen(
                 [*prefix, self.python, str(_PROGRAM), str(child.fileno()), self._path0]
                 + [",".join(self._preload), _PADDING],
-                env=self.env,
+                env={**self.env, "ELASTIC_RUN_ZYGOTE_PADDING": _ENV_PADDING},
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
                 pass_fds=(child.fileno(),),

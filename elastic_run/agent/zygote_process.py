@@ -33,6 +33,7 @@ Invariants:
 from __future__ import annotations
 
 import ctypes
+import gc
 import importlib
 import io
 import json
@@ -55,6 +56,7 @@ IGNORED_SIGNALS = (
     signal.SIGUSR2,
 )
 _PR_SET_PDEATHSIG = 1
+_PADDING_KEY = "ELASTIC_RUN_ZYGOTE_PADDING"  # the zygote's last variable: room for a worker's
 _MAX_MESSAGE_BYTES = 1 << 20
 
 
@@ -92,6 +94,9 @@ def _prepare(preload: list[str]) -> dict[str, Any]:
         }
     if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
         return {"ready": False, "reason": "CUDA was initialized while preloading"}
+    # Forked workers then never traverse (and so never copy) the zygote's objects in a GC pass.
+    gc.collect()
+    gc.freeze()
     return {"ready": True, "tasks": tasks}
 
 
@@ -111,23 +116,50 @@ def _stream(fd: int, *, unbuffered: bool, line: bool, like: Any) -> io.TextIOWra
     )
 
 
-def _set_command_line(argv: list[str]) -> None:
-    """Show the worker's command in ``ps`` and /proc/PID/cmdline: rewrite the argv area in place.
+def _rewrite_environ_area(items: list[bytes], marker: bytes) -> None:
+    """Rewrite the environment area that /proc/PID/environ shows, from ``marker`` on.
 
-    The zygote was started with a padding argument, so the area holds most commands; a longer
-    one is cut (the worker's own ``sys.argv`` is not).
+    The entries before the marker (the padding entry, the zygote's last) keep their bytes, so a
+    native library that kept a ``getenv`` pointer into them still reads its value. What does
+    not fit is cut at an item.
     """
     try:
         with open("/proc/self/stat", "rb") as stat:
             fields = stat.read().rpartition(b")")[2].split()
-        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end (fields 48, 49)
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end
+    except (OSError, IndexError, ValueError):
+        return
+    found = (b"\0" + ctypes.string_at(start, end - start)).find(b"\0" + marker)
+    if found < 0:
+        return
+    start += found
+    size = end - start
+    text = b""
+    for item in items:
+        if len(text) + len(item) + 1 > size - 1:
+            break
+        text += item + b"\0"
+    if size > 1 and text:
+        ctypes.memmove(start, text.ljust(size, b"\0"), size)
+
+
+def _set_command_line(argv: list[str]) -> None:
+    """Show the worker's command in ps and /proc/PID/cmdline, as setproctitle(3) does.
+
+    The argv area (padded at the zygote's start) gets the words joined by spaces, a NUL, then
+    spaces to its end: a last byte that is not NUL makes the kernel show the area up to its
+    first NUL, so no trailing empty arguments appear (psutil splits such a title at spaces).
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
     except (OSError, IndexError, ValueError):
         return
     size = end - start
-    if size <= 1:
-        return
-    text = b"\0".join(os.fsencode(a) for a in argv)[: size - 1]
-    ctypes.memmove(start, text.ljust(size, b"\0"), size)
+    text = b" ".join(os.fsencode(a) for a in argv)[: size - 2] + b"\0"
+    if size > 2:
+        ctypes.memmove(start, text.ljust(size, b" "), size)
 
 
 def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> None:
@@ -150,6 +182,7 @@ def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> 
     for fd in {devnull, *fds} - {0, 1, 2}:
         os.close(fd)
     os.chdir(request["cwd"])
+    inherited = dict(os.environ)
     os.environ.clear()
     os.environ.update(request["env"])
     unbuffered = bool(request["unbuffered"]) or bool(os.environ.get("PYTHONUNBUFFERED"))
@@ -164,7 +197,11 @@ def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> 
     for name, stream in streams.items():
         setattr(sys, name, stream)
         setattr(sys, f"__{name}__", stream)
+    # What ps, psutil and /proc/PID/{cmdline,environ} show: the worker's, as after a cold exec.
+    # (libc no longer points into the environment area once os.environ was replaced.)
     _set_command_line(list(request["command"]))
+    new = [f"{k}={v}" for k, v in request["env"].items() if inherited.get(k) != v]
+    _rewrite_environ_area([os.fsencode(item) for item in new], _PADDING_KEY.encode() + b"=")
     sys.argv = list(request["argv"])
     sys.path[0] = request["path0"]
     numpy_random = sys.modules.get("numpy.random")

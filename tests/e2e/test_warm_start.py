@@ -127,12 +127,13 @@ def test_a_warm_worker_starts_as_a_cold_one(launch: Launch, tmp_path: Path) -> N
                 probe["env"].pop(key, None)
         assert warm_probe["env"] == cold_probe["env"]
         same = [
-            "argv", "cmdline", "path0", "cwd", "name", "file", "own_session", "own_group",
+            "argv", "cmdline", "proc_environ_is_os_environ", "path0", "cwd", "name", "file", "own_session", "own_group",
             "pdeathsig", "dispositions", "blocked", "stdin", "stdout_line_buffering",
             "stderr_line_buffering", "stdout_write_through", "threads",
         ]  # fmt: skip
         assert {k: warm_probe[k] for k in same} == {k: cold_probe[k] for k in same}
         assert warm_probe["pdeathsig"] == signal.SIGKILL
+        assert warm_probe["proc_environ_is_os_environ"]
     warm_runs = runs["--warm-start"]
     assert warm_runs[0]["random"] != warm_runs[1]["random"]  # reseeded in each worker
     assert warm_runs[0]["numpy_random"] != warm_runs[1]["numpy_random"]

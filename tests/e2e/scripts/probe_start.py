@@ -14,11 +14,13 @@ import sys
 import threading
 from pathlib import Path
 
+import psutil
+
 libc = ctypes.CDLL(None, use_errno=True)
 pdeathsig = ctypes.c_int(0)
 libc.prctl(2, ctypes.byref(pdeathsig), 0, 0, 0)  # PR_GET_PDEATHSIG
 parent = Path(f"/proc/{os.getppid()}/cmdline").read_bytes().split(b"\0")
-own = Path("/proc/self/cmdline").read_bytes().rstrip(b"\0").split(b"\0")
+me = psutil.Process()
 restart = os.environ["TORCHELASTIC_RESTART_COUNT"]
 local_rank = os.environ["LOCAL_RANK"]
 dispositions = {}
@@ -37,7 +39,8 @@ if "numpy" in sys.modules:
 probe = {
     "env": dict(os.environ),
     "argv": sys.argv,
-    "cmdline": [a.decode() for a in own],
+    "cmdline": me.cmdline(),  # what ps and psutil show
+    "proc_environ_is_os_environ": me.environ() == dict(os.environ),
     "path0": sys.path[0],
     "cwd": os.getcwd(),
     "name": __name__,
