@@ -246,3 +246,14 @@ def test_nothing_outlives_a_killed_agent_warm(launch: Launch, tmp_path: Path) ->
         10,
         message=lambda: f"still alive: {[p for p in everyone if is_alive(p)]}",
     )
+
+
+def test_a_preload_that_starts_a_native_thread_is_refused(launch: Launch, tmp_path: Path) -> None:
+    # A thread that ``threading`` does not know of: only the count of /proc/self/task shows it.
+    agent = _preload_job(
+        launch, tmp_path, "import _thread, time\n_thread.start_new_thread(time.sleep, (600,))\n"
+    )
+    assert agent.wait(RUN) == 0, agent.describe()
+    line = _one_warning(agent)
+    assert "preloading started native threads" in line, line
+    assert not any(_read(tmp_path / "out", 0, lr)["warm"] for lr in (0, 1))
