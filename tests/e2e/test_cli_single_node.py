@@ -91,6 +91,7 @@ _BAD_INPUT_NAMES = [
     "health port out of range",
     "endpoint port out of range",
     "unwritable log-dir",
+    "preload not a module name",
 ]
 
 
