@@ -1,10 +1,14 @@
-"""Benchmark single-node launch and restart: elastic-run against torchrun, side by side.
+"""Benchmark single-node launch and restart: elastic-run (cold and warm) against torchrun.
 
-Both launchers run in the same invocation, alternating (ours, torch, torch, ours, ...), so a
-load that comes and goes on the machine falls on both alike; medians and the ratio are printed.
+The three (elastic-run cold, elastic-run ``--warm-start``, torchrun) run in the same
+invocation, alternating (cold, warm, torch, torch, warm, cold, ...), so a load that comes and
+goes on the machine falls on all alike; each cell is first / median / p90 / last, and the
+ratios of the medians to torchrun's are printed.
 
 (a) launch: the wall time of ``--standalone --nproc-per-node 2`` over a worker that only prints
     its rank (scripts/bench_workers/print_rank.py), from spawning the launcher to its exit.
+(c) launch with torch: as (a), over a worker that imports torch first
+    (scripts/bench_workers/print_rank_torch.py): what a warm start saves or costs at launch.
 (b) restart: ``--standalone --nproc-per-node 2 --max-restarts 1`` over
     scripts/bench_workers/restart_stamp.py; local rank 1 stamps time.time() just before it exits
     1 on attempt 0, and again as its first line on attempt 1. The figure is the difference.
@@ -35,13 +39,15 @@ from bench_netns import reexec_in_netns
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "bench_workers"
 BIN = Path(sys.executable).parent
-IMPLS = ("ours", "torch")
+IMPLS = ("ours", "warm", "torch")
+NAMES = {"ours": "elastic-run cold", "warm": "elastic-run warm", "torch": "torchrun"}
 
 
 def launcher(impl: str) -> list[str]:
     """The launcher's command line up to the script (standalone, two workers)."""
-    exe = "elastic-run" if impl == "ours" else "torchrun"
-    return [str(BIN / exe), "--standalone", "--nproc-per-node", "2"]
+    exe = "torchrun" if impl == "torch" else "elastic-run"
+    flags = {"ours": ["--no-warm-start"], "warm": ["--warm-start"]}.get(impl, [])
+    return [str(BIN / exe), *flags, "--standalone", "--nproc-per-node", "2"]
 
 
 def child_env() -> dict[str, str]:
@@ -77,6 +83,12 @@ def run_job(command: list[str], timeout_s: float) -> tuple[float, str | None]:
 def launch_once(impl: str, timeout_s: float) -> float | str:
     """(a): seconds from spawning the launcher to its exit, or why it failed."""
     wall, error = run_job([*launcher(impl), str(WORKERS / "print_rank.py")], timeout_s)
+    return error if error else wall
+
+
+def launch_torch_once(impl: str, timeout_s: float) -> float | str:
+    """(c): as (a), with a worker that imports torch."""
+    wall, error = run_job([*launcher(impl), str(WORKERS / "print_rank_torch.py")], timeout_s)
     return error if error else wall
 
 
@@ -122,14 +134,15 @@ def alternate(
 
 
 def summary(values: list[float | str]) -> tuple[float | None, str]:
-    """(median of the successful runs or None, 'median (min-max)' text with failures noted)."""
+    """(median or None, 'first / median / p90 / last' text of the successful runs, failures)."""
     ok = [v for v in values if isinstance(v, float)]
     failed = len(values) - len(ok)
     note = f", {failed} failed" if failed else ""
     if not ok:
         return None, f"all {failed} failed"
     med = statistics.median(ok)
-    return med, f"{med:.3f} ({min(ok):.3f}-{max(ok):.3f}{note})"
+    p90 = sorted(ok)[min(len(ok) - 1, int(0.9 * len(ok)))]
+    return med, f"{ok[0]:.2f} / {med:.2f} / {p90:.2f} / {ok[-1]:.2f}{note}"
 
 
 def main() -> None:
@@ -137,7 +150,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--runs", type=int, default=5, help="runs per launcher and figure")
     parser.add_argument("--timeout", type=float, default=120.0, help="seconds per job")
-    parser.add_argument("--only", choices=["launch", "restart"], help="run one figure only")
+    parser.add_argument(
+        "--only", choices=["launch", "launch-torch", "restart"], help="run one figure only"
+    )
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     args = parser.parse_args()
     if not args.no_unshare:
@@ -149,6 +164,13 @@ def main() -> None:
         figures.append(
             ("(a) 2-worker launch, wall (s)", alternate(launch_once, args.runs, args.timeout, "a"))
         )
+    if args.only in (None, "launch-torch"):
+        figures.append(
+            (
+                "(c) 2-worker launch, import torch",
+                alternate(launch_torch_once, args.runs, args.timeout, "c"),
+            )
+        )
     if args.only in (None, "restart"):
         figures.append(
             (
@@ -159,23 +181,30 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     print(
-        f"elastic-run vs torchrun, --standalone --nproc-per-node 2, {args.runs} alternating runs "
-        f"each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
+        f"elastic-run (cold, warm) vs torchrun, --standalone --nproc-per-node 2, {args.runs} "
+        f"alternating runs each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
         f"{load_after:.2f} after"
     )
-    print("(shared machine: figures are noisy; medians, with min-max in parentheses)")
+    print("(shared machine: figures are noisy; each cell: first / median / p90 / last, seconds)")
     print()
-    print(
-        f"| figure                            | {'elastic-run':>24} | {'torchrun':>24} | ours/torch |"
-    )
-    print(f"|-----------------------------------|{'-' * 25}:|{'-' * 25}:|-----------:|")
+    head = "".join(f" {NAMES[impl]:>30} |" for impl in IMPLS)
+    print(f"| figure                            |{head} cold/torch | warm/torch |")
+    rule = ("-" * 31 + ":|") * len(IMPLS)
+    print(f"|-----------------------------------|{rule}-----------:|-----------:|")
     for label, results in figures:
-        ours_med, ours_text = summary(results["ours"])
-        torch_med, torch_text = summary(results["torch"])
-        ratio = "-"
-        if ours_med is not None and torch_med:
-            ratio = f"{ours_med / torch_med:.2f}"
-        print(f"| {label:33} | {ours_text:>24} | {torch_text:>24} | {ratio:>10} |")
+        meds, cells = {}, ""
+        for impl in IMPLS:
+            meds[impl], text = summary(results[impl])
+            cells += f" {text:>30} |"
+        ratios = []
+        for impl in ("ours", "warm"):
+            mine, theirs = meds[impl], meds["torch"]
+            ratios.append(f"{mine / theirs:.2f}" if mine is not None and theirs else "-")
+        print(f"| {label:33} |{cells} {ratios[0]:>10} | {ratios[1]:>10} |")
+    for label, results in figures:
+        for impl in IMPLS:
+            for value in dict.fromkeys(v for v in results[impl] if isinstance(v, str)):
+                print(f"{label} {NAMES[impl]}: FAILED ({value})")
 
 
 if __name__ == "__main__":

@@ -119,9 +119,11 @@ class Job:
     agents: dict[str, subprocess.Popen[bytes]] = field(default_factory=dict)
 
     def command(self, port: int, run_id: str, node: str) -> list[str]:
-        exe = "elastic-run" if self.impl == "ours" else "torchrun"
+        exe = "torchrun" if self.impl == "torch" else "elastic-run"
+        flags = {"ours": ["--no-warm-start"], "warm": ["--warm-start"]}.get(self.impl, [])
         command = [
             str(BIN / exe),
+            *flags,
             "--nnodes",
             self.nnodes,
             "--nproc-per-node",
@@ -303,16 +305,19 @@ def measure(
                 shutil.copytree(tmp, dest)
 
 
+_NAMES = {"ours": "elastic-run cold", "warm": "elastic-run warm", "torch": "torchrun"}
+
+
 def summary(values: list[Outcome], attr: str) -> tuple[float | None, str]:
-    """(median or None, 'median (min-max)' text noting the runs where it did not happen)."""
+    """(median or None, 'first / median / p90 / last' text noting the runs that never did)."""
     ok = [x for v in values if (x := getattr(v, attr)) is not None]
     if not ok:
         return None, f"never, {len(values)} of {len(values)} runs"
     med = statistics.median(ok)
+    p90 = sorted(ok)[min(len(ok) - 1, int(0.9 * len(ok)))]
     missed = len(values) - len(ok)
     note = f", {missed} of {len(values)} never" if missed else ""
-    digits = 3 if med < 1 else 2
-    return med, f"{med:.{digits}f} ({min(ok):.{digits}f}-{max(ok):.{digits}f}{note})"
+    return med, f"{ok[0]:.2f} / {med:.2f} / {p90:.2f} / {ok[-1]:.2f}{note}"
 
 
 def shown(value: Outcome) -> str:
@@ -340,7 +345,9 @@ def main() -> None:
     parser.add_argument("--only", choices=["a", "b"], help="run one figure only")
     parser.add_argument("--skip-torch-lct1", action="store_true", help="no last_call_timeout=1 row")
     parser.add_argument(
-        "--launcher", choices=["ours", "torch"], help="run one launcher only (default: both)"
+        "--launcher",
+        choices=["ours", "warm", "torch"],
+        help="run one launcher only (default: all; ours: elastic-run cold, warm: --warm-start)",
     )
     parser.add_argument("--keep-logs", metavar="DIR", help="copy each run's logs and steps here")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
@@ -350,9 +357,9 @@ def main() -> None:
 
     rows: list[tuple[str, str, str]] = []  # (figure, impl, rdzv_conf)
     if args.only in (None, "a"):
-        rows += [("a", "ours", ""), ("a", "torch", "")]
+        rows += [("a", "ours", ""), ("a", "warm", ""), ("a", "torch", "")]
     if args.only in (None, "b"):
-        rows += [("b", "ours", ""), ("b", "torch", "")]
+        rows += [("b", "ours", ""), ("b", "warm", ""), ("b", "torch", "")]
         if not args.skip_torch_lct1:
             rows.append(("b", "torch", "last_call_timeout=1"))
     if args.launcher:
@@ -378,7 +385,9 @@ def main() -> None:
         f"per row, bound {args.bound:g} s, {os.cpu_count()} CPUs, load average "
         f"{load_before:.2f} before / {load_after:.2f} after"
     )
-    print("(shared machine: figures are noisy; medians, min-max in parentheses; 'spawned': until")
+    print(
+        "(shared machine: figures are noisy; each cell: first / median / p90 / last; 'spawned': until"
+    )
     print(" the last new worker's first line, before it imports torch; 'from the exit': from the")
     print(" failed worker process's end, after its own interpreter teardown)")
     print()
@@ -394,7 +403,7 @@ def main() -> None:
     print(f"|{'-' * 24}|{'-' * 40}|" + "".join(f"{'-' * 35}:|" for _ in columns))
     for row in rows:
         figure, impl, conf = row
-        name = "elastic-run" if impl == "ours" else "torchrun"
+        name = _NAMES[impl]
         launcher = f"{name} ({conf})" if conf else f"{name} (defaults)"
         # (b) has no failed worker process: no figure "from the exit".
         texts = [
@@ -406,10 +415,14 @@ def main() -> None:
     print()
     for figure in ("a", "b"):
         for name, attr in columns:
-            ours = summary(results.get((figure, "ours", ""), []), attr)[0]
             theirs = summary(results.get((figure, "torch", ""), []), attr)[0]
-            if ours is not None and theirs:  # (b) from the exit: None on both sides
-                print(f"({figure}) {name}: elastic-run / torchrun (defaults) = {ours / theirs:.2f}")
+            for impl in ("ours", "warm"):
+                ours = summary(results.get((figure, impl, ""), []), attr)[0]
+                if ours is not None and theirs:  # (b) from the exit: None on both sides
+                    print(
+                        f"({figure}) {name}: {_NAMES[impl]} / torchrun (defaults) = "
+                        f"{ours / theirs:.2f}"
+                    )
     for row in rows:
         for note in dict.fromkeys(v.note for v in results[row] if v.note):
             print(f"({row[0]}) {row[1]} {row[2]}: {note}".replace("  ", " "))

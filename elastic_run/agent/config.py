@@ -95,6 +95,8 @@ class AgentOptions:
             CUDA_VISIBLE_DEVICES (torchrun's --virtual-local-rank).
         numa_binding: bind each worker to the CPUs near its GPU: node, socket, exclusive or
             core-complex (torchrun's --numa-binding; None: no binding).
+        warm_start: fork Python workers from a per-node zygote that has torch imported.
+        preload: modules the zygote imports after torch.
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -110,6 +112,8 @@ class AgentOptions:
     duplicate_stderr_filters: tuple[str, ...] = ()
     virtual_local_rank: bool = False
     numa_binding: str | None = None
+    warm_start: bool = False
+    preload: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -170,3 +174,5 @@ class LaunchConfig:
     virtual_local_rank: bool = False
     numa_binding: str | None = None
     launcher_error_file: str | None = None
+    warm_start: bool = False
+    preload: tuple[str, ...] = ()

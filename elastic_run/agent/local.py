@@ -43,9 +43,15 @@ from elastic_run.agent.progress_duties import ProgressDuties
 from elastic_run.agent.simple import SimpleElasticAgent
 from elastic_run.agent.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.state_machine import Observation
+from elastic_run.agent.warm_start import WarmStarts
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
 from elastic_run.agent.worker_console import duplicate_filters, tee_prefix
-from elastic_run.agent.worker_env import build_worker_env, worker_argv
+from elastic_run.agent.worker_env import (
+    build_worker_env,
+    python_command,
+    shared_worker_env,
+    worker_argv,
+)
 from elastic_run.errors import AgentError, ConfigurationError
 
 __all__ = ["LocalElasticAgent"]
@@ -125,6 +131,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._host = socket.gethostname()
         self._progress = ProgressDuties(opts.progress, self._host)
         self._expiry_where: dict[int, str] = {}
+        self._warm = WarmStarts(
+            enabled=opts.warm_start and self._functions is None,
+            preload=opts.preload,
+            emit=lambda kind, message, fields: self._emit(kind, message, **fields),
+        )
 
     @property
     def run_log_dir(self) -> Path:
@@ -141,6 +152,14 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _setup(self) -> None:
         opts = self._options
         self._guardian.start()
+        if isinstance(self._spec.entrypoint, str):
+            env = shared_worker_env(
+                self._base_env(),
+                local_world_size=self._spec.local_world_size,
+                extra=dict(opts.extra_env),
+            )
+            argv = worker_argv(self._spec, 0)
+            self._warm.begin(argv, env.get("PYTHON_EXEC") or python_command(), os.getcwd(), env)
         if opts.watchdog:
             path = opts.timer_file or str(self._run_dir / "watchdog.fifo")
             self._watchdog = FileTimerServer(
@@ -207,6 +226,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._watchdog is not None:
             self._watchdog.stop()
             self._watchdog = None
+        self._warm.close()
         self._guardian.close()
         if self._functions is not None:
             self._functions.close()
@@ -271,12 +291,17 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     # -- workers -------------------------------------------------------------------------
 
+    def _base_env(self) -> dict[str, str]:
+        base = self._options.base_env
+        return dict(base) if base is not None else dict(os.environ)
+
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         spec, group = self._spec, worker_group
         handler = spec.rdzv_handler
+        self._warm.before_attempt()
         envs = {
             w.local_rank: build_worker_env(
-                dict(self._options.base_env) if self._options.base_env is not None else os.environ,
+                self._base_env(),
                 group=group,
                 local_rank=w.local_rank,
                 restart_count=self.restarts,
@@ -307,6 +332,11 @@ class LocalElasticAgent(SimpleElasticAgent):
         launches = []
         for worker in group.workers:
             lr = worker.local_rank
+            argv = (
+                ()
+                if functions
+                else numa_wrapped(tuple(worker_argv(spec, lr)), lr, self._options.numa_binding)
+            )
             error_file = Path(dest.error_files[lr])
             error_file.unlink(missing_ok=True)
             envs[lr]["TORCHELASTIC_ERROR_FILE"] = str(error_file)
@@ -315,16 +345,14 @@ class LocalElasticAgent(SimpleElasticAgent):
                 WorkerLaunch(
                     local_rank=lr,
                     global_rank=worker.global_rank,
-                    argv=(functions.name,)
-                    if functions
-                    else numa_wrapped(tuple(worker_argv(spec, lr)), lr, self._options.numa_binding),
+                    argv=(functions.name,) if functions else tuple(argv),
                     env=envs[lr],
                     log_dir=error_file.parent,
                     redirect=self._logs_specs.redirect_for(lr),
                     tee=self._logs_specs.tee_for(lr),
                     show_on_console=self._logs_specs.shows_on_console(lr),
                     error_file=error_file,
-                    start=functions.start if functions else None,
+                    start=functions.start if functions else self._warm.start_for(argv, envs[lr]),
                     tee_prefix=tee_prefix(
                         self._log_line_prefix_template,
                         role=spec.role,

@@ -45,7 +45,14 @@ from elastic_run.agent.output import LineFilter, StreamName, WorkerOutput
 from elastic_run.errors import AgentError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
-__all__ = ["WorkerExit", "WorkerLaunch", "WorkerProcess", "WorkerProcesses", "WorkerStart"]
+__all__ = [
+    "WorkerExit",
+    "WorkerLaunch",
+    "WorkerProcess",
+    "WorkerProcesses",
+    "WorkerStart",
+    "start_program",
+]
 
 logger = logging.getLogger(__name__)
 
@@ -122,6 +129,32 @@ class WorkerExit:
     pid: int
     exitcode: int
     finished_at: float
+
+
+def start_program(
+    launch: WorkerLaunch, stdout: int | IO[bytes], stderr: int | IO[bytes]
+) -> WorkerProcess:
+    """Start ``launch.argv`` cold: a new interpreter in its own session, with the death signal.
+
+    Raises:
+        OSError: the program cannot be started.
+        subprocess.SubprocessError: ``preexec_fn`` failed.
+    """
+    argv, env = list(launch.argv), dict(launch.env)
+    prefix = death_signal_prefix()
+    if prefix and argv and shutil.which(argv[0], path=env.get("PATH")) is None:
+        # Found by Popen itself otherwise: say so the same way, not as exit 127.
+        raise FileNotFoundError(f"no such executable: {argv[0]!r}")
+    return subprocess.Popen(
+        [*prefix, *argv],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=stdout,
+        stderr=stderr,
+        start_new_session=True,
+        preexec_fn=None if prefix else set_parent_death_signal,
+        close_fds=True,
+    )
 
 
 class _Worker:
@@ -207,26 +240,12 @@ class WorkerProcesses:
             raise AgentError(
                 f"cannot set up the output of worker local_rank {launch.local_rank}: {exc}"
             ) from exc
-        argv, env = list(launch.argv), dict(launch.env)
-        prefix = death_signal_prefix()
         proc: WorkerProcess
         try:
             if launch.start is not None:
                 proc = launch.start(launch, output.stdout, output.stderr)
-            elif prefix and argv and shutil.which(argv[0], path=env.get("PATH")) is None:
-                # Found by Popen itself otherwise: say so the same way, not as exit 127.
-                raise FileNotFoundError(f"no such executable: {argv[0]!r}")
             else:
-                proc = subprocess.Popen(
-                    [*prefix, *argv],
-                    env=env,
-                    stdin=subprocess.DEVNULL,
-                    stdout=output.stdout,
-                    stderr=output.stderr,
-                    start_new_session=True,
-                    preexec_fn=None if prefix else set_parent_death_signal,
-                    close_fds=True,
-                )
+                proc = start_program(launch, output.stdout, output.stderr)
         except (OSError, subprocess.SubprocessError, AgentError) as exc:
             output.close(timeout_s=0.0)
             argv0 = launch.argv[0] if launch.argv else "<empty command>"

@@ -18,6 +18,7 @@ from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "build_worker_env",
+    "shared_worker_env",
     "python_command",
     "worker_argv",
 ]
@@ -67,8 +68,7 @@ def build_worker_env(
     """
     worker = group.workers[local_rank]
     spec = group.spec
-    env = dict(base)
-    env.update(extra)
+    env = shared_worker_env(base, local_world_size=spec.local_world_size, extra=extra)
     env.update(
         {
             "LOCAL_RANK": str(local_rank),
@@ -91,13 +91,6 @@ def build_worker_env(
     if virtual_local_rank:
         env["LOCAL_RANK"] = "0"
         env["CUDA_VISIBLE_DEVICES"] = _own_device(base.get("CUDA_VISIBLE_DEVICES"), local_rank)
-    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
-    if (
-        spec.local_world_size > 1
-        and "OMP_NUM_THREADS" not in base
-        and "OMP_NUM_THREADS" not in extra
-    ):
-        env["OMP_NUM_THREADS"] = "1"
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     return env
@@ -113,3 +106,15 @@ def _own_device(visible: str | None, local_rank: int) -> str:
             f"CUDA_VISIBLE_DEVICES={visible}"
         )
     return devices[local_rank].strip()
+
+
+def shared_worker_env(
+    base: Mapping[str, str], *, local_world_size: int, extra: Mapping[str, str] = {}
+) -> dict[str, str]:
+    """What every worker of the node gets besides its ranks: the zygote's environment too."""
+    env = dict(base)
+    env.update(extra)
+    env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
+    if local_world_size > 1 and "OMP_NUM_THREADS" not in base and "OMP_NUM_THREADS" not in extra:
+        env["OMP_NUM_THREADS"] = "1"
+    return env

@@ -172,6 +172,27 @@ def _log_dir(text: str | None) -> Path | None:
     return path
 
 
+def _warm_start(params: dict[str, Any], explicit: set[str], chosen: Chosen) -> bool:
+    """--warm-start, and the --print-config row that says why."""
+    given = params.get("warm_start")
+    if params["no_python"]:
+        warm, why = False, "--no-python: workers are programs, started cold"
+    elif given is not None:
+        warm, why = bool(given), "given"
+    else:
+        warm, why = False, "default (off: turn on with --warm-start)"
+    chosen.append(("warm_start", warm, why))
+    return warm
+
+
+def _preload(value: str) -> tuple[str, ...]:
+    names = tuple(name.strip() for name in value.split(",") if name.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigurationError(f"--preload: {name!r} is not a module name")
+    return names
+
+
 def _run_id(params: dict[str, Any], chosen: Chosen, notices: list[str]) -> str:
     """The safe run id; a notice (and a --print-config reason) when it differs from the given."""
     given = str(params["rdzv_id"])
@@ -328,6 +349,7 @@ def parse_launch_config(
     ranks_filter = parse_local_ranks(params["local_ranks_filter"])
     rdzv = _rendezvous(params, nodes, master_port, chosen, notices)
     progress = _progress(params)
+    warm_start = _warm_start(params, explicit, chosen)
     watchdog = params["watchdog"]
     if watchdog is None:
         watchdog = _truthy(env.get("TORCHELASTIC_ENABLE_FILE_TIMER"))
@@ -371,6 +393,8 @@ def parse_launch_config(
         live=params["live"],
         exit_barrier_timeout_s=durations.exit_barrier_timeout_s,
         progress=progress,
+        warm_start=warm_start,
+        preload=_preload(params["preload"]),
         **_torchrun_extras(params, env),
     )
     for name in _SHOWN_IN_PRINT_CONFIG:

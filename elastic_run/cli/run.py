@@ -133,6 +133,8 @@ def run_job(config: LaunchConfig) -> int:
                 duplicate_stderr_filters=config.duplicate_stderr_filters,
                 virtual_local_rank=config.virtual_local_rank,
                 numa_binding=config.numa_binding,
+                warm_start=config.warm_start,
+                preload=config.preload,
             ),
         )
     except (ElasticRunError, ValueError):

@@ -154,6 +154,12 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="File-timer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER).",
     ),
     _opt(
+        "--warm-start/--no-warm-start",
+        default=None,
+        help="Fork Python workers from a per-node zygote that has torch imported [off].",
+    ),
+    _opt("--preload", default="", help="Modules the zygote imports after torch: a,b.c."),
+    _opt(
         "--health-check-port",
         type=int,
         default=None,

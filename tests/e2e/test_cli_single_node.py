@@ -58,6 +58,7 @@ def _bad_input_cases(tmp: Path) -> dict[str, list[str]]:
         "module and no-python": ["-m", "--no-python", touch],
         "negative max-restarts": ["--max-restarts", "-1", touch],
         "malformed redirects": ["--redirects", "7", touch],
+        "preload not a module name": ["--preload", "a-b", touch],
         "malformed redirects map": ["--redirects", "0:x,1", touch],
         "malformed rdzv-conf": ["--rdzv-conf", "timeout", touch],
         "master port out of range": ["--master-port", "70000", touch],
@@ -90,6 +91,7 @@ _BAD_INPUT_NAMES = [
     "health port out of range",
     "endpoint port out of range",
     "unwritable log-dir",
+    "preload not a module name",
 ]
 
 

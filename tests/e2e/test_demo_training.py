@@ -31,10 +31,12 @@ TRAIN = [
 ]
 
 
-def _launch(tmp_path: Path, name: str, *train_args: str) -> tuple[subprocess.Popen[bytes], Path]:
+def _launch(
+    tmp_path: Path, name: str, *train_args: str, start: str = "--no-warm-start"
+) -> tuple[subprocess.Popen[bytes], Path]:
     out = tmp_path / f"{name}.log"
     proc = subprocess.Popen(
-        [*CLI, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-live",
+        [*CLI, start, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-live",
          *TRAIN, "--checkpoint-dir", str(tmp_path / name), *train_args],
         stdout=out.open("wb"),
         stderr=subprocess.STDOUT,
@@ -54,13 +56,15 @@ def _worker_of_rank(agent: psutil.Process, rank: str) -> psutil.Process | None:
     return None
 
 
-def test_training_survives_a_killed_worker(tmp_path: Path) -> None:
+@pytest.mark.parametrize("start", ["--no-warm-start", "--warm-start"])
+def test_training_survives_a_killed_worker(tmp_path: Path, start: str) -> None:
+    """The undisturbed run is cold; the killed one cold, then warm (the same steps and loss)."""
     calm, calm_log = _launch(tmp_path, "calm")
     assert calm.wait(180) == 0, calm_log.read_text()
     expected = json.loads((tmp_path / "calm" / "final.json").read_text())
     assert expected["steps"] == STEPS and expected["restarts"] == 0
 
-    agent, log = _launch(tmp_path, "killed", "--sleep-per-step", "0.05")
+    agent, log = _launch(tmp_path, "killed", "--sleep-per-step", "0.05", start=start)
     seen: list[int] = []
     try:
         # After the checkpoint of step 10, kill rank 1 outright (no error file, no cleanup).

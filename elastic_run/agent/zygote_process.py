@@ -1,0 +1,300 @@
+"""The zygote process: torch imported once per node, workers forked from it (warm starts).
+
+Run by path by the agent (``zygote.py``), with the environment every worker shares (the agent's,
+OMP_NUM_THREADS and the other launcher settings, none of the per-worker ranks), it imports torch
+and the ``--preload`` modules, checks that this left the process safe to fork, says whether it is
+ready, then serves spawn requests over a ``SOCK_SEQPACKET`` socket (fd ``--sock``), one JSON
+message each, the worker's stdout and stderr descriptors attached with ``SCM_RIGHTS``::
+
+    zygote -> agent   {"ready": true, "tasks": 2}      or {"ready": false, "reason": "..."}
+    agent  -> zygote  {"id": 7, "argv": [...], "env": {...}, "cwd": "...", "path0": "...",
+                       "module": false, "unbuffered": true}              + fds [stdout, stderr]
+    zygote -> agent   {"id": 7, "pid": 1234}                            or {"id": 7, "error": "..."}
+    zygote -> agent   {"exit": 1234, "code": -9}   (exit status; ``-signum`` for a signal)
+
+The forked child becomes the worker exactly as a cold ``python -u script`` would start: its own
+session, parent-death signal SIGKILL (it dies with the zygote, which dies with the agent),
+Python's default signal dispositions and an empty signal mask, stdin ``/dev/null``, the given
+stdout and stderr, the worker's cwd and complete environment, ``sys.argv`` and ``sys.path[0]``,
+fresh random seeds; then it leaves every frame of the zygote and runs the script with runpy as
+``__main__``, so interpreter exit (atexit, thread joins, flushes, exit status) is Python's own.
+
+Invariants:
+- Standard library only, besides torch and the preloads: no elastic_run import (run by path).
+- Safe to fork or not warm at all: no Python thread besides the main one, no more native
+  threads than ``import torch`` alone starts, CUDA not initialized; otherwise it reports not
+  ready with the reason and exits.
+- It ignores the job's signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2): a signal
+  meant for the step must not kill every worker through their parent-death signal. The agent
+  ends it by closing the socket (EOF) or with SIGKILL.
+- It reaps its children and reports each exit after the pid reply of that child.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import gc
+import importlib
+import io
+import json
+import os
+import select
+import signal
+import socket
+import sys
+import traceback
+from typing import Any
+
+__all__ = ["IGNORED_SIGNALS", "main"]
+
+IGNORED_SIGNALS = (
+    signal.SIGINT,
+    signal.SIGTERM,
+    signal.SIGHUP,
+    signal.SIGQUIT,
+    signal.SIGUSR1,
+    signal.SIGUSR2,
+)
+_PR_SET_PDEATHSIG = 1
+_PADDING_KEY = "ELASTIC_RUN_ZYGOTE_PADDING"  # the zygote's last variable: room for a worker's
+_MAX_MESSAGE_BYTES = 1 << 20
+
+
+def _tasks() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+def _prepare(preload: list[str]) -> dict[str, Any]:
+    """Import torch and the preloads; return the ready message (or why it is not ready)."""
+    import threading
+
+    try:
+        import torch
+    except Exception as exc:
+        return {"ready": False, "reason": f"import torch failed: {exc!r}"}
+    baseline = _tasks()
+    for name in preload:
+        try:
+            importlib.import_module(name)
+        except BaseException as exc:  # a preload may even call sys.exit
+            last = traceback.format_exception_only(type(exc), exc)[-1].strip()
+            return {"ready": False, "reason": f"preloading {name!r} failed: {last}"}
+    if threading.active_count() > 1:
+        names = sorted(t.name for t in threading.enumerate() if t is not threading.main_thread())
+        return {
+            "ready": False,
+            "reason": f"a preloaded module started a Python thread ({', '.join(names)})",
+        }
+    tasks = _tasks()
+    if tasks > baseline:
+        return {
+            "ready": False,
+            "reason": f"preloading started native threads ({tasks} threads, "
+            f"{baseline} after import torch alone)",
+        }
+    if torch.cuda.is_initialized():  # type: ignore[no-untyped-call]
+        return {"ready": False, "reason": "CUDA was initialized while preloading"}
+    # Forked workers then never traverse (and so never copy) the zygote's objects in a GC pass.
+    gc.collect()
+    gc.freeze()
+    return {"ready": True, "tasks": tasks}
+
+
+def _send(sock: socket.socket, message: dict[str, Any]) -> None:
+    sock.send(json.dumps(message).encode())
+
+
+def _stream(fd: int, *, unbuffered: bool, line: bool, like: Any) -> io.TextIOWrapper:
+    raw = io.FileIO(fd, "w", closefd=False)
+    buffer: Any = raw if unbuffered else io.BufferedWriter(raw)
+    return io.TextIOWrapper(
+        buffer,
+        encoding=getattr(like, "encoding", None) or "utf-8",
+        errors=getattr(like, "errors", None) or "strict",
+        line_buffering=line and not unbuffered,
+        write_through=unbuffered,
+    )
+
+
+def _rewrite_environ_area(items: list[bytes], marker: bytes) -> None:
+    """Rewrite the environment area that /proc/PID/environ shows, from ``marker`` on.
+
+    The entries before the marker (the padding entry, the zygote's last) keep their bytes, so a
+    native library that kept a ``getenv`` pointer into them still reads its value. What does
+    not fit is cut at an item.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end
+    except (OSError, IndexError, ValueError):
+        return
+    found = (b"\0" + ctypes.string_at(start, end - start)).find(b"\0" + marker)
+    if found < 0:
+        return
+    start += found
+    size = end - start
+    text = b""
+    for item in items:
+        if len(text) + len(item) + 1 > size - 1:
+            break
+        text += item + b"\0"
+    if size > 1 and text:
+        ctypes.memmove(start, text.ljust(size, b"\0"), size)
+
+
+def _set_command_line(argv: list[str]) -> None:
+    """Show the worker's command in ps and /proc/PID/cmdline, as setproctitle(3) does.
+
+    The argv area (padded at the zygote's start) gets the words joined by spaces, a NUL, then
+    spaces to its end: a last byte that is not NUL makes the kernel show the area up to its
+    first NUL, so no trailing empty arguments appear (psutil splits such a title at spaces).
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[45]), int(fields[46])  # arg_start, arg_end
+    except (OSError, IndexError, ValueError):
+        return
+    size = end - start
+    text = b" ".join(os.fsencode(a) for a in argv)[: size - 2] + b"\0"
+    if size > 2:
+        ctypes.memmove(start, text.ljust(size, b" "), size)
+
+
+def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> None:
+    """In the forked child: everything a cold start of the worker would have set up."""
+    os.setsid()
+    libc = ctypes.CDLL(None, use_errno=True)
+    libc.prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    if os.getppid() != zygote_pid:  # the zygote died before the signal was armed
+        os._exit(128 + signal.SIGKILL)
+    signal.set_wakeup_fd(-1)
+    for sig in (*IGNORED_SIGNALS, signal.SIGCHLD):
+        signal.signal(sig, signal.SIG_DFL)
+    signal.signal(signal.SIGINT, signal.default_int_handler)  # as the interpreter sets it
+    signal.pthread_sigmask(signal.SIG_SETMASK, set())
+    devnull = os.open(os.devnull, os.O_RDWR)
+    out, err = (fds[0], fds[1]) if len(fds) == 2 else (devnull, devnull)
+    os.dup2(devnull, 0)
+    os.dup2(out, 1)
+    os.dup2(err, 2)
+    for fd in {devnull, *fds} - {0, 1, 2}:
+        os.close(fd)
+    os.chdir(request["cwd"])
+    inherited = dict(os.environ)
+    os.environ.clear()
+    os.environ.update(request["env"])
+    unbuffered = bool(request["unbuffered"]) or bool(os.environ.get("PYTHONUNBUFFERED"))
+    streams = {
+        "stdin": io.TextIOWrapper(
+            io.BufferedReader(io.FileIO(0, "r", closefd=False)),
+            encoding=getattr(sys.stdin, "encoding", None) or "utf-8",
+        ),
+        "stdout": _stream(1, unbuffered=unbuffered, line=False, like=sys.stdout),
+        "stderr": _stream(2, unbuffered=unbuffered, line=True, like=sys.stderr),
+    }
+    for name, stream in streams.items():
+        setattr(sys, name, stream)
+        setattr(sys, f"__{name}__", stream)
+    # What ps, psutil and /proc/PID/{cmdline,environ} show: the worker's, as after a cold exec.
+    # (libc no longer points into the environment area once os.environ was replaced.)
+    _set_command_line(list(request["command"]))
+    new = [f"{k}={v}" for k, v in request["env"].items() if inherited.get(k) != v]
+    _rewrite_environ_area([os.fsencode(item) for item in new], _PADDING_KEY.encode() + b"=")
+    sys.argv = list(request["argv"])
+    sys.path[0] = request["path0"]
+    numpy_random = sys.modules.get("numpy.random")
+    if numpy_random is not None:  # seeded once at import: every worker would share it
+        numpy_random.seed()
+
+
+def _serve(sock: socket.socket) -> dict[str, Any] | None:
+    """Serve spawn requests until EOF; in a forked child, return its request."""
+    me = os.getpid()
+    wake_r, wake_w = os.pipe()
+    os.set_blocking(wake_w, False)
+    signal.set_wakeup_fd(wake_w)
+    signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    while True:
+        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        if wake_r in readable:
+            os.read(wake_r, 4096)
+        while True:  # reap every exited child, report it
+            try:
+                pid, status = os.waitpid(-1, os.WNOHANG)
+            except ChildProcessError:
+                break
+            if pid == 0:
+                break
+            _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
+        if sock.fileno() not in readable:
+            continue
+        data, fds, _, _ = socket.recv_fds(sock, _MAX_MESSAGE_BYTES, 2)
+        if not data:
+            return None
+        request: dict[str, Any] = json.loads(data)
+        try:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            pid = os.fork()
+        except OSError as exc:
+            for fd in fds:
+                os.close(fd)
+            _send(sock, {"id": request["id"], "error": str(exc)})
+            continue
+        if pid == 0:
+            sock.close()
+            os.close(wake_r)
+            os.close(wake_w)
+            _become_worker(request, fds, me)
+            return request
+        for fd in fds:
+            os.close(fd)
+        _send(sock, {"id": request["id"], "pid": pid})
+
+
+def _exit_like_python(exc: BaseException) -> None:
+    """Print an uncaught exception without the zygote's and runpy's frames; exit as Python."""
+    tb = exc.__traceback__
+    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+        tb = tb.tb_next
+    sys.excepthook(type(exc), exc, tb)
+    if isinstance(exc, KeyboardInterrupt):  # Python ends by SIGINT then
+        sys.stdout.flush()
+        sys.stderr.flush()
+        signal.signal(signal.SIGINT, signal.SIG_DFL)
+        os.kill(os.getpid(), signal.SIGINT)
+    sys.exit(1)
+
+
+def main(argv: list[str]) -> dict[str, Any] | None:
+    """The zygote: ``zygote_process.py SOCK_FD PATH0 [PRELOAD,...]``; returns in a worker only."""
+    for sig in IGNORED_SIGNALS:
+        signal.signal(sig, signal.SIG_IGN)
+    sock = socket.socket(fileno=int(argv[0]))
+    sys.path[0] = argv[1]
+    preload = [name for name in (argv[2] if len(argv) > 2 else "").split(",") if name]
+    ready = _prepare(preload)
+    _send(sock, ready)
+    if not ready["ready"]:
+        return None
+    return _serve(sock)
+
+
+if __name__ == "__main__":
+    _worker = main(sys.argv[1:])
+    if _worker is None:
+        sys.exit(0)
+    del _worker["env"]
+    import runpy
+
+    try:
+        if _worker["module"]:
+            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
+        else:
+            runpy.run_path(sys.argv[0], run_name="__main__")
+    except SystemExit:
+        raise
+    except BaseException as _exc:  # shown as a cold start shows it: from the script's frame
+        _exit_like_python(_exc)
