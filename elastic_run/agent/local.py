@@ -37,7 +37,6 @@ from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
 from elastic_run.agent.numa import numa_wrapped
-from elastic_run.agent.output import LineFilter, StreamName
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.agent.progress_duties import ProgressDuties
 from elastic_run.agent.simple import SimpleElasticAgent
@@ -320,7 +319,10 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
         except OSError as exc:
             raise AgentError(f"cannot create the log directory: {exc.strerror or exc}") from None
-        duplicates = self._duplicate_filters(dest.error_files)
+        opts = self._options
+        duplicates = duplicate_filters(
+            opts.duplicate_stdout_filters, opts.duplicate_stderr_filters, dest.error_files
+        )
         functions = self._functions
         if functions is not None:
             functions.prepare_attempt()
@@ -374,19 +376,6 @@ class LocalElasticAgent(SimpleElasticAgent):
             worker.id = pids.get(worker.local_rank)
         self._progress.started(pids)
         return dict(pids)
-
-    def _duplicate_filters(self, error_files: dict[int, str]) -> dict[StreamName, LineFilter]:
-        """This attempt's --duplicate-*-filters files, beside its ranks' directories."""
-        opts = self._options
-        if not (opts.duplicate_stdout_filters or opts.duplicate_stderr_filters) or not error_files:
-            return {}
-        attempt_dir = Path(next(iter(error_files.values()))).parent.parent
-        try:
-            return duplicate_filters(
-                opts.duplicate_stdout_filters, opts.duplicate_stderr_filters, attempt_dir
-            )
-        except OSError as exc:
-            raise AgentError(f"cannot create the filtered log: {exc.strerror or exc}") from None
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGTERM, int(self._shutdown_timeout))

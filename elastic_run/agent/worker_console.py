@@ -13,10 +13,12 @@ One concept: the per-worker console settings that torchrun derives from its flag
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from string import Template
 
 from elastic_run.agent.output import LineFilter, StreamName
+from elastic_run.errors import AgentError
 
 __all__ = ["duplicate_filters", "tee_prefix"]
 
@@ -41,26 +43,34 @@ def tee_prefix(template: str | None, *, role: str, rank: int, local_rank: int) -
 def duplicate_filters(
     stdout_needles: tuple[str, ...],
     stderr_needles: tuple[str, ...],
-    attempt_dir: Path,
+    error_files: Mapping[int, str],
 ) -> dict[StreamName, LineFilter]:
     """The filters of one attempt (an empty list of strings: no filter, no file).
 
     Args:
         stdout_needles: ``--duplicate-stdout-filters``.
         stderr_needles: ``--duplicate-stderr-filters``.
-        attempt_dir: ``<run log dir>/attempt_<n>``.
+        error_files: the attempt's error files by local rank
+            (``<run log dir>/attempt_<n>/<local rank>/error.json``); the filtered logs go in
+            ``attempt_<n>``.
 
     Returns:
         The filter of each stream that has strings.
 
     Raises:
-        OSError: a file cannot be created.
+        AgentError: a file cannot be created.
     """
     filters: dict[StreamName, LineFilter] = {}
+    if not (stdout_needles or stderr_needles) or not error_files:
+        return filters
+    attempt_dir = Path(next(iter(error_files.values()))).parent.parent
     for stream, needles in (
         (StreamName.STDOUT, stdout_needles),
         (StreamName.STDERR, stderr_needles),
     ):
         if needles:
-            filters[stream] = LineFilter(needles, attempt_dir / f"filtered_{stream.value}.log")
+            try:
+                filters[stream] = LineFilter(needles, attempt_dir / f"filtered_{stream.value}.log")
+            except OSError as exc:
+                raise AgentError(f"cannot create the filtered log: {exc.strerror or exc}") from None
     return filters
