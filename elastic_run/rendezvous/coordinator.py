@@ -120,10 +120,18 @@ class Coordinator:
             return tick
         return max(0.01, min(tick, self._next_at - now))
 
-    def step(self, now: float) -> None:
-        """One look at the round: watch the predecessor, or coordinate (and maybe seal)."""
+    def step(self, now: float, *, coordinate: bool = False) -> None:
+        """One look at the round: watch the predecessor, or coordinate (and maybe seal).
+
+        Args:
+            coordinate: coordinate whatever the predecessors (the arrival that brought the
+                count to max: it seals at once when the protocol finds max arrivals alive).
+        """
         stale = self._round.stale_after_s
         self._beats = self._with_notices(self._beats)
+        if coordinate:
+            self._coordinate(now)
+            return
         self._load_predecessors(now, stale)
         pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
         if pred is not None:

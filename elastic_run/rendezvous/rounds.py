@@ -243,7 +243,7 @@ class Rounds:
             # The first arrival decides now (a re-forming round whose other nodes are all known
             # lost completes at once); the arrival that brings the count to max seals at once
             # if the protocol finds the max arrivals alive.
-            coordinator.step(self._clock())
+            coordinator.step(self._clock(), coordinate=index + 1 == self._round.max_nodes)
         seal_key = keys.seal(r)
         while True:
             if self._backend.wait_for([seal_key], coordinator.next_wait(self._clock())):
