@@ -192,9 +192,7 @@ def _child(args: argparse.Namespace) -> None:
         t.start()
     for t in closers:
         t.join(120)
-    control.set(
-        f"shut/{args.child_index}", json.dumps({"shut": shut, "errors": shut_errors[:3]})
-    )
+    control.set(f"shut/{args.child_index}", json.dumps({"shut": shut, "errors": shut_errors[:3]}))
     os._exit(0)
 
 
@@ -209,7 +207,7 @@ def _server_traffic(port: int) -> tuple[int, int, int]:
         text=True,
         check=False,
     ).stdout
-    conns = len(re.findall(r"\n?\S*\s*\S+:%d\s" % port, out))
+    conns = sum(1 for line in out.splitlines() if line and not line[0].isspace())
     segs = sum(int(x) for x in re.findall(r"data_segs_in:(\d+)", out))
     nbytes = sum(int(x) for x in re.findall(r"bytes_received:(\d+)", out))
     return conns, segs, nbytes
@@ -340,11 +338,12 @@ def _print_row(row: dict[str, Any]) -> None:
         print(f"{label}: FAILED: {row['error']}", flush=True)
         return
     status = f"FAILED: {row['error']}" if "error" in row else "ok"
+    sealed = f"; round 0 sealed at {row['sealed']:.2f}" if row.get("sealed") else ""
     print(
         f"{label}: {status}\n"
         f"    return s (first/median/p90/last): {_spread(row['ends'])}"
         f" ({len(row['ends'])} of {row['n']} returned)"
-        f"{'; round 0 sealed at %.2f' % row['sealed'] if row.get('sealed') else ''}\n"
+        f"{sealed}\n"
         f"    members declared gone: {row['gone']}; rounds formed: {row['rounds'] or '-'}"
         f" (store round at the end of the hold: {row['store_round']})\n"
         f"    threads per node: {row['py_threads']:.2f} Python, {row['os_threads']:.2f} OS;"

@@ -88,7 +88,7 @@ class LivenessThread:
         self._last_ok = clock()
         self._error: str | None = None
         self._successor = ""
-        self._beats = proto.Heartbeats()
+        self._beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
         self._stop = threading.Event()
         self._poke = threading.Event()
         self._thread: threading.Thread | None = None
@@ -172,7 +172,8 @@ class LivenessThread:
         successor = position.successor if position is not None else self._successor
         if successor != self._successor:
             with self._lock:
-                self._successor, self._beats = successor, proto.Heartbeats()
+                self._successor = successor
+                self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         if not successor:
             return
         (beat,) = self._backend.read_heartbeats([successor])
