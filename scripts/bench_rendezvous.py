@@ -213,6 +213,31 @@ def _server_traffic(port: int) -> tuple[int, int, int]:
     return conns, segs, nbytes
 
 
+def _wait_results(
+    control: Any, store: Any, run_id: str, procs: int, limit_s: float, progress: bool, t0: float
+) -> bool:
+    """Wait for every child's result; with ``progress``, say what the store holds every 5 s."""
+    from torch.distributed import PrefixStore
+
+    view = PrefixStore(f"elastic-run/{run_id}/", store)
+    wanted = [f"result/{i}" for i in range(procs)]
+    while time.monotonic() - t0 < limit_s:
+        if control.check(wanted):
+            return True
+        try:
+            control.wait(wanted, timedelta(seconds=5))
+            return True
+        except Exception:  # noqa: BLE001, S112 - not yet
+            pass
+        if progress:
+            seen = {k: view.get(k).decode() if view.check([k]) else "-" for k in _PROGRESS_KEYS}
+            print(f"    {time.monotonic() - t0:6.1f} s: {seen}", flush=True)
+    return control.check(wanted)
+
+
+_PROGRESS_KEYS = ("round", "r0/arrivals", "r1/arrivals", "epoch")
+
+
 def _wait_seal(store: Any, run_id: str, sealed: list[float]) -> None:
     from torch.distributed import PrefixStore, TCPStore
 
@@ -267,10 +292,8 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             threading.Thread(target=_wait_seal, args=(store, run_id, sealed), daemon=True).start()
         t0 = time.monotonic()
         control.set("go", "1")
-        try:
-            control.wait([f"result/{i}" for i in range(procs)], timedelta(seconds=timeout_s + 40))
-        except Exception as exc:  # noqa: BLE001 - a trial that never ends is a result
-            row["error"] = f"no result within {timeout_s:g} s ({type(exc).__name__})"
+        if not _wait_results(control, store, run_id, procs, timeout_s + 40, args.progress, t0):
+            row["error"] = f"no result within {timeout_s + 40:g} s"
             return row
         after = _server_traffic(store.port)
         results = [json.loads(control.get(f"result/{i}")) for i in range(procs)]
@@ -369,6 +392,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=5.0, help="seconds nodes stay after the last")
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
+    parser.add_argument("--progress", action="store_true", help="print store keys every 5 s")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)

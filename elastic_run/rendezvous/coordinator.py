@@ -14,6 +14,7 @@ admits). Every decision is in ``protocol.py``; this module reads, asks, and writ
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from elastic_run.rendezvous import keys
@@ -110,8 +111,13 @@ class Coordinator:
         self._pending = 0
 
     def next_wait(self, now: float) -> float:
-        """How long to wait for the seal before the next step."""
-        tick = self._settings.keep_alive_interval_s
+        """How long to wait for the seal before the next step.
+
+        A tick is drawn between half and all of ``keep_alive_interval``, so thousands of
+        arrivals that came together do not step together (a burst on the store, and on the
+        interpreter lock of a process holding many nodes).
+        """
+        tick = self._settings.keep_alive_interval_s * random.uniform(0.5, 1.0)
         if self._pending:
             # A re-forming round waits on nodes of the last one: judge them 4 times a tick, so
             # a dead one is dropped soon after its heartbeat went stale (O(expected) reads).
