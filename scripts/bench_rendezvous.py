@@ -365,7 +365,7 @@ def _print_row(row: dict[str, Any]) -> None:
     print(
         f"{label}: {status}\n"
         f"    return s (first/median/p90/last): {_spread(row['ends'])}"
-        f" ({len(row['ends'])} of {row['n']} returned)"
+        f" ({len(row['ends'])} of {row['n']} ended: returned or raised)"
         f"{sealed}\n"
         f"    members declared gone: {row['gone']}; rounds formed: {row['rounds'] or '-'}"
         f" (store round at the end of the hold: {row['store_round']})\n"
