@@ -1,25 +1,36 @@
-"""Benchmark one rendezvous round of N nodes: ours against torch's DynamicRendezvousHandler.
+"""Benchmark one rendezvous round of N nodes built as a user's agent builds them, ours beside torch's.
 
-N simulated nodes (threads spread over ``--procs`` processes, each thread with its own
-handler and its own store connections) complete one round with min = max = N on one
-TCPStore. For each N it prints the seconds from "go" to the last node's return, the store
-operations per node during that window, and the ratio of the two times.
+Every node is one thread holding a handler made exactly as an agent makes it, through the public
+registry (ours: ``elastic_run.rendezvous.registry.rendezvous_handler_registry``, torch's:
+``torch.distributed.elastic.rendezvous.rendezvous_handler_registry``)::
 
-- ours: ``elastic_run.rendezvous.dynamic.create_handler`` over ``create_c10d_backend``
-  (or over one local etcd with ``--backend etcd``, and then again on c10d beside it);
-  operations counted by wrapping our backend (every call of the RendezvousBackend seam is one
-  store operation; ``get_many`` and ``set_many`` are one trip each).
-- torch: ``torch.distributed.elastic.rendezvous.dynamic_rendezvous.create_handler`` over
-  torch's ``C10dRendezvousBackend``; operations counted by wrapping its ``_call_store``
-  (the store calls of its state blob). Its bootstrap-store exchange on the round's store is
-  not counted. Torch runs up to ``--torch-max-n`` nodes.
+    create_handler(RendezvousParameters("c10d", endpoint, run_id, N, N, local_addr="127.0.0.1",
+                                        is_host="false", join_timeout="120"))
 
-A TCPStore client's reverse DNS lookup stalls for about 5 s under many concurrent
-connects, so the script runs itself in a fresh network namespace with only loopback
-(``unshare -n``) when it is root and ``unshare`` exists; pass ``--no-unshare`` to skip.
+``--procs`` processes (default 4) hold N/procs nodes each; one TCPStore server (this process)
+holds the store. Nothing wraps the handler or its backend: store traffic is counted by the
+kernel at the server's port (``ss -ti``: data segments and bytes each server-side connection
+received between "go" and the last return), so it counts what reached the server, and nothing
+the handler sees changes.
 
-    PYTHONPATH=. .venv/bin/python scripts/bench_rendezvous.py
-    PYTHONPATH=. .venv/bin/python scripts/bench_rendezvous.py --n 8,128 --backend etcd
+Per trial it prints the node return times from "go" (first, median, p90, last), the members
+declared gone (the handlers' own "member ... is gone" warnings, counted by a log handler) and
+every other warning or error seen, the rounds formed, the threads each node adds to its process
+(Python threads and OS threads), the store traffic per node, and the time each node's
+``shutdown()`` took (all nodes shut down at once). After the last return every node stays in
+its round for ``--hold`` seconds (heartbeating, watching its ring) before the shutdown, so a
+false verdict after completion is seen too. ``--load`` keeps one core busy for the whole trial
+(a busy-looping process).
+
+Torch's handler runs at each N up to ``--torch-max-n`` with ``--torch-timeout``; a failure is
+reported as it came (torch 2.13 fails from about 160 nodes on this machine).
+
+A TCPStore client's reverse DNS lookup stalls for about 5 s under many concurrent connects, so
+the script runs itself in a fresh loopback-only network namespace (``unshare -n`` and
+``ip link set lo up``) when it is root; ``--no-unshare`` skips that.
+
+    .venv/bin/python scripts/bench_rendezvous.py --n 128,1024,4096
+    .venv/bin/python scripts/bench_rendezvous.py --n 1024 --load
 
 No assertions: figures only.
 """
@@ -28,13 +39,16 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
+import re
+import statistics
 import subprocess
 import sys
+import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Mapping, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -45,366 +59,340 @@ REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
-
-# -- counting wrappers ---------------------------------------------------------------------
-
-
-def _counting_backend(inner: Any) -> Any:
-    """Wrap one of our RendezvousBackends so that every call of the seam is counted."""
-    from elastic_run.rendezvous.backend import RendezvousBackend
-
-    class CountingBackend(RendezvousBackend):
-        def __init__(self) -> None:
-            self.ops = 0
-            self.bytes = 0
-            self.by_op: dict[str, list[int]] = {}  # method -> [calls, bytes]
-            self._lock = threading.Lock()
-
-        def _count(self, op: str, nbytes: int = 0) -> None:
-            with self._lock:
-                self.ops += 1
-                self.bytes += nbytes
-                tally = self.by_op.setdefault(op, [0, 0])
-                tally[0] += 1
-                tally[1] += nbytes
-
-        @property
-        def name(self) -> str:
-            return str(inner.name)
-
-        @property
-        def endpoint(self) -> str:
-            return str(inner.endpoint)
-
-        def get(self, key: str) -> bytes | None:
-            value: bytes | None = inner.get(key)
-            self._count("get", len(key) + len(value or b""))
-            return value
-
-        def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
-            values: list[bytes | None] = inner.get_many(keys)
-            self._count("get_many", sum(map(len, keys)) + sum(len(v or b"") for v in values))
-            return values
-
-        def set(self, key: str, value: bytes) -> None:
-            self._count("set", len(key) + len(value))
-            inner.set(key, value)
-
-        def set_many(self, items: Mapping[str, bytes]) -> None:
-            self._count("set_many", sum(len(k) + len(v) for k, v in items.items()))
-            inner.set_many(items)
-
-        def add(self, key: str, delta: int) -> int:
-            self._count("add", len(key))
-            return int(inner.add(key, delta))
-
-        def compare_set(
-            self, key: str, expected: bytes | None, desired: bytes
-        ) -> tuple[bytes, bool]:
-            stored, written = inner.compare_set(key, expected, desired)
-            self._count("compare_set", len(key) + len(expected or b"") + len(desired) + len(stored))
-            return stored, written
-
-        def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
-            self._count("wait_for", sum(map(len, keys)))
-            return bool(inner.wait_for(keys, timeout_s))
-
-        def heartbeat(self, node_id: str) -> None:
-            self._count("heartbeat", len(node_id))
-            inner.heartbeat(node_id)
-
-        def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
-            self._count("read_heartbeats", sum(map(len, node_ids)))
-            result: list[int | None] = inner.read_heartbeats(node_ids)
-            return result
-
-        def forget_node(self, node_id: str) -> None:
-            self._count("forget_node", len(node_id))
-            inner.forget_node(node_id)
-
-        def round_store(self, prefix: str) -> Any:
-            return inner.round_store(prefix)
-
-        def close(self) -> None:
-            inner.close()
-
-    return CountingBackend()
+_GONE = re.compile(r"member .* is gone")
 
 
-def _counting_torch_backend(store: Any, run_id: str) -> Any:
-    """torch's C10dRendezvousBackend with its store calls counted."""
-    from torch.distributed.elastic.rendezvous.c10d_rendezvous_backend import (
-        C10dRendezvousBackend,
+class _LogTally(logging.Handler):
+    """Counts warnings and errors by their message template; 'is gone' verdicts apart."""
+
+    def __init__(self) -> None:
+        super().__init__(logging.WARNING)
+        self.gone = 0
+        self.by_msg: dict[str, int] = {}
+        self._tally_lock = threading.Lock()
+
+    def emit(self, record: logging.LogRecord) -> None:
+        text = record.getMessage()
+        with self._tally_lock:
+            if _GONE.search(text):
+                self.gone += 1
+            key = f"{record.levelname} {record.name}: {str(record.msg)[:90]}"
+            self.by_msg[key] = self.by_msg.get(key, 0) + 1
+
+
+def _os_threads() -> int:
+    return len(os.listdir("/proc/self/task"))
+
+
+# -- one child process: `count` nodes ------------------------------------------------------
+
+
+def _build(impl: str, args: argparse.Namespace) -> Any:
+    conf = {"local_addr": "127.0.0.1", "is_host": "false", "join_timeout": str(int(args.timeout))}
+    if impl == "ours":
+        from elastic_run.rendezvous.api import RendezvousParameters
+        from elastic_run.rendezvous.registry import rendezvous_handler_registry
+
+        params = RendezvousParameters("c10d", args.endpoint, args.run_id, args.n, args.n, **conf)
+        return rendezvous_handler_registry.create_handler(params)
+    from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParams
+    from torch.distributed.elastic.rendezvous import (
+        rendezvous_handler_registry as torch_registry,
     )
 
-    class CountingTorchBackend(C10dRendezvousBackend):  # type: ignore[misc]
-        ops = 0
-        bytes = 0
-
-        def _call_store(self, store_op: str, *args: Any, **kwargs: Any) -> Any:
-            result = super()._call_store(store_op, *args, **kwargs)
-            self.ops += 1
-            sizes = [len(a) for a in (*args, result) if isinstance(a, (bytes, str))]
-            self.bytes += sum(sizes)
-            return result
-
-    return CountingTorchBackend(store, run_id)
-
-
-# -- one child process: k simulated nodes --------------------------------------------------
+    tparams = TorchParams("c10d", args.endpoint, args.run_id, args.n, args.n, **conf)
+    return torch_registry.create_handler(tparams)
 
 
 def _child(args: argparse.Namespace) -> None:
     from torch.distributed import TCPStore
 
-    from elastic_run.rendezvous.api import RendezvousParameters
-
+    tally = _LogTally()
+    for name in ("elastic_run", "torch.distributed"):
+        logging.getLogger(name).addHandler(tally)
+    logging.getLogger().setLevel(logging.WARNING)
     control = TCPStore(
-        "127.0.0.1", args.control_port, is_master=False, timeout=timedelta(seconds=600)
+        "127.0.0.1", args.control_port, is_master=False, timeout=timedelta(seconds=900)
     )
-    n, count = args.n, args.count
-    # Whole seconds: torch reads join_timeout with get_as_int ("120.0" raises ValueError).
-    conf = {"join_timeout": str(int(args.timeout)), "last_call_timeout": "30"}
-    handlers: list[Any] = []
-    counters: list[Any] = []
-
-    def build(_: int) -> tuple[Any, Any]:
-        if args.impl == "ours":
-            from elastic_run.rendezvous.dynamic import create_handler
-            from elastic_run.rendezvous.registry import create_backend
-
-            params = RendezvousParameters(
-                args.backend,
-                args.endpoint,
-                args.run_id,
-                n,
-                n,
-                local_addr="127.0.0.1",
-                is_host="false",
-                **conf,
-            )
-            backend = _counting_backend(create_backend(params))
-            return create_handler(backend, params), backend
-        from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParams
-        from torch.distributed.elastic.rendezvous.dynamic_rendezvous import (
-            create_handler as torch_create_handler,
-        )
-
-        host, port = args.endpoint.rsplit(":", 1)
-        store = TCPStore(host, int(port), is_master=False, timeout=timedelta(seconds=600))
-        backend = _counting_torch_backend(store, args.run_id)
-        params = TorchParams("c10d", args.endpoint, args.run_id, n, n, "127.0.0.1", **conf)
-        return torch_create_handler(store, backend, params), backend
-
-    built: list[tuple[Any, Any] | None] = [None] * count
+    count = args.count
+    py0, os0 = threading.active_count(), _os_threads()
+    built: list[Any] = [None] * count
+    build_errors: list[str] = []
 
     def build_into(i: int) -> None:
-        built[i] = build(i)
+        try:
+            built[i] = _build(args.impl, args)
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            build_errors.append(f"build: {type(exc).__name__}: {exc}")
 
-    # Connecting is not part of the figure: build every handler before "go".
+    # Connecting is not part of the figure: every handler is built before "go".
     builders = [threading.Thread(target=build_into, args=(i,)) for i in range(count)]
     for t in builders:
         t.start()
     for t in builders:
         t.join()
-    for pair in built:
-        assert pair is not None
-        handlers.append(pair[0])
-        counters.append(pair[1])
 
     go = threading.Event()
     ends: list[float] = [0.0] * count
-    ops: list[int] = [0] * count
-    nbytes: list[int] = [0] * count
     ranks: list[int] = [-1] * count
-    errors: list[str] = []
-    start_ops: list[tuple[int, int]] = []
-    start_by_op: list[dict[str, list[int]]] = []
-    by_op: dict[str, list[int]] = {}
-    by_op_lock = threading.Lock()
+    rounds: list[int] = [-1] * count
+    errors: list[str] = list(build_errors)
 
     def node(i: int) -> None:
         go.wait()
         try:
-            info = handlers[i].next_rendezvous()
+            info = built[i].next_rendezvous()
             ranks[i] = info.rank
+            rounds[i] = int(getattr(info, "round", -1) or 0)
         except Exception as exc:  # noqa: BLE001 - reported to the parent
-            errors.append(f"{type(exc).__name__}: {exc}")
+            errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
         ends[i] = time.monotonic()
-        ops[i] = counters[i].ops - start_ops[i][0]
-        nbytes[i] = counters[i].bytes - start_ops[i][1]
-        with by_op_lock:
-            for op, (calls, size) in getattr(counters[i], "by_op", {}).items():
-                before = start_by_op[i].get(op, [0, 0])
-                tally = by_op.setdefault(op, [0, 0])
-                tally[0] += calls - before[0]
-                tally[1] += size - before[1]
 
-    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
+    threads = [
+        threading.Thread(target=node, args=(i,), daemon=True)
+        for i in range(count)
+        if built[i] is not None
+    ]
     for t in threads:
         t.start()
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
-    start_ops.extend((c.ops, c.bytes) for c in counters)
-    start_by_op.extend({op: list(t) for op, t in getattr(c, "by_op", {}).items()} for c in counters)
     go.set()
     for t in threads:
         t.join(args.timeout + 30)
-    result = {
-        "ends": ends,
-        "ops": ops,
-        "bytes": nbytes,
-        "ranks": ranks,
-        "errors": errors[:3],
-        "by_op": by_op,
-    }
-    control.set(f"result/{args.child_index}", json.dumps(result))
-    # Stay in the job until every node returned, so no member leaves a round others still form.
+    control.set(
+        f"result/{args.child_index}",
+        json.dumps({"ends": ends, "ranks": ranks, "rounds": rounds, "errors": errors[:5]}),
+    )
+    control.wait(["hold-over"])
+    # Threads each node adds, measured while every node is in its round (callers returned).
+    py_per_node = (threading.active_count() - py0) / max(1, count)
+    os_per_node = (_os_threads() - os0) / max(1, count)
+    gone, by_msg = tally.gone, dict(tally.by_msg)
+    control.set(
+        f"during/{args.child_index}",
+        json.dumps({"gone": gone, "warnings": by_msg, "py": py_per_node, "os": os_per_node}),
+    )
     control.wait(["finish"])
-    for h in handlers:
+    shut: list[float] = [-1.0] * count
+    shut_errors: list[str] = []
+
+    def shutdown(i: int) -> None:
+        t0 = time.monotonic()
         try:
-            h.shutdown()
-        except Exception:  # noqa: BLE001, S110 - the figure is taken; leave quietly
-            pass
+            built[i].shutdown()
+        except Exception as exc:  # noqa: BLE001 - reported to the parent
+            shut_errors.append(f"{type(exc).__name__}: {exc}")
+        shut[i] = time.monotonic() - t0
+
+    closers = [
+        threading.Thread(target=shutdown, args=(i,)) for i in range(count) if built[i] is not None
+    ]
+    for t in closers:
+        t.start()
+    for t in closers:
+        t.join(120)
+    control.set(f"shut/{args.child_index}", json.dumps({"shut": shut, "errors": shut_errors[:3]}))
     os._exit(0)
 
 
 # -- the parent: one trial per (implementation, N) -----------------------------------------
 
 
-def _trial(
-    impl: str, n: int, procs: int, timeout_s: float, backend: str, etcd_endpoint: str
-) -> dict[str, Any]:
-    from torch.distributed import TCPStore
+def _server_traffic(port: int) -> tuple[int, int, int]:
+    """(connections, data segments in, bytes in) of the server's established connections."""
+    out = subprocess.run(
+        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        capture_output=True,
+        text=True,
+        check=False,
+    ).stdout
+    conns = sum(1 for line in out.splitlines() if line and not line[0].isspace())
+    segs = sum(int(x) for x in re.findall(r"data_segs_in:(\d+)", out))
+    nbytes = sum(int(x) for x in re.findall(r"bytes_received:(\d+)", out))
+    return conns, segs, nbytes
 
+
+def _wait_results(
+    control: Any, store: Any, run_id: str, procs: int, limit_s: float, progress: bool, t0: float
+) -> bool:
+    """Wait for every child's result; with ``progress``, say what the store holds every 5 s."""
+    from torch.distributed import PrefixStore
+
+    view = PrefixStore(f"elastic-run/{run_id}/", store)
+    wanted = [f"result/{i}" for i in range(procs)]
+    while time.monotonic() - t0 < limit_s:
+        if control.check(wanted):
+            return True
+        try:
+            control.wait(wanted, timedelta(seconds=5))
+            return True
+        except Exception:  # noqa: BLE001, S112 - not yet
+            pass
+        if progress:
+            seen = {k: view.get(k).decode() if view.check([k]) else "-" for k in _PROGRESS_KEYS}
+            print(f"    {time.monotonic() - t0:6.1f} s: {seen}", flush=True)
+    return control.check(wanted)
+
+
+_PROGRESS_KEYS = ("round", "r0/arrivals", "r1/arrivals", "epoch")
+
+
+def _wait_seal(store: Any, run_id: str, sealed: list[float]) -> None:
+    from torch.distributed import PrefixStore, TCPStore
+
+    client = TCPStore("127.0.0.1", store.port, is_master=False, timeout=timedelta(seconds=300))
+    try:
+        PrefixStore(f"elastic-run/{run_id}/", client).wait(["r0/seal"])
+    except Exception:  # noqa: BLE001 - no seal: nothing to say
+        return
+    sealed.append(time.monotonic())
+
+
+def _spread(values: list[float]) -> str:
+    if not values:
+        return "-"
+    s = sorted(values)
+    p90 = s[min(len(s) - 1, int(0.9 * len(s)))]
+    return f"{s[0]:.2f}/{statistics.median(s):.2f}/{p90:.2f}/{s[-1]:.2f}"
+
+
+def _busy() -> subprocess.Popen[bytes]:
+    return subprocess.Popen([sys.executable, "-c", "while True: pass"])
+
+
+def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+    from torch.distributed import PrefixStore, TCPStore
+
+    timeout_s = args.timeout if impl == "ours" else args.torch_timeout
     control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    control.set_timeout(timedelta(seconds=timeout_s + 60))
-    # "ours" runs on ``backend``; "ours-c10d" (beside an etcd run) and "torch" on a TCPStore.
-    child_impl = "torch" if impl == "torch" else "ours"
-    child_backend = backend if impl == "ours" else "c10d"
-    if child_backend == "c10d":
-        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-        endpoint = f"127.0.0.1:{store.port}"
-    else:
-        store = None
-        endpoint = etcd_endpoint
+    control.set_timeout(timedelta(seconds=timeout_s + 120))
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store.set_timeout(timedelta(seconds=30))
+    endpoint = f"127.0.0.1:{store.port}"
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
-    procs = max(1, min(procs, n))
+    procs = max(1, min(args.procs, n))
     counts = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
-    children = []
     env = dict(os.environ, TORCH_CPP_LOG_LEVEL="ERROR")
+    load = _busy() if args.load else None
+    stderr = tempfile.TemporaryFile()  # the children's own output: shown when a trial fails
+    children = []
     for i, count in enumerate(counts):
-        command = [
-            sys.executable,
-            __file__,
-            "--child",
-            "--impl",
-            child_impl,
-            "--backend",
-            child_backend,
-            "--endpoint",
-            endpoint,
-            "--run-id",
-            run_id,
-            "--n",
-            str(n),
-            "--count",
-            str(count),
-            "--child-index",
-            str(i),
-            "--control-port",
-            str(control.port),
-            "--timeout",
-            str(timeout_s),
-        ]
-        children.append(subprocess.Popen(command, env=env, stderr=subprocess.PIPE, text=True))
+        command = [sys.executable, __file__, "--child", "--impl", impl, "--endpoint", endpoint]
+        command += ["--run-id", run_id, "--n", str(n), "--count", str(count)]
+        command += ["--child-index", str(i), "--control-port", str(control.port)]
+        command += ["--timeout", str(timeout_s)]
+        children.append(subprocess.Popen(command, env=env, stderr=stderr))
+    row: dict[str, Any] = {"impl": impl, "n": n}
     try:
         control.wait([f"ready/{i}" for i in range(procs)])
+        before = _server_traffic(store.port)
+        sealed: list[float] = []
+        if impl == "ours":  # when round 0's seal reached the store (a waiter of our own)
+            threading.Thread(target=_wait_seal, args=(store, run_id, sealed), daemon=True).start()
         t0 = time.monotonic()
         control.set("go", "1")
-        keys = [f"result/{i}" for i in range(procs)]
-        try:
-            control.wait(keys, timedelta(seconds=timeout_s + 30))
-        except Exception as exc:  # noqa: BLE001
-            return {"impl": impl, "n": n, "error": f"no result within {timeout_s:g} s ({exc})"}
-        results = [json.loads(control.get(k)) for k in keys]
+        if not _wait_results(control, store, run_id, procs, timeout_s + 40, args.progress, t0):
+            row["error"] = f"no result within {timeout_s + 40:g} s"
+            return row
+        after = _server_traffic(store.port)
+        results = [json.loads(control.get(f"result/{i}")) for i in range(procs)]
+        hold_end = time.monotonic() + args.hold
+        while time.monotonic() < hold_end:  # the figure: what happens while nodes stay
+            time.sleep(0.1)
+        raw_round = b""
+        if impl == "ours":  # the key as our c10d backend names it (a PrefixStore view)
+            raw_round = PrefixStore(f"elastic-run/{run_id}/", store).get("round")
+        control.set("hold-over", "1")
+        control.wait([f"during/{i}" for i in range(procs)])
+        during = [json.loads(control.get(f"during/{i}")) for i in range(procs)]
+        control.set("finish", "1")
+        control.wait([f"shut/{i}" for i in range(procs)], timedelta(seconds=180))
+        shuts = [json.loads(control.get(f"shut/{i}")) for i in range(procs)]
     finally:
         control.set("finish", "1")
+        control.set("hold-over", "1")
         for child in children:
             try:
-                child.wait(timeout=30)
+                child.wait(timeout=60)
             except subprocess.TimeoutExpired:
                 child.kill()
                 child.wait()
-        del store
-    ends = [e for r in results for e in r["ends"]]
-    ops = [o for r in results for o in r["ops"]]
-    nbytes = [b for r in results for b in r["bytes"]]
+        if load is not None:
+            load.kill()
+            load.wait()
+        stderr.seek(0)
+        row["stderr"] = stderr.read().decode(errors="replace").strip().splitlines()[-5:]
+        stderr.close()
+    ends = [e - t0 for r in results for e in r["ends"] if e > 0]
     ranks = sorted(x for r in results for x in r["ranks"])
     errors = [e for r in results for e in r["errors"]]
+    warnings: dict[str, int] = {}
+    for d in during:
+        for k, v in d["warnings"].items():
+            warnings[k] = warnings.get(k, 0) + v
+    rounds = [x for r in results for x in r["rounds"]]
+    row.update(
+        ends=ends,
+        gone=sum(d["gone"] for d in during),
+        warnings=warnings,
+        rounds=(max(rounds) + 1) if rounds and max(rounds) >= 0 else None,
+        store_round=int(raw_round) if raw_round else None,
+        py_threads=statistics.mean(d["py"] for d in during),
+        os_threads=statistics.mean(d["os"] for d in during),
+        segs=(after[1] - before[1]) / n,
+        kb=(after[2] - before[2]) / n / 1000,
+        conns=after[0],
+        sealed=sealed[0] - t0 if sealed else None,
+        shut=[s for d in shuts for s in d["shut"] if s >= 0],
+        shut_errors=[e for d in shuts for e in d["errors"]],
+    )
     if errors or ranks != list(range(n)):
-        return {"impl": impl, "n": n, "error": (errors or ["ranks are not 0..N-1"])[0][:120]}
-    by_op: dict[str, list[int]] = {}
-    for r in results:
-        for op, (calls, size) in r.get("by_op", {}).items():
-            tally = by_op.setdefault(op, [0, 0])
-            tally[0] += calls
-            tally[1] += size
-    return {
-        "impl": impl,
-        "n": n,
-        "by_op": {op: (calls / n, size / n / 1000) for op, (calls, size) in by_op.items()},
-        "seconds": max(ends) - t0,
-        "ops_per_node": sum(ops) / n,
-        "kb_per_node": sum(nbytes) / n / 1000,
-    }
+        row["error"] = (errors or [f"ranks are not 0..N-1 ({ranks.count(-1)} missing)"])[0]
+    return row
 
 
-_LABELS = {"ours": "ours", "ours-c10d": "ours on c10d", "torch": "torch"}
-
-
-def _table(rows: list[dict[str, Any]], ns: list[int], impls: list[str]) -> str:
-    by = {(r["impl"], r["n"]): r for r in rows}
-    head = ["   N"]
-    for what, unit in (("s", "s"), ("ops/node", "ops"), ("KB/node", "KB")):
-        head += [f"{_LABELS[i]} ({unit})" if what == "s" else f"{_LABELS[i]} {what}" for i in impls]
-    head.append("torch/ours")
-    lines = [
-        "| " + " | ".join(head) + " |",
-        "|" + "|".join("-" * (len(h) + 1) + ":" for h in head) + "|",
-    ]
-
-    def cell(r: dict[str, Any] | None, key: str, fmt: str) -> str:
-        if r is None:
-            return "-"
-        if "error" in r:
-            return "fail"
-        return format(r[key], fmt)
-
-    for n in ns:
-        found = {i: by.get((i, n)) for i in impls}
-        cells = [f"{n:4d}"]
-        for key, fmt in (("seconds", ".2f"), ("ops_per_node", ".1f"), ("kb_per_node", ".1f")):
-            cells += [cell(found[i], key, fmt) for i in impls]
-        ours, theirs = found.get("ours"), found.get("torch")
-        ratio = "-"
-        if ours and theirs and "error" not in ours and "error" not in theirs:
-            ratio = f"{theirs['seconds'] / ours['seconds']:.1f}x"
-        cells.append(ratio)
-        lines.append(
-            "| " + " | ".join(c.rjust(len(h)) for c, h in zip(cells, head, strict=True)) + " |"
-        )
-    return "\n".join(lines)
+def _print_row(row: dict[str, Any]) -> None:
+    label = f"{row['impl']:5s} N={row['n']:5d}"
+    if "error" in row:
+        for line in row.get("stderr", []):
+            print(f"    stderr: {line[:200]}", flush=True)
+    if "ends" not in row:
+        print(f"{label}: FAILED: {row['error']}", flush=True)
+        return
+    status = f"FAILED: {row['error']}" if "error" in row else "ok"
+    sealed = f"; round 0 sealed at {row['sealed']:.2f}" if row.get("sealed") else ""
+    print(
+        f"{label}: {status}\n"
+        f"    return s (first/median/p90/last): {_spread(row['ends'])}"
+        f" ({len(row['ends'])} of {row['n']} ended: returned or raised)"
+        f"{sealed}\n"
+        f"    members declared gone: {row['gone']}; rounds formed: {row['rounds'] or '-'}"
+        f" (store round at the end of the hold: {row['store_round']})\n"
+        f"    threads per node: {row['py_threads']:.2f} Python, {row['os_threads']:.2f} OS;"
+        f" server connections {row['conns']}\n"
+        f"    store traffic per node (server side): {row['segs']:.1f} data segments,"
+        f" {row['kb']:.2f} KB\n"
+        f"    shutdown s (first/median/p90/last): {_spread(row['shut'])}"
+        f"{'; errors: ' + '; '.join(row['shut_errors']) if row['shut_errors'] else ''}",
+        flush=True,
+    )
+    for msg, count in sorted(row["warnings"].items(), key=lambda kv: -kv[1]):
+        print(f"    seen {count}x: {msg}", flush=True)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--n", default="8,32,128,512,1024", help="comma-separated node counts")
+    parser.add_argument("--n", default="128,1024", help="comma-separated node counts")
     parser.add_argument("--procs", type=int, default=4, help="processes the nodes spread over")
-    parser.add_argument("--torch-max-n", type=int, default=128, help="largest N torch runs at")
-    parser.add_argument("--timeout", type=float, default=120.0, help="seconds per trial")
-    parser.add_argument("--backend", choices=["c10d", "etcd"], default="c10d")
+    parser.add_argument("--timeout", type=float, default=120.0, help="join_timeout (ours), s")
+    parser.add_argument("--torch-max-n", type=int, default=256, help="largest N torch runs at")
+    parser.add_argument("--torch-timeout", type=float, default=60.0, help="torch's join_timeout")
+    parser.add_argument("--no-torch", action="store_true", help="run ours only")
+    parser.add_argument("--hold", type=float, default=5.0, help="seconds nodes stay after the last")
+    parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
+    parser.add_argument("--progress", action="store_true", help="print store keys every 5 s")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
@@ -420,39 +408,15 @@ def main() -> None:
     if not args.no_unshare:
         reexec_in_netns(__file__)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-    ns = [int(x) for x in args.n.split(",") if x]
-    etcd_endpoint = ""
-    server = None
-    if args.backend == "etcd":
-        from elastic_run.rendezvous.etcd_server import EtcdServer
-
-        server = EtcdServer(members=1)
-        server.start(timeout_s=60)
-        etcd_endpoint = server.endpoint
-    impls = ["ours", "ours-c10d", "torch"] if args.backend == "etcd" else ["ours", "torch"]
-    rows: list[dict[str, Any]] = []
-    try:
-        for n in ns:
-            for impl in impls:
-                if impl == "torch" and n > args.torch_max_n:
-                    continue
-                row = _trial(impl, n, args.procs, args.timeout, args.backend, etcd_endpoint)
-                rows.append(row)
-                shown = row.get("error") or (
-                    f"{row['seconds']:.2f} s, {row['ops_per_node']:.1f} ops/node"
-                )
-                print(f"  {impl:9s} N={n:4d}: {shown}", file=sys.stderr, flush=True)
-                if row.get("by_op"):
-                    parts = ", ".join(
-                        f"{op} {calls:.1f} ({kb:.2f} KB)"
-                        for op, (calls, kb) in sorted(row["by_op"].items())
-                    )
-                    print(f"    per node: {parts}", file=sys.stderr, flush=True)
-    finally:
-        if server is not None:
-            server.stop()
-    print(f"backend: {args.backend} (ours), c10d TCPStore (torch); {os.cpu_count()} CPUs")
-    print(_table(rows, ns, impls))
+    print(
+        f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
+        f"{args.procs} processes; hold {args.hold:g} s; one busy core: {args.load}",
+        flush=True,
+    )
+    for n in (int(x) for x in args.n.split(",") if x):
+        _print_row(_trial("ours", n, args))
+        if not args.no_torch and n <= args.torch_max_n:
+            _print_row(_trial("torch", n, args))
 
 
 if __name__ == "__main__":

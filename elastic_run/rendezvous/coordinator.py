@@ -14,6 +14,7 @@ admits). Every decision is in ``protocol.py``; this module reads, asks, and writ
 
 from __future__ import annotations
 
+import random
 from collections.abc import Callable
 
 from elastic_run.rendezvous import keys
@@ -110,8 +111,13 @@ class Coordinator:
         self._pending = 0
 
     def next_wait(self, now: float) -> float:
-        """How long to wait for the seal before the next step."""
-        tick = self._settings.keep_alive_interval_s
+        """How long to wait for the seal before the next step.
+
+        A tick is drawn between half and all of ``keep_alive_interval``, so thousands of
+        arrivals that came together do not step together (a burst on the store, and on the
+        interpreter lock of a process holding many nodes).
+        """
+        tick = self._settings.keep_alive_interval_s * random.uniform(0.5, 1.0)
         if self._pending:
             # A re-forming round waits on nodes of the last one: judge them 4 times a tick, so
             # a dead one is dropped soon after its heartbeat went stale (O(expected) reads).
@@ -120,10 +126,18 @@ class Coordinator:
             return tick
         return max(0.01, min(tick, self._next_at - now))
 
-    def step(self, now: float) -> None:
-        """One look at the round: watch the predecessor, or coordinate (and maybe seal)."""
+    def step(self, now: float, *, coordinate: bool = False) -> None:
+        """One look at the round: watch the predecessor, or coordinate (and maybe seal).
+
+        Args:
+            coordinate: coordinate whatever the predecessors (the arrival that brought the
+                count to max: it seals at once when the protocol finds max arrivals alive).
+        """
         stale = self._round.stale_after_s
         self._beats = self._with_notices(self._beats)
+        if coordinate:
+            self._coordinate(now)
+            return
         self._load_predecessors(now, stale)
         pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
         if pred is not None:

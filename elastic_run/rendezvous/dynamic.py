@@ -11,6 +11,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     coordinator.py    the barrier duties of an arrival (reads, asks the protocol, seals)
     liveness.py       the heartbeat and ring-watch thread (verdicts tagged with their round)
     peerwatch.py      death notices between agents, in milliseconds
+    notice_loop.py    the one select loop (thread) per process serving every death-notice socket
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
 

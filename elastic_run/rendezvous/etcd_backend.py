@@ -283,7 +283,7 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
     Config keys: ``protocol`` (http|https), ``ca_cert`` (or ``cacert``), ``ssl_cert``
     (or ``cert``), ``ssl_cert_key`` (or ``key``), ``read_timeout`` (s, default 60),
     ``user``, ``password``, ``key_prefix`` (default ``/elastic-run/``),
-    ``keep_alive_interval`` (s, default 1) and ``keep_alive_max_attempt`` (default 3),
+    ``keep_alive_interval`` (s, default 1) and ``keep_alive_max_attempt`` (default 5),
     whose product is the heartbeat lease TTL.
 
     Args:

@@ -1,6 +1,8 @@
-"""One node's liveness thread: bump its own heartbeat, watch its ring successor, report verdicts.
+"""One node's liveness turns: bump its own heartbeat, watch its ring successor, report verdicts.
 
-Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) the thread:
+Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) one turn, run by
+the process's liveness workers (``liveness_pool.py``: one thread for an agent's one node, at
+most ``MAX_WORKERS`` for a process holding many), does:
 
 1. bumps this node's heartbeat counter (one O(1) write) and records when that last succeeded,
    or the error when it failed. The agent reads that record (``report()``, no I/O) and stops
@@ -17,8 +19,8 @@ Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) th
 Between rounds it keeps watching the last successor, so the next round's coordinator judges a
 successor that died meanwhile from when it died, not from when the next round began.
 
-Invariants: one thread, with ``stop()`` and a bounded join; nothing here decides (protocol.py
-does) or raises into the caller (errors are recorded and reported).
+Invariants: a node's turns never overlap, ``stop()`` is bounded; nothing here decides
+(protocol.py does) or raises into the caller (errors are recorded and reported).
 """
 
 from __future__ import annotations
@@ -33,6 +35,7 @@ from elastic_run.rendezvous import protocol as proto
 from elastic_run.rendezvous.api import LivenessReport
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.liveness_pool import Turns, liveness_pool
 from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["LivenessThread", "RingPosition"]
@@ -88,10 +91,8 @@ class LivenessThread:
         self._last_ok = clock()
         self._error: str | None = None
         self._successor = ""
-        self._beats = proto.Heartbeats()
-        self._stop = threading.Event()
-        self._poke = threading.Event()
-        self._thread: threading.Thread | None = None
+        self._beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
+        self._turns: Turns | None = None
 
     def start(self) -> None:
         """Write the first heartbeat (raising if the store cannot take it), then start.
@@ -99,27 +100,25 @@ class LivenessThread:
         Raises:
             RendezvousConnectionError: the store cannot be reached.
         """
-        if self._thread is not None:
+        if self._turns is not None:
             return
         self._backend.heartbeat(self._node_id)
         with self._lock:
             self._last_ok = self._clock()
-        self._thread = threading.Thread(target=self._run, name="elastic-run-liveness", daemon=True)
-        self._thread.start()
+        self._turns = Turns(self._turn, self._settings.keep_alive_interval_s)
+        liveness_pool().start(self._turns)
 
     def poke(self) -> None:
         """Run a turn now rather than at the next interval (a death notice arrived)."""
-        self._poke.set()
+        if self._turns is not None:
+            liveness_pool().poke(self._turns)
 
     def stop(self) -> bool:
-        """Stop the thread; return whether it ended within its bound."""
-        self._stop.set()
-        self._poke.set()
-        thread = self._thread
-        if thread is None or thread is threading.current_thread():
+        """Stop the turns; return whether a running one ended within its bound."""
+        turns = self._turns
+        if turns is None:
             return True
-        thread.join(timeout=self._settings.keep_alive_interval_s + _JOIN_SLACK_S)
-        return not thread.is_alive()
+        return liveness_pool().stop(turns, self._settings.keep_alive_interval_s + _JOIN_SLACK_S)
 
     def report(self) -> LivenessReport:
         """This node's heartbeat standing (no I/O)."""
@@ -136,16 +135,7 @@ class LivenessThread:
         with self._lock:
             return self._beats
 
-    # -- the thread --------------------------------------------------------------------
-
-    def _run(self) -> None:
-        interval = self._settings.keep_alive_interval_s
-        while True:
-            self._poke.wait(interval)
-            self._poke.clear()
-            if self._stop.is_set():
-                return
-            self._turn()
+    # -- one turn (on a worker of the pool) --------------------------------------------
 
     def _turn(self) -> None:
         try:
@@ -172,7 +162,8 @@ class LivenessThread:
         successor = position.successor if position is not None else self._successor
         if successor != self._successor:
             with self._lock:
-                self._successor, self._beats = successor, proto.Heartbeats()
+                self._successor = successor
+                self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         if not successor:
             return
         (beat,) = self._backend.read_heartbeats([successor])

@@ -33,11 +33,11 @@ forges a reset or an ICMP "port unreachable" can fake a refusal, as it can fake 
 heartbeats still judge a silent node.)
 
 Invariants:
-- One thread per object, each with ``close()`` and a bounded join. A wake-up pipe is closed
-  only after its thread ended and is never written after ``close()``: a reused descriptor
-  number would be another socket of this process (a store connection).
+- No thread of its own: every listener and watch of the process is served by the one select
+  loop of ``notice_loop.py`` (thread ``elastic-run-notices``), which never waits on anything but
+  its sockets and timers, and whose wake-up pipe lives as long as the process.
 - The listener's port stays open until ``close()``. No exception of one client, and no
-  ``accept()`` error, ends its thread: an error of one pending connection (ECONNABORTED...) is
+  ``accept()`` error, closes it: an error of one pending connection (ECONNABORTED...) is
   skipped; running out of descriptors or memory (EMFILE, ENFILE, ENOBUFS, ENOMEM) is logged
   once per episode, and accepting pauses (50 ms, doubling up to 1 s: the port is taken out of
   the selector, so the loop does not spin) and resumes. Waiting connections stay in the backlog
@@ -47,15 +47,16 @@ Invariants:
   freed descriptor races with the agent's other threads, which need it more.)
 - The listener holds at most ``MAX_CONNECTIONS`` clients; past that it closes new ones, so a
   stranger can delay a verdict (heartbeats then decide) but never exhaust the agent's files.
-- A watch's thread survives its own errors (out of descriptors to connect or to poll): each is
-  a "no verdict" and it tries again after ``RETRY_S``; an error in ``on_dead`` is logged.
+- A watch never blocks the loop: its connect is non-blocking, its greeting and its hold are
+  reads of a ready socket, its waits are timers. Each of its own errors (out of descriptors to
+  connect) is a "no verdict" and it tries again after ``RETRY_S``; an error in ``on_dead`` is
+  logged.
 """
 
 from __future__ import annotations
 
 import errno
 import logging
-import os
 import selectors
 import socket
 import threading
@@ -64,6 +65,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_run.descriptors import AcceptPause, accept_some
+from elastic_run.rendezvous.notice_loop import notice_loop
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -86,8 +88,10 @@ RETRY_S = 1.0
 FIRST_RETRY_S = 0.01
 _GREETING_PREFIX = b"elastic-run alive "
 _MAX_GREETING = 256
-_JOIN_S = 5.0
+_CLOSE_WAIT_S = 5.0
 _ACCEPTS_PER_BURST = 64
+_READ = selectors.EVENT_READ
+_WRITE = selectors.EVENT_WRITE
 
 
 def greeting(node_id: str) -> bytes:
@@ -111,16 +115,13 @@ class AliveListener:
         self._server = socket.create_server((addr, 0), family=_family_of(addr), backlog=16)
         self._server.setblocking(False)
         self.port: int = self._server.getsockname()[1]
-        self._selector = selectors.DefaultSelector()
-        self._selector.register(self._server, selectors.EVENT_READ)
-        self._wake_r, self._wake_w = os.pipe()
-        self._selector.register(self._wake_r, selectors.EVENT_READ)
         self._clients: set[socket.socket] = set()
         self._accepting = True
         self._accept_pause = AcceptPause()
-        self._closed = threading.Event()
-        self._thread = threading.Thread(target=self._serve, name="elastic-run-alive", daemon=True)
-        self._thread.start()
+        self._closed = False
+        self._loop = notice_loop()
+        # The port listens from here on (the kernel queues connects); the loop accepts soon.
+        self._loop.call(self._open)
 
     def connections(self) -> int:
         """How many clients are connected now."""
@@ -128,50 +129,48 @@ class AliveListener:
 
     def close(self) -> None:
         """Stop listening and close every client's connection (they see this node leave)."""
-        if self._closed.is_set():
+        if self._closed:
             return
-        self._closed.set()
-        os.write(self._wake_w, b"x")
-        self._thread.join(timeout=_JOIN_S)
-        _close_pipe_after(self._thread, self._wake_r, self._wake_w)
+        self._closed = True
+        if not self._loop.call_wait(self._shut, _CLOSE_WAIT_S):
+            log.warning("the death-notice loop did not close a listener in %g s", _CLOSE_WAIT_S)
 
-    def _serve(self) -> None:
-        loop_pause = AcceptPause()
-        try:
-            while not self._closed.is_set():
-                try:
-                    self._serve_once()
-                    loop_pause.succeeded()
-                except Exception:
-                    # Never end the thread (that would close the port: a false death notice).
-                    if loop_pause.failed(time.monotonic()):
-                        log.exception("death-notice listener: unexpected error; going on")
-                    resume_at = loop_pause.resume_at or 0.0
-                    self._closed.wait(max(0.0, resume_at - time.monotonic()))
-        finally:
-            for conn in list(self._clients):
-                self._drop(conn)
-            self._selector.close()
-            self._server.close()
+    # -- on the loop's thread ----------------------------------------------------------
 
-    def _serve_once(self) -> None:
-        now = time.monotonic()
-        if not self._accepting and not self._accept_pause.is_paused(now):
-            self._selector.register(self._server, selectors.EVENT_READ)
+    def _open(self) -> None:
+        if self._closed:
+            return
+        self._loop.add(self)
+        self._loop.register(self._server, _READ, self)
+
+    def _shut(self) -> None:
+        for conn in list(self._clients):
+            self._drop(conn)
+        self._loop.unregister(self._server)
+        self._loop.remove(self)
+        self._server.close()
+
+    def deadline(self) -> float | None:
+        """When accepting resumes after a pause (None: not paused)."""
+        return None if self._accepting else self._accept_pause.resume_at
+
+    def on_timer(self, now: float) -> None:
+        """Resume accepting once the pause is over."""
+        if not self._accepting and not self._accept_pause.is_paused(now) and not self._closed:
+            self._loop.register(self._server, _READ, self)
             self._accepting = True
-        resume_at = None if self._accepting else self._accept_pause.resume_at
-        timeout = None if resume_at is None else max(0.0, resume_at - now)
-        for key, _ in self._selector.select(timeout):
-            if key.fileobj is self._server:
-                self._accept()
-            elif key.fileobj != self._wake_r:
-                conn = key.fileobj
-                assert isinstance(conn, socket.socket)
-                try:
-                    self._drain(conn)
-                except Exception:
-                    log.exception("death-notice listener: error serving a client; dropped it")
-                    self._drop(conn)
+
+    def on_ready(self, fileobj: object, events: int) -> None:
+        """The port has connections to accept, or a client sent something (or left)."""
+        if fileobj is self._server:
+            self._accept()
+            return
+        assert isinstance(fileobj, socket.socket)
+        try:
+            self._drain(fileobj)
+        except Exception:
+            log.exception("death-notice listener: error serving a client; dropped it")
+            self._drop(fileobj)
 
     def _accept(self) -> None:
         for conn, _ in accept_some(self._server, _ACCEPTS_PER_BURST, self._pause_accepting):
@@ -185,7 +184,7 @@ class AliveListener:
             self._admit(conn)
 
     def _pause_accepting(self, exc: OSError) -> None:
-        self._selector.unregister(self._server)
+        self._loop.unregister(self._server)
         self._accepting = False
         if self._accept_pause.failed(time.monotonic()):
             log.warning(
@@ -204,7 +203,7 @@ class AliveListener:
             # A new connection's send buffer takes the short greeting whole; never block here.
             if conn.send(self._greeting) != len(self._greeting):
                 raise BlockingIOError
-            self._selector.register(conn, selectors.EVENT_READ)
+            self._loop.register(conn, _READ, self)
         except (OSError, ValueError):
             conn.close()
             return
@@ -222,10 +221,7 @@ class AliveListener:
 
     def _drop(self, conn: socket.socket) -> None:
         self._clients.discard(conn)
-        try:
-            self._selector.unregister(conn)
-        except (KeyError, ValueError):
-            pass
+        self._loop.unregister(conn)
         conn.close()
 
 
@@ -239,7 +235,14 @@ class _Target:
 class PeerWatch:
     """Hold a connection to one peer's AliveListener; call ``on_dead(node_id)`` when it is gone.
 
-    ``on_dead`` runs on the watch's thread, at most once per watched node.
+    ``on_dead`` runs on the death-notice loop's thread, at most once per watched node; it must
+    be quick.
+
+    One watch moves through: idle (no target) -> connecting -> greeted? -> holding the
+    connection -> (it ended) connecting again at once: refused means dead. Anything else
+    (refused before any greeting, a timeout, another greeting, no greeting) is "no verdict"
+    and a new try after ``RETRY_S`` (after ``FIRST_RETRY_S``, doubling, once a greeted
+    connection ended).
 
     Args:
         on_dead: called with the node id once the peer is confirmed dead (see the module).
@@ -249,23 +252,28 @@ class PeerWatch:
         self._on_dead = on_dead
         self._lock = threading.Lock()
         self._target: _Target | None = None
-        self._changed = threading.Event()
         self._closed = False
-        self._wake_r, self._wake_w = os.pipe()
-        os.set_blocking(self._wake_r, False)
         self.state = "idle"
         self._state_changed = threading.Condition()
-        self._thread = threading.Thread(target=self._run, name="elastic-run-peerwatch", daemon=True)
-        self._thread.start()
+        # The loop thread's own: what it watches now and how far it got.
+        self._current: _Target | None = None
+        self._sock: socket.socket | None = None
+        self._phase = "idle"  # idle | wait | connect | greet | hold
+        self._due: float | None = None
+        self._greeted = False
+        self._retry_s = RETRY_S
+        self._line = b""
+        self._loop = notice_loop()
+        self._loop.call(lambda: self._loop.add(self))
 
     def watch(self, node_id: str, addr: str, port: int) -> None:
         """Watch ``node_id`` at ``addr:port`` from now on (port 0: watch nobody)."""
         target = _Target(node_id, addr, port) if port else None
         with self._lock:
             if self._closed or target == self._target:
-                return  # closed: its wake-up pipe may be gone
+                return
             self._target = target
-        self._poke()
+        self._loop.call(self._retarget)
 
     def wait_state(self, predicate: Callable[[str], bool], timeout_s: float) -> bool:
         """Block until ``predicate(state)`` holds (``state`` names what the watch is doing)."""
@@ -273,169 +281,161 @@ class PeerWatch:
             return self._state_changed.wait_for(lambda: predicate(self.state), timeout_s)
 
     def close(self) -> None:
-        """Stop watching and join the thread."""
+        """Stop watching (bounded: the loop does it)."""
         with self._lock:
             if self._closed:
                 return
             self._closed = True
             self._target = None
-        self._poke()
-        self._thread.join(timeout=_JOIN_S)
-        _close_pipe_after(self._thread, self._wake_r, self._wake_w)
+        if not self._loop.call_wait(self._shut, _CLOSE_WAIT_S):
+            log.warning("the death-notice loop did not close a watch in %g s", _CLOSE_WAIT_S)
 
-    # -- the thread ------------------------------------------------------------------------
-
-    def _poke(self) -> None:
-        self._changed.set()
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+    # -- on the loop's thread ----------------------------------------------------------
 
     def _set_state(self, state: str) -> None:
         with self._state_changed:
             self.state = state
             self._state_changed.notify_all()
 
-    def _current(self) -> tuple[_Target | None, bool]:
+    def _shut(self) -> None:
+        self._drop_socket()
+        self._phase, self._due, self._current = "idle", None, None
+        self._loop.remove(self)
+        self._set_state("closed")
+
+    def _retarget(self) -> None:
         with self._lock:
-            return self._target, self._closed
-
-    def _run(self) -> None:
-        failing = False
-        while True:
-            try:
-                if self._run_once():
-                    return
-                failing = False
-            except Exception as exc:
-                # Never end the watch on its own error: report no verdict and try again.
-                if not failing:
-                    log.exception("peer watch: unexpected error; trying again")
-                failing = True
-                target, _ = self._current()
-                who = target.node_id if target is not None else "nobody"
-                self._set_state(f"no verdict {who}: {type(exc).__name__}")
-                self._interrupted(RETRY_S)
-
-    def _run_once(self) -> bool:
-        """One step of the thread: True when the watch is closed."""
-        self._changed.clear()
-        target, closed = self._current()
-        if closed:
-            self._set_state("closed")
-            return True
+            target, closed = self._target, self._closed
+        if closed or (target == self._current and self._phase != "idle"):
+            return
+        self._drop_socket()
+        self._current, self._greeted, self._retry_s = target, False, RETRY_S
         if target is None:
+            self._phase, self._due = "idle", None
             self._set_state("idle")
-            self._changed.wait()
-            return False
-        if self._watch(target):
-            try:
-                self._on_dead(target.node_id)
-            except Exception:
-                log.exception("peer watch: on_dead(%r) failed", target.node_id)
-            self._set_state(f"dead {target.node_id}")
-            with self._lock:
-                if self._target == target:
-                    self._target = None
-        return False
+            return
+        self._connect()
 
-    def _interrupted(self, wait_s: float) -> bool:
-        """Sleep up to ``wait_s``; True when the target changed or the watch closed meanwhile."""
-        return self._changed.wait(wait_s)
+    def _drop_socket(self) -> None:
+        if self._sock is not None:
+            self._loop.unregister(self._sock)
+            self._sock.close()
+            self._sock = None
 
-    def _watch(self, target: _Target) -> bool:
-        """Watch ``target`` until it is confirmed dead (True) or the target changes (False)."""
-        greeted = False
-        retry_s = RETRY_S
-        while True:
-            outcome = self._connect(target)
-            if outcome == "refused" and greeted:
-                return True
-            if isinstance(outcome, socket.socket):
-                greeted = True
-                self._set_state(f"watching {target.node_id}")
-                ended = self._hold(outcome)
-                outcome.close()
-                if not ended:
-                    return False  # interrupted: a new target or close
-                self._set_state(f"closed {target.node_id}")
-                retry_s = FIRST_RETRY_S
-                continue  # confirm at once with a fresh connect
-            self._set_state(f"no verdict {target.node_id}: {outcome}")
-            if self._interrupted(retry_s):
-                return False
-            retry_s = min(RETRY_S, retry_s * 2)
-
-    def _connect(self, target: _Target) -> socket.socket | str:
-        """A greeted connection, or why not: refused, timeout, unreachable, bad greeting."""
+    def _connect(self) -> None:
+        target = self._current
+        assert target is not None
+        self._line = b""
         try:
-            sock = socket.create_connection((target.addr, target.port), timeout=CONNECT_TIMEOUT_S)
-        except ConnectionRefusedError:
-            return "refused"
-        except TimeoutError:
-            return "timeout"
+            family = _family_of(target.addr)
+            sock = socket.socket(family, socket.SOCK_STREAM)
         except OSError as exc:
-            return errno.errorcode.get(exc.errno or 0, str(exc))
-        try:
-            line = b""
-            while not line.endswith(b"\n") and len(line) < _MAX_GREETING:
-                chunk = sock.recv(_MAX_GREETING - len(line))
-                if not chunk:
-                    break
-                line += chunk
-        except OSError:
-            sock.close()
-            return "no greeting"
-        if line != greeting(target.node_id):
-            sock.close()
-            return "another greeting (the port was reused)"
-        return sock
-
-    def _hold(self, sock: socket.socket) -> bool:
-        """Block on ``sock``; True when the peer ended it, False when interrupted."""
+            self._no_verdict(errno.errorcode.get(exc.errno or 0, str(exc)))
+            return
         sock.setblocking(False)
-        # poll(2), not epoll: it needs no descriptor of its own, so it works when none is left.
-        with selectors.PollSelector() as sel:
-            sel.register(sock, selectors.EVENT_READ)
-            sel.register(self._wake_r, selectors.EVENT_READ)
-            while True:
-                for key, _ in sel.select():
-                    if key.fileobj == self._wake_r:
-                        _drain_pipe(self._wake_r)
-                        if self._changed.is_set():
-                            return False
-                        continue
-                    try:
-                        data = sock.recv(4096)
-                    except BlockingIOError:
-                        continue
-                    except OSError:
-                        return True
-                    if not data:
-                        return True
+        self._sock = sock
+        self._due = time.monotonic() + CONNECT_TIMEOUT_S
+        err = sock.connect_ex((target.addr, target.port))
+        if err in (0, errno.EINPROGRESS, errno.EAGAIN):
+            self._phase = "connect"
+            self._loop.register(sock, _WRITE, self)
+            return
+        self._outcome(err)
 
+    def deadline(self) -> float | None:
+        """When a connect or greeting times out, or the next try starts."""
+        return self._due if self._phase in ("wait", "connect", "greet") else None
 
-def _close_pipe_after(thread: threading.Thread, *fds: int) -> None:
-    """Close a wake-up pipe once the thread that polls it has ended.
+    def on_timer(self, now: float) -> None:
+        """A connect or greeting took too long (no verdict), or it is time to try again."""
+        if self._phase == "wait":
+            self._connect()
+        elif self._phase == "connect":
+            self._no_verdict("timeout")
+        elif self._phase == "greet":
+            self._no_verdict("no greeting")
 
-    While the thread may still run, the descriptors stay open (two leaked files): closed, their
-    numbers would be reused by the next socket the process opens (a store connection), and a
-    late read or write on them would steal or inject that socket's bytes.
-    """
-    if thread.is_alive():
-        log.warning("%s did not end in %g s; its wake-up pipe stays open", thread.name, _JOIN_S)
-        return
-    for fd in fds:
-        os.close(fd)
+    def on_ready(self, fileobj: object, events: int) -> None:
+        """The connection is up (or failed), a greeting came, or a held connection ended."""
+        sock = self._sock
+        if sock is None or fileobj is not sock:
+            return
+        if self._phase == "connect":
+            self._outcome(sock.getsockopt(socket.SOL_SOCKET, socket.SO_ERROR))
+        elif self._phase == "greet":
+            self._read_greeting(sock)
+        elif self._phase == "hold":
+            self._read_held(sock)
 
+    def _outcome(self, err: int) -> None:
+        """The end of a connect: ``err`` 0 (connected) or why it failed."""
+        if err == 0:
+            assert self._sock is not None
+            self._phase = "greet"
+            self._loop.modify(self._sock, _READ, self)
+            return
+        if err == errno.ECONNREFUSED:
+            if self._greeted:
+                self._dead()
+                return
+            self._no_verdict("refused")
+            return
+        self._no_verdict(errno.errorcode.get(err, str(err)))
 
-def _drain_pipe(fd: int) -> None:
-    try:
-        while os.read(fd, 64):
-            pass
-    except BlockingIOError:
-        pass
+    def _read_greeting(self, sock: socket.socket) -> None:
+        assert self._current is not None
+        try:
+            chunk = sock.recv(_MAX_GREETING - len(self._line))
+        except BlockingIOError:
+            return
+        except OSError:
+            self._no_verdict("no greeting")
+            return
+        self._line += chunk
+        if chunk and not self._line.endswith(b"\n") and len(self._line) < _MAX_GREETING:
+            return
+        if self._line != greeting(self._current.node_id):
+            self._no_verdict("another greeting (the port was reused)")
+            return
+        self._greeted, self._phase, self._due = True, "hold", None
+        self._set_state(f"watching {self._current.node_id}")
+
+    def _read_held(self, sock: socket.socket) -> None:
+        assert self._current is not None
+        try:
+            data = sock.recv(4096)
+        except BlockingIOError:
+            return
+        except OSError:
+            data = b""
+        if data:
+            return  # a listener sends nothing after its greeting: ignore
+        self._drop_socket()
+        self._set_state(f"closed {self._current.node_id}")
+        self._retry_s = FIRST_RETRY_S
+        self._connect()  # confirm at once with a fresh connect
+
+    def _no_verdict(self, why: str) -> None:
+        assert self._current is not None
+        self._drop_socket()
+        self._set_state(f"no verdict {self._current.node_id}: {why}")
+        self._phase, self._due = "wait", time.monotonic() + self._retry_s
+        self._retry_s = min(RETRY_S, self._retry_s * 2)
+
+    def _dead(self) -> None:
+        target = self._current
+        assert target is not None
+        self._drop_socket()
+        self._phase, self._due, self._current = "idle", None, None
+        try:
+            self._on_dead(target.node_id)
+        except Exception:
+            log.exception("peer watch: on_dead(%r) failed", target.node_id)
+        self._set_state(f"dead {target.node_id}")
+        with self._lock:
+            if self._target == target:
+                self._target = None
+        self._retarget()  # idle, or a target given meanwhile
 
 
 def _family_of(addr: str) -> socket.AddressFamily:

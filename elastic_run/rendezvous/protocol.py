@@ -5,10 +5,14 @@ reading and ``now`` in, and applies what comes back. Times are monotonic seconds
 the reading node; no two nodes' clocks are ever compared.
 
 Liveness (``Heartbeats``): a node is alive while its heartbeat counter keeps moving.
-A counter that has not moved for ``stale_after_s`` of the reader's own time, or that
-vanished after being seen (an expired lease), marks the node as gone. So does a death
-notice (``with_closed``: the node's agent process was seen to end, see ``peerwatch.py``);
-that verdict is final, as node ids are never reused.
+A counter that has not moved for ``stale_after_s`` of the reader's own time *and* over at
+least ``min_reads`` reads of the reader since it last moved, or that vanished after being
+seen (an expired lease), marks the node as gone. So does a death notice (``with_closed``:
+the node's agent process was seen to end, see ``peerwatch.py``); that verdict is final, as
+node ids are never reused. The reads rule keeps a reader's own stall (a GC pause, a starved
+process, a suspended VM) from convicting the node it reads: after a stall of any length the
+reader reads ``min_reads`` more times, one interval apart, before it may judge, which gives
+the read node as many intervals to show a beat once the machine runs again.
 
 The barrier (``decide_barrier``), evaluated by the round's coordinator (the lowest
 live arrival) and once by the arrival that brings the count to max:
@@ -89,13 +93,21 @@ class _Beat:
     changed_at: float
     ever_seen: bool
     closed: bool = False
+    reads: int = 0  # reads that found the value unchanged since changed_at
 
 
 @dataclass(frozen=True)
 class Heartbeats:
-    """What one reader has seen of other nodes' heartbeat counters."""
+    """What one reader has seen of other nodes' heartbeat counters.
+
+    Attributes:
+        beats: node id -> what was seen of it.
+        min_reads: how many reads must find a counter unchanged before it may be judged stale
+            (besides ``stale_after_s`` of time); 0: time alone.
+    """
 
     beats: Mapping[str, _Beat] = field(default_factory=dict)
+    min_reads: int = 0
 
     def observe(self, values: Mapping[str, int | None], now: float) -> Heartbeats:
         """Return the view after reading ``values`` (node id -> counter or None) at ``now``."""
@@ -112,7 +124,9 @@ class Heartbeats:
                     beats[node_id] = _Beat(None, old.changed_at, old.ever_seen)
                 else:
                     beats[node_id] = _Beat(value, now, True)
-        return Heartbeats(beats)
+            else:
+                beats[node_id] = replace(old, reads=old.reads + 1)
+        return Heartbeats(beats, self.min_reads)
 
     def is_gone(self, node_id: str, now: float, stale_after_s: float) -> bool:
         """Return whether ``node_id`` is judged dead at ``now``.
@@ -124,7 +138,7 @@ class Heartbeats:
             return False
         if beat.closed or (beat.value is None and beat.ever_seen):
             return True
-        return now - beat.changed_at >= stale_after_s
+        return now - beat.changed_at >= stale_after_s and beat.reads >= self.min_reads
 
     def with_closed(self, node_ids: Iterable[str], now: float) -> Heartbeats:
         """Return the view where ``node_ids`` are gone for good (their agents were seen to end).
@@ -138,12 +152,12 @@ class Heartbeats:
         beats = dict(self.beats)
         for node_id in new:
             beats[node_id] = _Beat(None, now, True, closed=True)
-        return Heartbeats(beats)
+        return Heartbeats(beats, self.min_reads)
 
     def forget(self, node_ids: Iterable[str]) -> Heartbeats:
         """Return the view without ``node_ids``."""
         drop = set(node_ids)
-        return Heartbeats({k: v for k, v in self.beats.items() if k not in drop})
+        return Heartbeats({k: v for k, v in self.beats.items() if k not in drop}, self.min_reads)
 
 
 @dataclass(frozen=True)

@@ -205,7 +205,7 @@ class Rounds:
             for k, raw in zip(node_keys, self._backend.get_many(node_keys), strict=True)
             if raw is not None
         ]
-        beats = proto.Heartbeats()
+        beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         tick = self._settings.keep_alive_interval_s
         while True:
             if self._backend.wait_for([keys.arrivals(r + 1)], tick):
@@ -246,7 +246,7 @@ class Rounds:
             # The first arrival decides now (a re-forming round whose other nodes are all known
             # lost completes at once); the arrival that brings the count to max seals at once
             # if the protocol finds the max arrivals alive.
-            coordinator.step(self._clock())
+            coordinator.step(self._clock(), coordinate=index + 1 == self._round.max_nodes)
         seal_key = keys.seal(r)
         while True:
             if self._backend.wait_for([seal_key], coordinator.next_wait(self._clock())):
@@ -262,8 +262,11 @@ class Rounds:
         seal = decode(SealRecord, seal_key, raw)
         assign = proto.assignment_for(seal, index)
         if assign is None:
-            # Too late for this round (or judged gone): wait at the door with this arrival.
-            self._wait_at_door(r, seal, deadline, index)
+            # Not admitted. Came after the seal's count: already a waiting node. Left out of it
+            # (judged gone while slow, or its record came too late): arrive again past the
+            # count, so the members see one node waiting and admit it in their next round;
+            # the round itself goes on (a slow node costs only its own admission).
+            self._wait_at_door(r, seal, deadline, index if index >= seal.sealed_arrivals else None)
             return None
         successor: NodeRecord | None = None
         if assign.successor_index >= 0:

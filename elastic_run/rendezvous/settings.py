@@ -24,6 +24,8 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 
 __all__ = [
+    "DEFAULT_KEEP_ALIVE_INTERVAL_S",
+    "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
     "HANDLER_KEYS",
     "RendezvousTimeout",
     "MAX_DURATION_S",
@@ -37,6 +39,12 @@ log = logging.getLogger(__name__)
 
 MAX_DURATION_S = 365 * 24 * 3600.0
 _MAX_ATTEMPTS = 1000
+# The heartbeat budget: a node is judged gone after 5 intervals (and 5 reads) without a beat.
+# Long enough that a busy or starved host (a GC pause, a loaded core, thousands of nodes on two
+# cores in bench_rendezvous.py) is never judged; short enough that a hung host is dropped in
+# about 6 s (5 s, plus up to one interval until its watcher's next read).
+DEFAULT_KEEP_ALIVE_INTERVAL_S = 1.0
+DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 5
 
 HANDLER_KEYS = frozenset(
     {
@@ -202,15 +210,17 @@ class RendezvousSettings:
         close_timeout_s: the bound on leaving (``shutdown``) and closing (``set_closed``).
         heartbeat_timeout_s: the deadline of one heartbeat write.
         keep_alive_interval_s: how often a node bumps its heartbeat.
-        keep_alive_max_attempt: how many intervals without a move make a node gone.
+        keep_alive_max_attempt: how many intervals without a move make a node gone; a reader
+            also needs as many reads that found the counter unchanged (``protocol.Heartbeats``),
+            so its own stall never convicts another node.
     """
 
     join_timeout_s: float = 600.0
     last_call_timeout_s: float = 30.0
     close_timeout_s: float = 30.0
     heartbeat_timeout_s: float = 5.0
-    keep_alive_interval_s: float = 1.0
-    keep_alive_max_attempt: int = 3
+    keep_alive_interval_s: float = DEFAULT_KEEP_ALIVE_INTERVAL_S
+    keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
 
     def __post_init__(self) -> None:
         for name in ("join_timeout_s", "close_timeout_s", "heartbeat_timeout_s"):
@@ -268,8 +278,12 @@ class RendezvousSettings:
             last_call_timeout_s=conf_seconds(params, "last_call_timeout", 30.0, allow_zero=True),
             close_timeout_s=conf_seconds(params, "close_timeout", 30.0),
             heartbeat_timeout_s=conf_seconds(params, "heartbeat_timeout", 5.0),
-            keep_alive_interval_s=conf_seconds(params, "keep_alive_interval", 1.0),
-            keep_alive_max_attempt=_conf_attempts(params, "keep_alive_max_attempt", 3),
+            keep_alive_interval_s=conf_seconds(
+                params, "keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL_S
+            ),
+            keep_alive_max_attempt=_conf_attempts(
+                params, "keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
+            ),
         )
 
 

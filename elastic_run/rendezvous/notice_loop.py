@@ -1,0 +1,191 @@
+"""The one thread of a process that serves every death-notice socket: listeners and watches.
+
+Death notices (``peerwatch.py``) need no store and no blocking call, only sockets: a listener's
+port and its greeted clients, and one outgoing connection per watch. So a single select loop
+per process serves them all (thread ``elastic-run-notices``, started on first use, never
+stopped): an agent has its liveness thread (the store: heartbeat, ring read) and this one, and
+a process that holds many nodes (a benchmark, a test) still has one, not two per node.
+
+Members (:class:`LoopMember`) own their sockets; the loop owns the selector. Every selector
+change, and every member's state change, happens on the loop's thread: other threads hand work
+over with :meth:`NoticeLoop.call` (or :meth:`NoticeLoop.call_wait` to wait for it, bounded).
+
+Invariants:
+- No member's error ends the thread: an exception of a member's handler is logged (once per
+  run of failures) and the loop goes on; a failing ``select`` pauses (50 ms doubling to 1 s).
+- The wake-up pipe lives as long as the process, so it is never closed under the thread.
+- A member's timer (``deadline``) is looked at after every wake-up; no member blocks the loop.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import selectors
+import threading
+import time
+from collections import deque
+from collections.abc import Callable
+from typing import Protocol
+
+from elastic_run.descriptors import AcceptPause
+
+__all__ = ["LoopMember", "NoticeLoop", "notice_loop"]
+
+log = logging.getLogger(__name__)
+
+
+class LoopMember(Protocol):
+    """What the loop asks of a member (all called on the loop's thread)."""
+
+    def on_ready(self, fileobj: object, events: int) -> None:
+        """A registered socket of this member is ready."""
+
+    def deadline(self) -> float | None:
+        """When (monotonic) this member wants ``on_timer``; None: no timer."""
+
+    def on_timer(self, now: float) -> None:
+        """Its deadline passed."""
+
+
+class NoticeLoop:
+    """One select loop with a thread; members register sockets and timers with it."""
+
+    def __init__(self) -> None:
+        self._selector = selectors.DefaultSelector()
+        self._wake_r, self._wake_w = os.pipe()
+        os.set_blocking(self._wake_r, False)
+        os.set_blocking(self._wake_w, False)
+        self._selector.register(self._wake_r, selectors.EVENT_READ, None)
+        self._calls: deque[Callable[[], None]] = deque()
+        self._members: dict[int, LoopMember] = {}
+        self._failing: set[int] = set()
+        self._thread = threading.Thread(target=self._run, name="elastic-run-notices", daemon=True)
+        self._thread.start()
+
+    @property
+    def thread(self) -> threading.Thread:
+        """The loop's thread."""
+        return self._thread
+
+    def call(self, fn: Callable[[], None]) -> None:
+        """Run ``fn`` on the loop's thread, soon (in order of the calls)."""
+        self._calls.append(fn)
+        self._wake()
+
+    def call_wait(self, fn: Callable[[], None], timeout_s: float) -> bool:
+        """Run ``fn`` on the loop's thread and wait for it; return whether it ran in time."""
+        if threading.current_thread() is self._thread:
+            fn()
+            return True
+        done = threading.Event()
+
+        def run() -> None:
+            try:
+                fn()
+            finally:
+                done.set()
+
+        self.call(run)
+        return done.wait(timeout_s)
+
+    # -- on the loop's thread -----------------------------------------------------------
+
+    def add(self, member: LoopMember) -> None:
+        """Have ``member``'s timer looked at."""
+        self._members[id(member)] = member
+
+    def remove(self, member: LoopMember) -> None:
+        """Forget ``member`` (its sockets must be unregistered already)."""
+        self._members.pop(id(member), None)
+
+    def register(self, fileobj: object, events: int, member: LoopMember) -> None:
+        """Watch ``fileobj`` for ``events`` on behalf of ``member``."""
+        self._selector.register(fileobj, events, member)  # type: ignore[arg-type]
+
+    def modify(self, fileobj: object, events: int, member: LoopMember) -> None:
+        """Watch ``fileobj`` for other ``events``."""
+        self._selector.modify(fileobj, events, member)  # type: ignore[arg-type]
+
+    def unregister(self, fileobj: object) -> None:
+        """Stop watching ``fileobj`` (no error when it was not watched)."""
+        try:
+            self._selector.unregister(fileobj)  # type: ignore[arg-type]
+        except (KeyError, ValueError):
+            pass
+
+    # -- the thread ---------------------------------------------------------------------
+
+    def _wake(self) -> None:
+        try:
+            os.write(self._wake_w, b"x")
+        except BlockingIOError:
+            pass  # the pipe is full: the loop is awake already
+
+    def _run(self) -> None:
+        pause = AcceptPause()
+        while True:
+            try:
+                self._once()
+                pause.succeeded()
+            except Exception:
+                if pause.failed(time.monotonic()):
+                    log.exception("death-notice loop: unexpected error; going on")
+                time.sleep(max(0.0, (pause.resume_at or 0.0) - time.monotonic()))
+
+    def _once(self) -> None:
+        deadlines = [d for m in list(self._members.values()) if (d := m.deadline()) is not None]
+        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        for key, events in self._selector.select(timeout):
+            if key.data is None:
+                _drain(self._wake_r)
+            else:
+                self._guarded(key.data, key.data.on_ready, key.fileobj, events)
+        while self._calls:
+            fn = self._calls.popleft()
+            self._guarded(fn, fn)
+        now = time.monotonic()
+        for member in list(self._members.values()):
+            when = member.deadline()
+            if when is not None and when <= now:
+                self._guarded(member, member.on_timer, now)
+
+    def _guarded(self, owner: object, fn: Callable[..., None], *args: object) -> None:
+        try:
+            fn(*args)
+        except Exception:
+            if id(owner) not in self._failing:
+                log.exception("death-notice loop: a member failed; going on")
+            self._failing.add(id(owner))
+        else:
+            self._failing.discard(id(owner))
+
+
+def _drain(fd: int) -> None:
+    try:
+        while os.read(fd, 4096):
+            pass
+    except BlockingIOError:
+        pass
+
+
+_LOOP: NoticeLoop | None = None
+_LOOP_LOCK = threading.Lock()
+
+
+def notice_loop() -> NoticeLoop:
+    """This process's loop (started on first use)."""
+    global _LOOP
+    with _LOOP_LOCK:
+        if _LOOP is None or not _LOOP.thread.is_alive():
+            _LOOP = NoticeLoop()
+        return _LOOP
+
+
+def _forget_after_fork() -> None:
+    # A forked child has no loop thread: the next user starts its own.
+    global _LOOP, _LOOP_LOCK
+    _LOOP, _LOOP_LOCK = None, threading.Lock()
+
+
+os.register_at_fork(after_in_child=_forget_after_fork)
