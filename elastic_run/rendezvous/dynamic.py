@@ -15,8 +15,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
 
-Per round each node does O(1) operations of O(1) size; liveness verdicts apply only while this
-node is a member of their round.
+Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
 """
 
 from __future__ import annotations
