@@ -23,7 +23,8 @@ import test_cli_single_node as cold
 import test_cli_watchdog_health as cold_watchdog
 from cli_harness import Agent, Launch, script
 
-from tests.helpers import REPO_ROOT, is_alive, no_process_left, wait_until
+from tests.e2e import test_hangs as hangs
+from tests.helpers import REPO_ROOT, is_alive, no_process_left, run_cli, wait_until
 
 launch = cli_harness.launch
 
@@ -257,3 +258,23 @@ def test_a_preload_that_starts_a_native_thread_is_refused(launch: Launch, tmp_pa
     line = _one_warning(agent)
     assert "preloading started native threads" in line, line
     assert not any(_read(tmp_path / "out", 0, lr)["warm"] for lr in (0, 1))
+
+
+def test_stacks_of_a_warm_worker_before_the_watchdog_kill(tmp_path: Path) -> None:
+    """py-spy attaches to a warm worker by pid as to a cold one (the hang suite's own test)."""
+    script_path = tmp_path / "watched.py"
+    script_path.write_text(hangs.WATCHED)
+    log_dir = tmp_path / "logs"
+    proc = run_cli(
+        ["--warm-start", "--standalone", "--no-live", "--watchdog", "--log-dir", str(log_dir),
+         str(script_path)],
+        env={"COLUMNS": "300"},
+        timeout_s=120,
+    )  # fmt: skip
+    assert proc.returncode == 1, proc.stderr
+    assert not any(word in proc.stderr for word in _COLD_WORDS), proc.stderr
+    (run_dir,) = log_dir.iterdir()
+    stacks = (run_dir / "attempt_0" / "0" / "stacks.txt").read_text()
+    assert "its watchdog timer expired" in stacks.splitlines()[0]
+    assert f"<module> ({script_path}:4)" in stacks
+    assert "stuck in Condition.wait at watched.py:4" in proc.stderr
