@@ -44,10 +44,10 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, heartbeat_values
 from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
 from elastic_run.rendezvous.errors import RendezvousConnectionError
-from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat, decode_int
+from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_int
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -271,7 +271,7 @@ class C10dRendezvousBackend(RendezvousBackend):
             values = self._call(lambda: [self._peek(k) for k in hb_keys])
         else:
             values = self.get_many(hb_keys)
-        return [decode_heartbeat(v, k) for k, v in zip(hb_keys, values, strict=True)]
+        return heartbeat_values(node_ids, values, f"c10d {self._endpoint}")
 
     def forget_node(self, node_id: str) -> None:
         # Overwrite, never delete: see the module docstring.
