@@ -130,6 +130,18 @@ class RendezvousBackend(ABC):
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where the node is known gone."""
 
+    def check_reachable(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
+        """Make one real request within ``timeout_s``, so a launcher fails fast (no-op here).
+
+        For backends that connect lazily (etcd): a store that cannot be reached, refuses the
+        credentials or the TLS files, is said before the agent starts, not after its first
+        rendezvous attempt ran out of time. A backend that connects when built needs none.
+
+        Raises:
+            RendezvousConnectionError: the store did not answer within ``timeout_s``.
+            RendezvousError: the store refused the request (credentials, TLS).
+        """
+
     def forget_node(self, node_id: str) -> None:  # noqa: B027 - optional hook
         """Drop what the backend keeps alive for ``node_id`` (a lease) when it leaves."""
 

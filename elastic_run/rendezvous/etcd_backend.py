@@ -229,6 +229,14 @@ class EtcdRendezvousBackend(RendezvousBackend):
             + " and may drop it from the round"
         )
 
+    def check_reachable(self, timeout_s: float) -> None:
+        """Read one key within ``timeout_s`` (see ``RendezvousBackend.check_reachable``)."""
+        self._client.call(
+            "answer a first read",
+            lambda c: c.get_response(self._key("round"), limit=1),
+            deadline_s=time.monotonic() + timeout_s,
+        )
+
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where its key is gone (lease expired).
 
