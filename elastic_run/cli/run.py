@@ -140,14 +140,14 @@ def run_job(config: LaunchConfig) -> int:
 
 # How long a backend that connects lazily (etcd) may take to answer its first read before the
 # agent starts: a store that is down is one line and exit 4 at once, not after a join attempt.
-REACH_TIMEOUT_S = 5.0
+_REACH_TIMEOUT_S = 5.0
 
 
 def _check_reachable(handler: object) -> None:
     from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
 
     if isinstance(handler, DynamicRendezvousHandler):
-        handler.backend.check_reachable(REACH_TIMEOUT_S)
+        handler.backend.check_reachable(_REACH_TIMEOUT_S)
 
 
 def _close_backend(handler: object) -> None:
