@@ -153,6 +153,18 @@ def _newest_pids(job: HostsJob, name: str) -> set[int]:
     return {int(r["pid"]) for r in job.records(name) if r["MASTER_PORT"] == port}
 
 
+def _wait_new_round(job: HostsJob, names: list[str], world_size: int, old_port: str) -> None:
+    """Wait until ``names`` run together at ``world_size`` in a round after ``old_port``'s."""
+    wait_until(
+        lambda: (
+            job.running_with(names, world_size) and job.newest(names[0])["MASTER_PORT"] != old_port
+        ),
+        STEP_S,
+        interval_s=0.1,
+        message=job.report,
+    )
+
+
 def _say(what: str, since: float) -> None:
     sys.stderr.write(f"[partition] {what}: {time.monotonic() - since:.1f} s\n")
 
@@ -176,6 +188,15 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     # a and b drop c and train on at WORLD_SIZE 2; the event names c.
     job.wait_running(["a", "b"], 2, timeout_s=STEP_S)
     _say("a and b train at WORLD_SIZE 2 after the cut", cut_at)
+    # The events of a and b name c as the node that is gone (node ids end <pid>-<random>).
+    c_mark = f"-{job.nodes['c'].proc.pid}-"
+    for name in ("a", "b"):
+        lost = [
+            e["fields"].get("lost", [])
+            for e in _events(job.nodes[name])
+            if e["kind"] == "membership.changed" and e["fields"].get("reason") == "member_lost"
+        ]
+        assert lost and all(any(c_mark in n for n in ids) for ids in lost), (name, lost)
     assert job.nodes["c"].proc.poll() is None, (
         "c must wait for the store, not exit\n" + job.report()
     )
@@ -183,6 +204,37 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     job.hosts.heal(3)
     job.wait_running(["a", "b", "c"], 3, timeout_s=STEP_S)
     _say("a, b, c train at WORLD_SIZE 3 after the heal", healed_at)
+    job.go()
+    for name in ("a", "b", "c"):
+        assert job.wait_exit(name) == 0, job.report()
+    job.assert_no_survivors()
+
+
+def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_heal(
+    hosts_job: HostsJob,
+) -> None:
+    job = hosts_job
+    _start_three(job)
+    pids = {name: _newest_pids(job, name) for name in ("b", "c")}
+    old_port = job.newest("a")["MASTER_PORT"]
+    cut_at = time.monotonic()
+    job.hosts.partition(1)
+    # b and c cannot reach the store: each stops its workers and says why, then waits for the
+    # store (until its join timeout) instead of exiting.
+    for name in ("b", "c"):
+        wait_until(lambda n=name: _workers_gone(job, n, pids[n]), STEP_S, message=job.report)
+        wait_until(
+            lambda n=name: _has_event(job.nodes[n], "membership.changed", reason="liveness_lost"),
+            STEP_S,
+            message=job.report,
+        )
+    _say("b and c stopped their workers after the store host was cut", cut_at)
+    for name in ("b", "c"):
+        assert job.nodes[name].proc.poll() is None, f"{name} exited\n" + job.report()
+    healed_at = time.monotonic()
+    job.hosts.heal(1)
+    _wait_new_round(job, ["a", "b", "c"], 3, old_port)
+    _say("a, b, c train at WORLD_SIZE 3 after the store host's heal", healed_at)
     job.go()
     for name in ("a", "b", "c"):
         assert job.wait_exit(name) == 0, job.report()
