@@ -33,6 +33,7 @@ from elastic_run.agent.failures import (
     read_error_file,
 )
 from elastic_run.agent.function_workers import FunctionWorkers
+from elastic_run.agent.gloo_check import gloo_loopback_warning
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
@@ -121,6 +122,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._host = socket.gethostname()
         self._progress = ProgressDuties(opts.progress, self._host)
         self._expiry_where: dict[int, str] = {}
+        self._gloo_checked = False  # the gloo loopback check runs once per agent
 
     @property
     def run_log_dir(self) -> Path:
@@ -284,6 +286,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             for w in group.workers
         }
+        if (group.group_world_size or 1) > 1 and not self._gloo_checked:
+            self._gloo_checked = True
+            warning = gloo_loopback_warning(
+                self._advertised_addr(), envs[group.workers[0].local_rank]
+            )
+            if warning is not None:
+                log.warning("%s", warning)
         try:
             dest = self._logs_specs.reify(
                 {lr: {**env, ATTEMPT_ENV: str(self.attempt)} for lr, env in envs.items()}
