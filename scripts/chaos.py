@@ -216,7 +216,9 @@ def run_trial(
 ) -> Outcome:
     out = Outcome(fault)
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
-    endpoint = f"127.0.0.1:{free_port()}" if backend == "c10d" else etcd.endpoint  # type: ignore[attr-defined]
+    endpoint = (
+        f"127.0.0.1:{free_port()}" if backend == "c10d" else ",".join(etcd.endpoints)  # type: ignore[attr-defined]
+    )
     trial = Trial(tmp, backend, endpoint, bound_s)
     dead: set[str] = set()
     try:
