@@ -88,6 +88,13 @@ class AgentOptions:
         extra_env: variables set in every worker's environment.
         base_env: the environment workers start from (None: the agent's, when they start).
         progress: hang and straggler verdicts on the workers' progress beats.
+        duplicate_stdout_filters: lines of teed stdout containing one of these strings also go
+            to ``attempt_<n>/filtered_stdout.log`` (torchrun's --duplicate-stdout-filters).
+        duplicate_stderr_filters: the same for stderr.
+        virtual_local_rank: every worker sees LOCAL_RANK=0 and only its own device through
+            CUDA_VISIBLE_DEVICES (torchrun's --virtual-local-rank).
+        numa_binding: bind each worker to the CPUs near its GPU: node, socket, exclusive or
+            core-complex (torchrun's --numa-binding; None: no binding).
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -99,6 +106,10 @@ class AgentOptions:
     extra_env: tuple[tuple[str, str], ...] = ()
     base_env: tuple[tuple[str, str], ...] | None = None
     progress: ProgressOptions = field(default_factory=ProgressOptions)
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    virtual_local_rank: bool = False
+    numa_binding: str | None = None
 
 
 @dataclass(frozen=True)
@@ -150,3 +161,12 @@ class LaunchConfig:
     extra_env: tuple[tuple[str, str], ...] = field(default=())
     base_env: tuple[tuple[str, str], ...] | None = None
     progress: ProgressOptions = field(default_factory=ProgressOptions)
+    # torchrun 2.13's further flags (see AgentOptions for their meaning).
+    logs_specs: str | None = None
+    event_log_handler: str = "null"
+    log_line_prefix_template: str | None = None
+    duplicate_stdout_filters: tuple[str, ...] = ()
+    duplicate_stderr_filters: tuple[str, ...] = ()
+    virtual_local_rank: bool = False
+    numa_binding: str | None = None
+    launcher_error_file: str | None = None

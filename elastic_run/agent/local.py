@@ -37,12 +37,15 @@ from elastic_run.agent.gloo_check import gloo_loopback_warning
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
+from elastic_run.agent.numa import numa_wrapped
+from elastic_run.agent.output import LineFilter, StreamName
 from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.agent.progress_duties import ProgressDuties
 from elastic_run.agent.simple import SimpleElasticAgent
 from elastic_run.agent.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.state_machine import Observation
 from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
+from elastic_run.agent.worker_console import duplicate_filters, tee_prefix
 from elastic_run.agent.worker_env import build_worker_env, worker_argv
 from elastic_run.errors import AgentError, ConfigurationError
 
@@ -60,7 +63,8 @@ class LocalElasticAgent(SimpleElasticAgent):
         start_method: how a callable entrypoint's workers start: ``spawn``, ``fork``, or
             ``forkserver`` (started as spawn); a program is always run as a subprocess.
         exit_barrier_timeout: how long a finished node waits for the others (s).
-        log_line_prefix_template: accepted for torch's signature.
+        log_line_prefix_template: the prefix of teed console lines (torch's
+            ``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE``; None: ``[<role><local rank>]:``).
         shutdown_timeout: the grace period between the stop signal and SIGKILL (s).
         health_check_server: accepted for torch's signature (see ``options``).
         uninterruptible_state_timeout: accepted for torch's signature.
@@ -283,6 +287,7 @@ class LocalElasticAgent(SimpleElasticAgent):
                 use_agent_store=handler.use_agent_store,
                 timer_file=self._timer_file,
                 extra=dict(self._options.extra_env),
+                virtual_local_rank=self._options.virtual_local_rank,
             )
             for w in group.workers
         }
@@ -299,6 +304,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
         except OSError as exc:
             raise AgentError(f"cannot create the log directory: {exc.strerror or exc}") from None
+        duplicates = self._duplicate_filters(dest.error_files)
         functions = self._functions
         if functions is not None:
             functions.prepare_attempt()
@@ -318,7 +324,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 WorkerLaunch(
                     local_rank=lr,
                     global_rank=worker.global_rank,
-                    argv=(functions.name,) if functions else tuple(worker_argv(spec, lr)),
+                    argv=(functions.name,)
+                    if functions
+                    else numa_wrapped(tuple(worker_argv(spec, lr)), lr, self._options.numa_binding),
                     env=envs[lr],
                     log_dir=error_file.parent,
                     redirect=self._logs_specs.redirect_for(lr),
@@ -326,6 +334,13 @@ class LocalElasticAgent(SimpleElasticAgent):
                     show_on_console=self._logs_specs.shows_on_console(lr),
                     error_file=error_file,
                     start=functions.start if functions else None,
+                    tee_prefix=tee_prefix(
+                        self._log_line_prefix_template,
+                        role=spec.role,
+                        rank=worker.global_rank,
+                        local_rank=lr,
+                    ),
+                    duplicates=duplicates,
                 )
             )
         self._expiries.clear()
@@ -340,6 +355,19 @@ class LocalElasticAgent(SimpleElasticAgent):
             worker.id = pids.get(worker.local_rank)
         self._progress.started(pids)
         return dict(pids)
+
+    def _duplicate_filters(self, error_files: dict[int, str]) -> dict[StreamName, LineFilter]:
+        """This attempt's --duplicate-*-filters files, beside its ranks' directories."""
+        opts = self._options
+        if not (opts.duplicate_stdout_filters or opts.duplicate_stderr_filters) or not error_files:
+            return {}
+        attempt_dir = Path(next(iter(error_files.values()))).parent.parent
+        try:
+            return duplicate_filters(
+                opts.duplicate_stdout_filters, opts.duplicate_stderr_filters, attempt_dir
+            )
+        except OSError as exc:
+            raise AgentError(f"cannot create the filtered log: {exc.strerror or exc}") from None
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGTERM, int(self._shutdown_timeout))

@@ -23,10 +23,11 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from elastic_run.agent.config import Std
 
-__all__ = ["ATTEMPT_ENV", "DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std"]
+__all__ = ["ATTEMPT_ENV", "DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std", "TorchLogsSpecs"]
 
 # Passed to ``reify`` (never to a worker): the agent's attempt number for the directory name.
 ATTEMPT_ENV = "ELASTIC_RUN_ATTEMPT"
@@ -162,4 +163,62 @@ class DefaultLogsSpecs(LogsSpecs):
             if tee & Std.ERR:
                 dest.tee_stderrs[local_rank] = err
             dest.error_files[local_rank] = str(rank_dir / "error.json")
+        attempt_dir = run_dir / f"attempt_{attempt}"
+        dest.filtered_stdout = str(attempt_dir / "filtered_stdout.log")
+        dest.filtered_stderr = str(attempt_dir / "filtered_stderr.log")
         return dest
+
+
+class TorchLogsSpecs(LogsSpecs):
+    """A torch ``LogsSpecs`` class (a ``--logs-specs`` plugin) behind our interface.
+
+    The plugin is built with torch's keyword arguments and decides the directories: each
+    worker's ``error.json`` and its ``stdout.log`` / ``stderr.log`` go in the directory of the
+    error file the plugin's ``reify`` names. Which streams are redirected, teed or shown stays
+    the flags' (``--redirects``, ``--tee``, ``--local-ranks-filter``).
+
+    Args:
+        cls: the plugin's class.
+        log_dir, redirects, tee, local_ranks_filter: as for :class:`LogsSpecs`.
+    """
+
+    def __init__(
+        self,
+        cls: type[Any],
+        log_dir: str | None,
+        redirects: Std | dict[int, Std],
+        tee: Std | dict[int, Std],
+        local_ranks_filter: set[int] | None,
+    ) -> None:
+        super().__init__(log_dir, redirects, tee, local_ranks_filter)
+        from torch.distributed.elastic.multiprocessing import Std as TorchStd
+
+        def torch_std(value: Std | dict[int, Std]) -> Any:
+            if isinstance(value, Std):
+                return TorchStd(int(value))
+            return {rank: TorchStd(int(std)) for rank, std in value.items()}
+
+        self.plugin = cls(
+            log_dir=log_dir,
+            redirects=torch_std(redirects),
+            tee=torch_std(tee),
+            local_ranks_filter=local_ranks_filter,
+        )
+
+    @property
+    def root_log_dir(self) -> str:
+        """The plugin's root directory."""
+        return str(self.plugin.root_log_dir)
+
+    def reify(self, envs: dict[int, dict[str, str]]) -> LogsDest:
+        """The plugin's destinations (its error files name each rank's directory)."""
+        theirs = self.plugin.reify(envs)
+        return LogsDest(
+            stdouts=dict(theirs.stdouts),
+            stderrs=dict(theirs.stderrs),
+            tee_stdouts=dict(theirs.tee_stdouts),
+            tee_stderrs=dict(theirs.tee_stderrs),
+            error_files={lr: str(path) for lr, path in theirs.error_files.items()},
+            filtered_stdout=str(getattr(theirs, "filtered_stdout", "")),
+            filtered_stderr=str(getattr(theirs, "filtered_stderr", "")),
+        )

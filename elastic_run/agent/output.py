@@ -1,7 +1,11 @@
-"""Where a worker's stdout and stderr go: files, the console with a rank prefix, or both.
+"""Where a worker's stdout and stderr go: files, the console, or both.
 
-This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``, with our console prefix
-``[rank N]: `` (global rank) in place of torchrun's ``[default0]:``:
+This is torchrun's ``--redirects`` / ``--tee`` / ``--local-ranks-filter``. As in torchrun, a stream
+that is only shown on the console passes through unchanged (no prefix, the worker's bytes as
+written, so ``elastic-run ... | jq`` works), and a teed stream's console lines carry a prefix (torchrun's ``[default0]:``, or what
+``TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE`` makes of it; the caller chooses). Lines of a teed stream
+that contain one of the duplicate filters' strings also go to a shared file (torchrun's
+``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``), prefixed the same way:
 
 =====================  ==========================  ====================================
 stream is ...          rank shown on the console   rank filtered out of the console
@@ -20,7 +24,11 @@ Invariants:
 - A stream that reaches the console goes through a pipe and one reader thread, which drains it to
   EOF (so the last lines of a killed worker still arrive) and hands the console only whole lines
   (a line longer than ``_MAX_PARTIAL_BYTES`` is cut into pieces), under one process-wide lock: lines
-  of different ranks never interleave mid-line.
+  of different ranks never interleave mid-line. (Under torchrun the workers share the console's
+  descriptor, and ``python -u`` writes a line's text and its newline in two calls, so two ranks'
+  lines can be cut into each other: ``| jq`` then fails.) An unprefixed partial line (a progress
+  bar, a prompt) is passed on as it is once its stream has been quiet for
+  ``_PARTIAL_FLUSH_S``, so it shows without waiting for its newline.
 - The console sink is replaceable (:func:`set_console_sink`), so a live view can print above its
   panel; by default it writes to the agent's ``sys.stdout`` / ``sys.stderr``.
 """
@@ -30,6 +38,7 @@ from __future__ import annotations
 import enum
 import logging
 import os
+import select
 import subprocess
 import sys
 import threading
@@ -42,6 +51,7 @@ from elastic_run.agent.config import Std
 
 __all__ = [
     "ConsoleSink",
+    "LineFilter",
     "StreamName",
     "StreamPlan",
     "WorkerOutput",
@@ -54,6 +64,7 @@ logger = logging.getLogger(__name__)
 
 _READ_CHUNK_BYTES = 65536
 _MAX_PARTIAL_BYTES = 65536
+_PARTIAL_FLUSH_S = 0.05
 
 
 class StreamName(str, enum.Enum):
@@ -64,7 +75,7 @@ class StreamName(str, enum.Enum):
 
 
 ConsoleSink = Callable[[StreamName, str], None]
-"""Receives console text: the stream it came from, and one or more whole, prefixed lines."""
+"""Receives console text: the stream it came from, and one or more whole lines."""
 
 
 def _default_sink(stream: StreamName, text: str) -> None:
@@ -81,8 +92,8 @@ def set_console_sink(sink: ConsoleSink | None) -> None:
     """Send workers' console lines to ``sink`` instead of ``sys.stdout`` / ``sys.stderr``.
 
     Args:
-        sink: called with the stream and a block of whole lines (each ending in a newline and
-            carrying the ``[rank N]: `` prefix), under the console lock, from reader threads.
+        sink: called with the stream and a block of whole lines (each ending in a newline; a
+            teed stream's lines carry their prefix), under the console lock, from reader threads.
             ``None`` restores the default sink.
     """
     global _console_sink
@@ -103,13 +114,43 @@ def write_console(stream: StreamName, text: str) -> None:
         _console_sink(stream, text)
 
 
+class LineFilter:
+    """Appends the lines that contain any of ``needles`` to one file shared by every worker.
+
+    torchrun's ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: the file is
+    ``attempt_<n>/filtered_stdout.log`` (or ``filtered_stderr.log``), created empty at once.
+
+    Args:
+        needles: the strings; a line matches when it contains one of them.
+        path: the file.
+
+    Raises:
+        OSError: the file cannot be created.
+    """
+
+    def __init__(self, needles: tuple[str, ...], path: Path) -> None:
+        self.needles = needles
+        self.path = path
+        self._lock = threading.Lock()
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_bytes(b"")
+
+    def write_matching(self, lines: list[str]) -> None:
+        """Append the matching lines (each ending in a newline, already prefixed)."""
+        matching = [line for line in lines if any(n in line for n in self.needles)]
+        if not matching:
+            return
+        with self._lock, open(self.path, "a", encoding="utf-8", errors="replace") as f:
+            f.writelines(matching)
+
+
 @dataclass(frozen=True)
 class StreamPlan:
     """How one stream of one worker is handled.
 
     Attributes:
         to_file: the stream is written to ``file_path``.
-        to_console: the stream is shown on the console with the rank prefix.
+        to_console: the stream is shown on the console.
         file_path: the log file, or None when the stream has no file.
     """
 
@@ -121,6 +162,11 @@ class StreamPlan:
     def needs_pipe(self) -> bool:
         """Whether a reader thread must sit between the worker and its destinations."""
         return self.to_console
+
+    @property
+    def is_teed(self) -> bool:
+        """Whether the stream goes to its file and to the console (its lines get the prefix)."""
+        return self.to_file and self.to_console
 
 
 def plan_stream(
@@ -166,15 +212,18 @@ class _LineForwarder:
         read_fd: int,
         prefix: str,
         file: IO[bytes] | None,
+        duplicate: LineFilter | None = None,
+        name: str = "",
     ) -> None:
         self._stream = stream
         self._read_fd = read_fd
         self._prefix = prefix
         self._file = file
+        self._duplicate = duplicate
         self._partial = b""
         self._started = False
         self._thread = threading.Thread(
-            target=self._run, name=f"output-{prefix.strip(': ')}-{stream.value}", daemon=True
+            target=self._run, name=f"output-{name}-{stream.value}", daemon=True
         )
 
     def start(self) -> None:
@@ -195,6 +244,10 @@ class _LineForwarder:
     def _run(self) -> None:
         try:
             while True:
+                if self._partial and not self._prefix and not self._is_readable(_PARTIAL_FLUSH_S):
+                    self._emit_raw(self._partial)  # quiet: show the partial line as it is
+                    self._partial = b""
+                    continue
                 try:
                     chunk = os.read(self._read_fd, _READ_CHUNK_BYTES)
                 except InterruptedError:
@@ -213,6 +266,19 @@ class _LineForwarder:
             if self._file is not None:
                 self._file.flush()
 
+    def _is_readable(self, timeout_s: float) -> bool:
+        try:
+            readable, _, _ = select.select([self._read_fd], [], [], timeout_s)
+        except InterruptedError:
+            return True
+        return bool(readable)
+
+    def _emit_raw(self, data: bytes) -> None:
+        try:
+            write_console(self._stream, data.decode("utf-8", errors="replace"))
+        except Exception:
+            logger.exception("the console sink failed; worker output dropped from the console")
+
     def _handle(self, chunk: bytes) -> None:
         if self._file is not None:
             self._file.write(chunk)
@@ -228,9 +294,11 @@ class _LineForwarder:
 
     def _emit(self, lines: list[bytes]) -> None:
         prefix = self._prefix
-        text = "".join(f"{prefix}{line.decode('utf-8', errors='replace')}\n" for line in lines)
+        shown = [f"{prefix}{line.decode('utf-8', errors='replace')}\n" for line in lines]
         try:
-            write_console(self._stream, text)
+            write_console(self._stream, "".join(shown))
+            if self._duplicate is not None:
+                self._duplicate.write_matching(shown)
         except Exception:
             # Keep draining: a reader that stops would block the worker on a full pipe.
             logger.exception("the console sink failed; worker output dropped from the console")
@@ -252,21 +320,27 @@ class WorkerOutput:
         redirect: Std,
         tee: Std,
         show_on_console: bool,
+        tee_prefix: str = "",
+        duplicates: dict[StreamName, LineFilter] | None = None,
     ) -> None:
         """Open the worker's log files and pipes.
 
         Args:
-            global_rank: the rank shown in the console prefix.
+            global_rank: the worker's rank (names its reader threads).
             log_dir: the directory for ``stdout.log`` / ``stderr.log``, or None.
             redirect: the streams that go to files only.
             tee: the streams that go to files and the console.
             show_on_console: False when --local-ranks-filter hides this worker.
+            tee_prefix: the prefix of a teed stream's console lines (torchrun's ``[default0]:``).
+            duplicates: per stream, where a teed stream's matching lines are also written.
 
         Raises:
             ValueError: a stream is redirected or teed without a log directory.
             OSError: a log file or pipe could not be created.
         """
-        self._prefix = f"[rank {global_rank}]: "
+        self._name = f"rank{global_rank}"
+        self._prefix = tee_prefix
+        self._duplicates = duplicates or {}
         self._files: list[IO[bytes]] = []
         self._child_fds: list[int] = []
         self._forwarders: list[_LineForwarder] = []
@@ -301,7 +375,17 @@ class WorkerOutput:
             return file if file is not None else subprocess.DEVNULL
         read_fd, write_fd = os.pipe()
         self._child_fds.append(write_fd)
-        self._forwarders.append(_LineForwarder(stream, read_fd, self._prefix, file))
+        teed = plan.is_teed
+        self._forwarders.append(
+            _LineForwarder(
+                stream,
+                read_fd,
+                self._prefix if teed else "",
+                file,
+                self._duplicates.get(stream) if teed else None,
+                self._name,
+            )
+        )
         return write_fd
 
     def after_spawn(self) -> None:

@@ -41,7 +41,7 @@ import psutil
 
 from elastic_run.agent.config import Std
 from elastic_run.agent.guardian import Guardian
-from elastic_run.agent.output import WorkerOutput
+from elastic_run.agent.output import LineFilter, StreamName, WorkerOutput
 from elastic_run.errors import AgentError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
@@ -89,6 +89,8 @@ class WorkerLaunch:
         error_file: the worker's TORCHELASTIC_ERROR_FILE (already in ``env``).
         start: starts a worker that is not a program (``argv`` then only names it); None runs
             ``argv``.
+        tee_prefix: the prefix of a teed stream's console lines (torchrun's ``[default0]:``).
+        duplicates: per stream, the shared file of a teed stream's lines that match a filter.
     """
 
     local_rank: int
@@ -101,6 +103,8 @@ class WorkerLaunch:
     show_on_console: bool
     error_file: Path
     start: WorkerStart | None = None
+    tee_prefix: str = ""
+    duplicates: Mapping[StreamName, LineFilter] | None = None
 
 
 @dataclass(frozen=True)
@@ -196,6 +200,8 @@ class WorkerProcesses:
                 redirect=launch.redirect,
                 tee=launch.tee,
                 show_on_console=launch.show_on_console,
+                tee_prefix=launch.tee_prefix,
+                duplicates=dict(launch.duplicates or {}),
             )
         except (OSError, ValueError) as exc:
             raise AgentError(

@@ -54,8 +54,17 @@ def build_worker_env(
     use_agent_store: bool,
     timer_file: str | None,
     extra: Mapping[str, str] = {},
+    virtual_local_rank: bool = False,
 ) -> dict[str, str]:
-    """The environment of one worker (TORCHELASTIC_ERROR_FILE is added once the logs are placed)."""
+    """The environment of one worker (TORCHELASTIC_ERROR_FILE is added once the logs are placed).
+
+    With ``virtual_local_rank`` (torchrun's --virtual-local-rank) every worker sees
+    LOCAL_RANK=0 and CUDA_VISIBLE_DEVICES narrowed to its own device: the ``local_rank``-th
+    entry of the agent's CUDA_VISIBLE_DEVICES, or ``local_rank`` when that is unset.
+
+    Raises:
+        ConfigurationError: virtual local ranks and fewer visible devices than local ranks.
+    """
     worker = group.workers[local_rank]
     spec = group.spec
     env = dict(base)
@@ -79,6 +88,9 @@ def build_worker_env(
             "TORCHELASTIC_USE_AGENT_STORE": str(use_agent_store),
         }
     )
+    if virtual_local_rank:
+        env["LOCAL_RANK"] = "0"
+        env["CUDA_VISIBLE_DEVICES"] = _own_device(base.get("CUDA_VISIBLE_DEVICES"), local_rank)
     env.setdefault("TORCH_NCCL_ASYNC_ERROR_HANDLING", "1")
     if (
         spec.local_world_size > 1
@@ -89,3 +101,15 @@ def build_worker_env(
     if timer_file is not None:
         env["TORCHELASTIC_TIMER_FILE"] = timer_file
     return env
+
+
+def _own_device(visible: str | None, local_rank: int) -> str:
+    if visible is None:
+        return str(local_rank)
+    devices = visible.split(",")
+    if local_rank >= len(devices):
+        raise ConfigurationError(
+            f"--virtual-local-rank: local rank {local_rank} has no device in "
+            f"CUDA_VISIBLE_DEVICES={visible}"
+        )
+    return devices[local_rank].strip()

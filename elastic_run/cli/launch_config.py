@@ -242,6 +242,35 @@ def _progress(params: dict[str, Any]) -> ProgressOptions:
         raise ConfigurationError(str(exc)) from None
 
 
+def _count_xpu_devices() -> int:
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return int(xpu.device_count()) if xpu is not None and xpu.is_available() else 0
+
+
+def _torchrun_extras(params: dict[str, Any], env: dict[str, str]) -> dict[str, Any]:
+    """The LaunchConfig fields of torchrun 2.13's further flags (see cli.torchrun_flags)."""
+    from elastic_run.agent.numa import check_numa_binding
+    from elastic_run.cli.torchrun_flags import load_logs_specs_class, parse_filters
+
+    if params.get("logs_specs"):
+        load_logs_specs_class(params["logs_specs"])  # fails here, before anything starts
+    check_numa_binding(params.get("numa_binding"))
+    return {
+        "logs_specs": params.get("logs_specs") or None,
+        "event_log_handler": params.get("event_log_handler") or "null",
+        "log_line_prefix_template": env.get("TORCHELASTIC_LOG_LINE_PREFIX_TEMPLATE") or None,
+        "duplicate_stdout_filters": parse_filters(params.get("duplicate_stdout_filters") or ""),
+        "duplicate_stderr_filters": parse_filters(params.get("duplicate_stderr_filters") or ""),
+        "virtual_local_rank": bool(params.get("virtual_local_rank")),
+        "numa_binding": params.get("numa_binding"),
+        "launcher_error_file": env.get("TORCHELASTIC_ERROR_FILE") or None,
+        # torchrun puts the flag's text in its own environment, which the workers inherit.
+        "extra_env": (("TORCHELASTIC_SIGNALS_TO_HANDLE", str(params["signals_to_handle"])),),
+    }
+
+
 def _truthy(value: str | None) -> bool:
     return (value or "").strip().lower() in ("1", "true", "yes", "y", "t", "on")
 
@@ -286,6 +315,7 @@ def parse_launch_config(
         str(params["nproc_per_node"]),
         cpu_count=os.cpu_count() or 1,
         cuda_device_count=_count_cuda_devices,
+        xpu_device_count=_count_xpu_devices,
     )
     max_restarts = check_count(params["max_restarts"], "--max-restarts", 0, MAX_RESTARTS)
     durations = _durations(params, env)
@@ -341,6 +371,7 @@ def parse_launch_config(
         live=params["live"],
         exit_barrier_timeout_s=durations.exit_barrier_timeout_s,
         progress=progress,
+        **_torchrun_extras(params, env),
     )
     for name in _SHOWN_IN_PRINT_CONFIG:
         if not any(row[0] == name for row in chosen):

@@ -35,6 +35,10 @@ __all__ = [
 
 _SUBCOMMANDS = ("run", "status", "close", "etcd")
 
+# The environment as the user gave it, taken before main() changes anything in it
+# (GRPC_ENABLE_FORK_SUPPORT): the workers start from this one, as under torchrun.
+_user_env: tuple[tuple[str, str], ...] | None = None
+
 
 class _DefaultRunGroup(click.Group):
     """A group whose default command is ``run``: ``elastic-run train.py`` runs it."""
@@ -44,6 +48,8 @@ class _DefaultRunGroup(click.Group):
             args = ["run", *args]
         elif not args:
             args = ["run"]
+        if args[0] == "run":
+            args = ["run", *_spelled_out(args[1:])]
         return super().parse_args(ctx, args)
 
     def format_options(self, ctx: click.Context, formatter: click.HelpFormatter) -> None:
@@ -56,6 +62,22 @@ class _DefaultRunGroup(click.Group):
         rows = [r for p in run.get_params(sub) if (r := p.get_help_record(sub)) is not None]
         with formatter.section("Run options (elastic-run [OPTIONS] SCRIPT [ARGS]...)"):
             formatter.write_dl(rows)
+
+
+def _spelled_out(args: list[str]) -> list[str]:
+    """The run command's arguments with argparse-style abbreviations spelled out."""
+    from elastic_run.cli.torchrun_flags import expand_prefixes
+
+    long_flags: list[str] = ["--help"]
+    valued: list[str] = []
+    for param in run_command.params:
+        if not isinstance(param, click.Option):
+            continue
+        names = [n.strip() for n in (*param.opts, *param.secondary_opts) if n.strip()]
+        long_flags.extend(n for n in names if n.startswith("--"))
+        if not param.is_flag:
+            valued.extend(names)
+    return expand_prefixes(args, long_flags, valued)
 
 
 @click.group(cls=_DefaultRunGroup, context_settings={"help_option_names": ["-h", "--help"]})
@@ -85,7 +107,7 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
     # whose errors are one line, so only its fatal lines stay. Set before torch
     # loads; the workers start from the environment as the user gave it (torchrun's keys and
     # values, no TORCH_CPP_LOG_LEVEL added).
-    user_env = tuple(os.environ.items())
+    user_env = _user_env if _user_env is not None else tuple(os.environ.items())
     os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     # gRPC's C core (etcd) logs each failed TLS handshake and connect the same way.
     os.environ["GRPC_VERBOSITY"] = "NONE"
@@ -160,6 +182,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the CLI, turning every expected error into one line."""
     from elastic_run.rendezvous.grpc_fork import disable_grpc_fork_handlers
 
+    global _user_env
+    _user_env = tuple(os.environ.items())
     disable_grpc_fork_handlers()  # before anything imports grpc (see grpc_fork.py)
     args = list(sys.argv[1:] if argv is None else argv)
     try:

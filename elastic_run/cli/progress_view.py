@@ -17,7 +17,7 @@ from rich.console import Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
-from elastic_run.agent.progress_publisher import rank_times
+from elastic_run.agent.progress_publisher import rank_times, slowest_rows
 from elastic_run.agent.snapshot import WorkerSnapshot
 from elastic_run.agent.stragglers import DEFAULT_FACTOR, summarize
 
@@ -104,17 +104,7 @@ def progress_picture(
         "median_step_s": median,
         "ranks_reporting": steps.ranks,
         "factor": factor,
-        "slowest": [
-            {
-                "rank": t.rank,
-                "host": t.host,
-                "node": t.node_id,
-                "work_s": round(t.time_s, 6),
-                "ratio": round(ratio, 3),
-                "straggler": t.rank in reported or ratio >= factor,
-            }
-            for t, ratio in steps.slowest
-        ],
+        "slowest": slowest_rows(steps, lambda rank, ratio: rank in reported or ratio >= factor),
         "ranks": ranks,
         "nodes": nodes,
     }

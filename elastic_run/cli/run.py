@@ -15,6 +15,7 @@ from collections.abc import Iterable
 
 from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
 from elastic_run.agent.failures import FailureRecord
+from elastic_run.agent.logs_specs import LogsSpecs
 from elastic_run.errors import ElasticRunError
 
 __all__ = ["run_job"]
@@ -24,6 +25,32 @@ def _std(spec: StdSpec) -> Std | dict[int, Std]:
     if not spec.per_rank:
         return spec.default
     return {rank: std for rank, std in spec.per_rank}
+
+
+def _logs_specs(config: LaunchConfig) -> LogsSpecs:
+    """torch's DefaultLogsSpecs layout, or the --logs-specs plugin's class (torch's kwargs)."""
+    from elastic_run.agent.logs_specs import DefaultLogsSpecs, TorchLogsSpecs
+
+    ranks = set(config.local_ranks_filter) if config.local_ranks_filter is not None else None
+    log_dir = str(config.log_dir) if config.log_dir is not None else None
+    if config.logs_specs is None:
+        return DefaultLogsSpecs(
+            log_dir=log_dir,
+            redirects=_std(config.redirects),
+            tee=_std(config.tee),
+            local_ranks_filter=ranks,
+        )
+    from elastic_run.cli.torchrun_flags import load_logs_specs_class
+
+    cls = load_logs_specs_class(config.logs_specs)
+    if issubclass(cls, LogsSpecs):
+        return cls(
+            log_dir=log_dir,
+            redirects=_std(config.redirects),
+            tee=_std(config.tee),
+            local_ranks_filter=ranks,
+        )
+    return TorchLogsSpecs(cls, log_dir, _std(config.redirects), _std(config.tee), ranks)
 
 
 def _argv(config: LaunchConfig) -> tuple[str, tuple[str, ...]]:
@@ -50,7 +77,8 @@ def run_job(config: LaunchConfig) -> int:
     """Run this node's part of the job; return the process exit code."""
     from elastic_run.agent.api import WorkerSpec
     from elastic_run.agent.local import LocalElasticAgent
-    from elastic_run.agent.logs_specs import DefaultLogsSpecs
+    from elastic_run.cli.launcher_error import write_launcher_error_file
+    from elastic_run.cli.torchrun_flags import check_event_log_handler, torch_event_sink
     from elastic_run.cli.views import LiveView, make_view
     from elastic_run.rendezvous.api import AgentRendezvous, RendezvousParameters
     from elastic_run.rendezvous.registry import rendezvous_handler_registry
@@ -83,18 +111,14 @@ def run_job(config: LaunchConfig) -> int:
             master_addr=config.master_addr,
             master_port=config.master_port,
         )
-        logs_specs = DefaultLogsSpecs(
-            log_dir=str(config.log_dir) if config.log_dir is not None else None,
-            redirects=_std(config.redirects),
-            tee=_std(config.tee),
-            local_ranks_filter=set(config.local_ranks_filter)
-            if config.local_ranks_filter is not None
-            else None,
-        )
+        logs_specs = _logs_specs(config)
+        if config.event_log_handler != "null":
+            check_event_log_handler(config.event_log_handler)
         agent = LocalElasticAgent(
             spec,
             logs_specs,
             exit_barrier_timeout=config.exit_barrier_timeout_s,
+            log_line_prefix_template=config.log_line_prefix_template,
             shutdown_timeout=config.shutdown_timeout_s,
             options=AgentOptions(
                 signals=config.signals_to_handle,
@@ -106,6 +130,10 @@ def run_job(config: LaunchConfig) -> int:
                 extra_env=config.extra_env,
                 base_env=config.base_env,
                 progress=config.progress,
+                duplicate_stdout_filters=config.duplicate_stdout_filters,
+                duplicate_stderr_filters=config.duplicate_stderr_filters,
+                virtual_local_rank=config.virtual_local_rank,
+                numa_binding=config.numa_binding,
             ),
         )
     except (ElasticRunError, ValueError):
@@ -118,6 +146,9 @@ def run_job(config: LaunchConfig) -> int:
         rendezvous=handler.snapshot if isinstance(handler, AgentRendezvous) else None,
     )
     agent.add_event_sink(view)
+    torch_sink = torch_event_sink(config.event_log_handler)
+    if torch_sink is not None:
+        agent.add_event_sink(torch_sink)
     if isinstance(view, LiveView):
         view.start()
     # What the agent gives back when it returns: a late signal must not kill the process
@@ -132,6 +163,8 @@ def run_job(config: LaunchConfig) -> int:
         _close_backend(handler)
     if result.failures:
         _report_failures(config.run_id, result.failures.values())
+        if config.launcher_error_file:
+            write_launcher_error_file(config.launcher_error_file, result.failures.values())
         sys.stderr.write(f"elastic-run: logs in {agent.run_log_dir}\n")
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")

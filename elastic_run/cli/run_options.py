@@ -54,7 +54,7 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         "--nproc-per-node",
         default="1",
         show_default=True,
-        help="Workers per node: N, cpu, gpu or auto.",
+        help="Workers per node: N, cpu, gpu, xpu or auto.",
     ),
     _opt(
         "--rdzv-backend", default="static", show_default=True, help="static, c10d, etcd or etcd-v2."
@@ -113,6 +113,40 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         type=float,
         default=None,
         help="Seconds between the signal and SIGKILL [30].",
+    ),
+    _opt(
+        "--logs-specs",
+        default=None,
+        help="A LogsSpecs class from the entry point group torchrun.logs_specs.",
+    ),
+    _opt(
+        "--event-log-handler",
+        default="null",
+        show_default=True,
+        help="torch's events handler for the agent's events: null, console, ...",
+    ),
+    _opt(
+        "--duplicate-stdout-filters",
+        default="",
+        help="Teed stdout lines containing one of these (a,b; ',,' is a comma) also go to "
+        "attempt_<n>/filtered_stdout.log.",
+    ),
+    _opt(
+        "--duplicate-stderr-filters",
+        default="",
+        help="The same for stderr (filtered_stderr.log).",
+    ),
+    _opt(
+        "--numa-binding",
+        type=click.Choice(["node", "socket", "exclusive", "core-complex"]),
+        default=None,
+        help="Bind each worker to the CPUs near its GPU (numactl).",
+    ),
+    _opt(
+        "--virtual-local-rank",
+        is_flag=True,
+        default=False,
+        help="Every worker sees LOCAL_RANK=0 and only its GPU (CUDA_VISIBLE_DEVICES).",
     ),
     _opt(
         "--watchdog/--no-watchdog",

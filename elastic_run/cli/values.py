@@ -148,25 +148,37 @@ def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
     return low, high
 
 
-def parse_nproc(text: str, *, cpu_count: int, cuda_device_count: Callable[[], int]) -> int:
-    """Parse ``--nproc-per-node``: ``N``, ``cpu``, ``gpu`` or ``auto``.
+def parse_nproc(
+    text: str,
+    *,
+    cpu_count: int,
+    cuda_device_count: Callable[[], int],
+    xpu_device_count: Callable[[], int] = lambda: 0,
+) -> int:
+    """Parse ``--nproc-per-node``: ``N``, ``cpu``, ``gpu``, ``xpu`` or ``auto``.
 
     Args:
         text: the value.
         cpu_count: this machine's cores (for ``cpu`` and a GPU-less ``auto``).
         cuda_device_count: returns the CUDA devices available (0 if none); called only for
             ``gpu`` and ``auto``.
+        xpu_device_count: returns the Intel XPU devices available; called only for ``xpu``.
 
     Returns:
         The number of workers on this node.
 
     Raises:
-        ConfigurationError: not one of those forms, ``gpu`` without a device, or a number
+        ConfigurationError: not one of those forms, ``gpu``/``xpu`` without a device, or a number
             outside 1..MAX_NPROC_PER_NODE.
     """
     value = text.strip().lower()
     if value == "cpu":
         return max(1, cpu_count)
+    if value == "xpu":
+        devices = xpu_device_count()
+        if devices > 0:
+            return devices
+        raise ConfigurationError("--nproc-per-node xpu: no XPU device is available")
     if value in ("gpu", "auto"):
         devices = cuda_device_count()
         if devices > 0:
@@ -176,7 +188,7 @@ def parse_nproc(text: str, *, cpu_count: int, cuda_device_count: Callable[[], in
         return max(1, cpu_count)
     if not _INT_RE.match(value):
         raise ConfigurationError(
-            f"--nproc-per-node {shown(text)} is not a number, cpu, gpu or auto"
+            f"--nproc-per-node {shown(text)} is not a number, cpu, gpu, xpu or auto"
         )
     count = parse_int(value, "--nproc-per-node")
     if count < 1:

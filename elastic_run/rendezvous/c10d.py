@@ -310,21 +310,14 @@ def _connect(
 ) -> TCPStore:
     from torch.distributed import TCPStore
 
-    if use_libuv is None:
-        return TCPStore(
-            host,
-            port,
-            is_master=master,
-            timeout=timedelta(seconds=timeout_s),
-            wait_for_workers=False,
-        )
+    options: dict[str, Any] = {} if use_libuv is None else {"use_libuv": use_libuv}
     return TCPStore(
         host,
         port,
         is_master=master,
         timeout=timedelta(seconds=timeout_s),
         wait_for_workers=False,
-        use_libuv=use_libuv,
+        **options,
     )
 
 

@@ -14,9 +14,8 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
 
-Per round each node does O(1) operations of O(1) size; the coordinator reads the arrivals'
-records in batches. Verdicts of the liveness thread carry the round they are about, and are
-applied only while this node is still a member of that round.
+Per round each node does O(1) operations of O(1) size (the coordinator reads records in
+batches); liveness verdicts apply only while this node is a member of their round.
 """
 
 from __future__ import annotations
@@ -442,6 +441,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             alive_port=self._notices.port,
             min_nodes=self._round_settings.min_nodes,
             max_nodes=self._round_settings.max_nodes,
+            prev_rank=self._rounds.last_rank,
+            rank_round=self._rounds.rank_round,
         )
 
     # -- liveness -------------------------------------------------------------------------

@@ -22,7 +22,9 @@ live arrival) and once by the arrival that brings the count to max:
 
 The seal (``build_seal``): the admitted arrivals whose records could be read, never fewer than
 min (an arrival that took its index but never wrote its record within the stale window is left
-out; if that leaves fewer than min, no seal).
+out; if that leaves fewer than min, no seal), in the order of the stable-rank rule
+(``stable_ranks.py``): survivors of the last round keep their ranks where the new world allows,
+newcomers take the free ranks; without claims, arrival order.
 
 Judging members after completion (``judge_ring``, by each member about its ring successor, and
 ``judge_watched``, by a waiting node about the members it watches):
@@ -32,7 +34,7 @@ Judging members after completion (``judge_ring``, by each member about its ring 
     the successor is gone (stale heartbeat or notice)   -> MemberLost(successor)
     otherwise                                           -> Keep
 
-Ranks (``assignment_for``): position in the admitted list; worker rank offsets are the
+Ranks (``assignment_for``): position in the seal's admitted list; worker rank offsets are the
 prefix sums of the members' local world sizes (carried run-length encoded in the seal,
 so a member computes its place from the one seal record), per job and per role; each
 member watches its successor in rank order (a ring), so any death is seen by someone
@@ -46,6 +48,7 @@ from dataclasses import dataclass, field, replace
 
 from elastic_run.rendezvous.api import Assignment
 from elastic_run.rendezvous.records import NodeRecord, SealReason, SealRecord, ranges, runs
+from elastic_run.rendezvous.stable_ranks import stable_order
 
 __all__ = [
     "Assignment",
@@ -296,14 +299,17 @@ def build_seal(
     min_nodes: int,
     restarts: int = 0,
 ) -> SealRecord | None:
-    """The seal of round ``r`` admitting ``admitted`` (in rank order), or None below min.
+    """The seal of round ``r`` admitting ``admitted`` (in arrival order), or None below min.
 
     Arrivals whose record is missing from ``records`` (they took an index and never wrote)
-    are left out; when that leaves fewer than ``min_nodes``, there is no seal.
+    are left out; when that leaves fewer than ``min_nodes``, there is no seal. The members are
+    put in rank order by ``stable_order`` from the ranks their records say they held.
     """
-    live = [i for i in admitted if i in records]
-    if len(live) < min_nodes:
+    present = [i for i in admitted if i in records]
+    if len(present) < min_nodes:
         return None
+    claims = {i: (records[i].rank_round, records[i].prev_rank) for i in present}
+    live = list(stable_order(present, claims))
     workers = runs([(records[i].local_world_size, records[i].role) for i in live])
     return SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers, restarts)
 

@@ -73,6 +73,9 @@ class NodeRecord:
             ends (see ``peerwatch.py``); 0: none, heartbeats alone judge the node.
         min_nodes: the job's MIN nodes as this node was started with (0: not said).
         max_nodes: the job's MAX nodes as this node was started with (0: not said).
+        prev_rank: the rank this node held in round ``rank_round`` (-1: none yet); the seal
+            keeps it where the new world allows (``stable_ranks.py``).
+        rank_round: the last round this node was a member of (-1: none).
     """
 
     node_id: str
@@ -85,6 +88,8 @@ class NodeRecord:
     alive_port: int = 0
     min_nodes: int = 0
     max_nodes: int = 0
+    prev_rank: int = -1
+    rank_round: int = -1
 
 
 @dataclass(frozen=True)
@@ -94,7 +99,9 @@ class SealRecord:
     Attributes:
         round: the round number.
         sealed_arrivals: arrival indices below this were considered; higher ones wait.
-        admitted: the admitted arrival indices in rank order, as inclusive ranges.
+        admitted: the admitted arrival indices in rank order, as inclusive ranges: one range
+            when ranks follow arrival order (a first round), up to one per member when stable
+            ranks reorder a re-formed round (about 10 bytes a member).
         world_size: the number of member nodes.
         reason: why the round completed (max, last_call, reform).
         workers: the members' (local world size, role) in rank order, run-length

@@ -4,6 +4,8 @@ Built in: ``c10d`` (the embedded TCPStore), ``etcd`` and ``etcd-v2`` (etcd v3 un
 the names torch users type), ``static``. A package can add a backend through the entry
 point group ``elastic_run.rendezvous``: the entry point's name is the backend name and its
 object a callable ``(RendezvousParameters) -> RendezvousHandler``.
+The other direction, our handlers under plain ``torchrun`` (torch's group ``torchrun.handlers``),
+is ``torchrun_plugin.py``.
 
 As torch's registry: an unknown backend is a ``ValueError`` (our ``ConfigurationError``), and a
 creator that returns a handler of another backend is a ``RuntimeError``

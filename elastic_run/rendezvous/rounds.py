@@ -128,6 +128,8 @@ class Rounds:
         self._seed_beats = seed_beats
         self._with_notices = with_notices
         self.last_round = -1
+        self.last_rank = -1
+        self.rank_round = -1
         self._arrived: tuple[int, int] | None = None  # (round, index) of the last arrival
         self._pause = threading.Event()  # never set: an interruptible pause between attempts
 
@@ -157,6 +159,7 @@ class Rounds:
                 continue
             if member is not None:
                 self.last_round = member.round
+                self.last_rank, self.rank_round = member.assign.rank, member.round
                 return member
 
     def end_before_rejoin(self, r: int) -> None:

@@ -378,8 +378,8 @@ def test_tee_prefixes_and_local_ranks_filter(launch: Launch, tmp_path: Path) -> 
         ]
     )
     assert agent.wait(RUN) == 0, agent.describe()
-    assert "[rank 0]: out-line from local rank 0" in agent.stdout, agent.describe()
-    assert "[rank 0]: err-line from local rank 0" in agent.stderr, agent.describe()
+    assert "[default0]:out-line from local rank 0" in agent.stdout, agent.describe()
+    assert "[default0]:err-line from local rank 0" in agent.stderr, agent.describe()
     assert "local rank 1" not in agent.stdout + agent.stderr
     run_dir = only_run_dir(logs)
     for lr in (0, 1):

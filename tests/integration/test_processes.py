@@ -110,6 +110,7 @@ def launch(
         tee=tee,
         show_on_console=show_on_console,
         error_file=error_file,
+        tee_prefix=f"[rank {local_rank if global_rank is None else global_rank}]: ",
     )
 
 
@@ -197,8 +198,8 @@ def test_stop_escalates_to_sigkill(
         launch(tmp_path, polite, local_rank=1),
     ]
     group = start(launches, cleanup)
-    wait_until(lambda: console.lines().count("[rank 0]: ready") == 1, 30, "stubborn ready")
-    wait_until(lambda: console.lines().count("[rank 1]: ready") == 1, 30, "polite ready")
+    # Console-only output passes through unprefixed, as under torchrun.
+    wait_until(lambda: console.lines().count("ready") == 2, 30, "both ready")
     group.stop(signal.SIGTERM, 0.5)
     exits = group.poll()
     assert exits[0].exitcode == -signal.SIGKILL
@@ -469,7 +470,9 @@ def test_redirect_tee_and_console(
         return (logs(launches[rank]) / f"{name}.log").read_text().splitlines()
 
     def console_lines(rank: int, stream: StreamName) -> list[str]:
-        prefix = f"[rank {rank}]: "
+        if rank == 6:  # neither redirected nor teed: passes through unprefixed
+            return [line for line in console.lines(stream) if not line.startswith("[")]
+        prefix = f"[rank {rank}]: "  # a teed stream: the launch's tee prefix
         return [line[len(prefix) :] for line in console.lines(stream) if line.startswith(prefix)]
 
     # rank 4: redirected, files only.
@@ -493,7 +496,7 @@ def test_redirect_tee_and_console(
     assert console_lines(7, StreamName.STDOUT) == []
     assert console_lines(7, StreamName.STDERR) == expected_err
     # Every console line is whole and prefixed: nothing interleaved mid-line.
-    pattern = re.compile(r"^\[rank [567]\]: (out|err) \d+$")
+    pattern = re.compile(r"^(\[rank [57]\]: )?(out|err) \d+$")
     assert all(pattern.match(line) for line in console.lines())
 
 
@@ -513,8 +516,10 @@ def test_local_ranks_filter_hides_console_keeps_files(
         f"out {i}" for i in range(50)
     ]
     assert not (logs(launches[1]) / "stdout.log").exists()
-    prefixes = {line.split(":")[0] for line in console.lines()}
-    assert prefixes == {"[rank 2]"}
+    # Only rank 2 (console only, unprefixed) reaches the console.
+    assert sorted(console.lines()) == sorted(
+        [f"out {i}" for i in range(50)] + [f"err {i}" for i in range(50)]
+    )
 
 
 FLOOD = """
@@ -543,8 +548,31 @@ def test_killed_worker_output_is_complete(
     for rank in (0, 1):
         path = logs(launches[rank]) / "stdout.log"
         assert path.read_text().splitlines() == expected
-    for rank in (1, 2):
-        prefix = f"[rank {rank}]: "
-        shown = [line[len(prefix) :] for line in console.lines() if line.startswith(prefix)]
-        assert shown == expected
+    teed = [line[len("[rank 1]: ") :] for line in console.lines() if line.startswith("[rank 1]: ")]
+    plain = [line for line in console.lines() if not line.startswith("[")]
+    assert teed == expected
+    assert plain == expected
     assert all(e.exitcode == -signal.SIGKILL for e in group.poll().values())
+
+
+PARTIAL = """
+    import os, sys, time
+    sys.stdout.write("progress 50%")
+    sys.stdout.flush()
+    mark = os.path.join(os.environ["MARK_DIR"], "go")
+    while not os.path.exists(mark):
+        time.sleep(0.01)
+    print(" done")
+    print("two\\nlines")
+"""
+
+
+def test_console_only_output_is_unchanged_and_a_partial_line_shows_without_its_newline(
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses]
+) -> None:
+    group = start([launch(tmp_path, PARTIAL, local_rank=0)], cleanup)
+    wait_until(lambda: console.lines() == ["progress 50%"], 30, "the partial line")
+    (tmp_path / "go").touch()
+    wait_exits(group, 1)
+    group.stop(signal.SIGTERM, 5)
+    assert "".join(text for _, text in console.blocks) == "progress 50% done\ntwo\nlines\n"

@@ -85,7 +85,7 @@ def test_parse_nproc_forms() -> None:
     [
         ("0", "at least 1"),
         ("-1", "at least 1"),
-        ("many", "not a number, cpu, gpu or auto"),
+        ("many", "not a number, cpu, gpu, xpu or auto"),
         ("gpu", "no CUDA device"),
         ("1025", "more workers per node than any machine runs"),
         ("100000000", "more workers per node than any machine runs"),

@@ -18,6 +18,7 @@ PURE = [
     "elastic_run/agent/state_machine.py",
     "elastic_run/rendezvous/protocol.py",
     "elastic_run/rendezvous/records.py",
+    "elastic_run/rendezvous/stable_ranks.py",
     "elastic_run/rendezvous/keys.py",
     "elastic_run/agent/timer_table.py",
     "elastic_run/agent/hang.py",
