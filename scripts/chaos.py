@@ -135,10 +135,12 @@ class Trial:
 
     def training(self, world: int, after: float = 0.0) -> float | None:
         """The time of the first step after which ``world`` new workers all stepped."""
-        new = [s for s in read_steps(self.steps) if s.at > after and s.world == world]
+        steps = read_steps(self.steps)
+        before = {s.pid for s in steps if s.at <= after}  # workers that stepped before: not new
         by_pid: dict[int, float] = {}
-        for s in new:
-            by_pid.setdefault(s.pid, s.at)
+        for s in steps:
+            if s.at > after and s.world == world and s.pid not in before:
+                by_pid.setdefault(s.pid, s.at)
         if len(by_pid) < world:
             return None
         return sorted(by_pid.values())[world - 1]
