@@ -197,13 +197,14 @@ class Rounds:
             raw, _ = self._backend.compare_set(keys.ROUND, None, b"0")
         return decode_int(keys.ROUND, raw)
 
-    def _arrive(self, r: int) -> int:
+    def _arrive(self, r: int, *, forming: bool = False) -> int:
         """Take an arrival index in round ``r`` and write this node's record under it.
 
-        Once per round: an attempt retried after the store stopped answering keeps the index
-        it took (a second one would put this node twice in the round).
+        In a forming round, once: an attempt retried after the store stopped answering keeps
+        the index it took (a second one would put this node twice in the round). At the door of
+        a sealed round, always a fresh one: the members count it as a node waiting.
         """
-        if self._arrived is not None and self._arrived[0] == r:
+        if forming and self._arrived is not None and self._arrived[0] == r:
             index = self._arrived[1]
         else:
             index = self._backend.add(keys.arrivals(r), 1) - 1
@@ -271,7 +272,7 @@ class Rounds:
         Returns:
             The membership, or None when this node was left out (it then waits at the door).
         """
-        index = self._arrive(r)
+        index = self._arrive(r, forming=True)
         coordinator = Coordinator(
             self._backend,
             self._node_id,
