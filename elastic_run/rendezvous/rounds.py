@@ -304,8 +304,11 @@ class Rounds:
         seal = decode(SealRecord, seal_key, raw)
         assign = proto.assignment_for(seal, index)
         if assign is None:
-            # Too late for this round (or judged gone): wait at the door with this arrival.
-            self._wait_at_door(r, seal, deadline, index)
+            # Too late for this round: wait at the door with this arrival. Judged gone at the
+            # seal (below sealed_arrivals, e.g. its heartbeat stopped in a partition) while it
+            # lives: arrive afresh, so the members count it as waiting and re-form for it.
+            gone = index < seal.sealed_arrivals
+            self._wait_at_door(r, seal, deadline, None if gone else index)
             return None
         successor: NodeRecord | None = None
         if assign.successor_index >= 0:

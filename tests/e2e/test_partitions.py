@@ -227,12 +227,6 @@ def _name_is_loopback() -> bool:
     return all(ipaddress.ip_address(str(a).split("%")[0]).is_loopback for a in found)
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="flaky (c10d: 2 of 7 runs): after the heal two nodes re-form at WORLD_SIZE 2 and the "
-    "third stays at the door of that round without the members re-forming for it; not yet "
-    "root-caused (see /work/notes/wt19b-note.md)",
-)
 def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_heal(
     hosts_job: HostsJob,
 ) -> None:
