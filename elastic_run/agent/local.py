@@ -5,12 +5,11 @@ log_line_prefix_template, ...)``), plus our options (``AgentOptions``: the watch
 server, the signals, extra worker variables). It owns, for the life of the run: the guardian (no
 worker outlives the agent), the file-timer watchdog (when enabled), the health-check server
 (when a port is given), the JSON-lines event log ``<run log dir>/events.jsonl``, and the
-progress duties (beats, hang verdicts, stacks, published progress: ``progress_duties.py``). Per
-attempt
-it builds each worker's command and torchrun environment (``worker_env.py``), asks the logs
-specs where the output goes, and hands the launches to ``WorkerProcesses``. A callable
-entrypoint runs in a process per worker started by ``start_method`` (``function_workers.py``),
-and its return values come back in ``RunResult.return_values``.
+progress duties (``progress_duties.py``) and the zygote of warm starts (``warm_start.py``). Per
+attempt it builds each worker's command and torchrun environment (``worker_env.py``), asks the
+logs specs where the output goes, and hands the launches to ``WorkerProcesses``. A callable
+entrypoint runs in a process per worker (``function_workers.py``), its return values in
+``RunResult.return_values``.
 """
 
 from __future__ import annotations
@@ -33,6 +32,7 @@ from elastic_run.agent.failures import (
     read_error_file,
 )
 from elastic_run.agent.function_workers import FunctionWorkers
+from elastic_run.agent.gloo_check import GlooLoopbackCheck
 from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.health import AgentHealthServer, Liveness
 from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
@@ -130,11 +130,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._host = socket.gethostname()
         self._progress = ProgressDuties(opts.progress, self._host)
         self._expiry_where: dict[int, str] = {}
-        self._warm = WarmStarts(
-            enabled=opts.warm_start and self._functions is None,
-            preload=opts.preload,
-            emit=lambda kind, message, fields: self._emit(kind, message, **fields),
-        )
+        warm = opts.warm_start and self._functions is None
+        emit = lambda kind, message, fields: self._emit(kind, message, **fields)  # noqa: E731
+        self._warm = WarmStarts(enabled=warm, preload=opts.preload, emit=emit)
+        self._gloo = GlooLoopbackCheck()
 
     @property
     def run_log_dir(self) -> Path:
@@ -313,6 +312,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             for w in group.workers
         }
+        self._gloo.check(group.group_world_size or 1, self._advertised_addr(), envs)
         try:
             dest = self._logs_specs.reify(
                 {lr: {**env, ATTEMPT_ENV: str(self.attempt)} for lr, env in envs.items()}

@@ -102,12 +102,15 @@ def cli() -> None:
 @click.pass_context
 def run_command(ctx: click.Context, /, **params: Any) -> None:
     """Run SCRIPT on this node as part of an elastic job (the default command)."""
-    # torch's C++ layer logs each store wait that timed out and each failed connect as a
-    # warning with a stack: noise in the agent, whose errors are one line. Set before torch
+    # torch's C++ layer logs each store wait that timed out and each failed connect as an
+    # error with a stack (about 20 lines for an unreachable endpoint): noise in the agent,
+    # whose errors are one line, so only its fatal lines stay. Set before torch
     # loads; the workers start from the environment as the user gave it (torchrun's keys and
     # values, no TORCH_CPP_LOG_LEVEL added).
     user_env = _user_env if _user_env is not None else tuple(os.environ.items())
-    os.environ["TORCH_CPP_LOG_LEVEL"] = "ERROR"
+    os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
+    # gRPC's C core (etcd) logs each failed TLS handshake and connect the same way.
+    os.environ["GRPC_VERBOSITY"] = "NONE"
     from elastic_run.cli.slurm import format_print_config, should_exit_as_extra_task
 
     notice = should_exit_as_extra_task(os.environ)

@@ -98,6 +98,7 @@ def run_job(config: LaunchConfig) -> int:
     handler = rendezvous_handler_registry.create_handler(params)
     entrypoint, args = _argv(config)
     try:
+        _check_reachable(handler)
         spec = WorkerSpec(
             role=config.role,
             local_world_size=config.nproc_per_node,
@@ -170,6 +171,18 @@ def run_job(config: LaunchConfig) -> int:
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")
     return result.exit_code
+
+
+# How long a backend that connects lazily (etcd) may take to answer its first read before the
+# agent starts: a store that is down is one line and exit 4 at once, not after a join attempt.
+_REACH_TIMEOUT_S = 5.0
+
+
+def _check_reachable(handler: object) -> None:
+    from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
+
+    if isinstance(handler, DynamicRendezvousHandler):
+        handler.backend.check_reachable(_REACH_TIMEOUT_S)
 
 
 def _close_backend(handler: object) -> None:

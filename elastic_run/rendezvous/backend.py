@@ -28,14 +28,51 @@ O(N) protocol cannot run on it, deliberately; :func:`require_backend` turns one 
 
 from __future__ import annotations
 
+import logging
 from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
+from elastic_run.rendezvous import keys
+from elastic_run.rendezvous.records import read_heartbeat
+
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["RendezvousBackend", "require_backend"]
+__all__ = ["RendezvousBackend", "heartbeat_values", "require_backend"]
+
+log = logging.getLogger(__name__)
+_warned_garbage: set[str] = set()  # heartbeat keys already warned about (once per process)
+
+
+def heartbeat_values(
+    node_ids: Sequence[str], raws: Sequence[bytes | None], where: str
+) -> list[int | None]:
+    """Turn heartbeat keys as read into counters for a liveness verdict; never raises.
+
+    A value that is not an integer is read as a counter of its own (see
+    ``records.read_heartbeat``), with a warning naming the key (once per key): garbage drops
+    no node that still beats, and stops no reader.
+
+    Args:
+        node_ids: whose heartbeats were read.
+        raws: the stored values, None where a key is absent.
+        where: the store, for the warning.
+    """
+    out: list[int | None] = []
+    for node_id, raw in zip(node_ids, raws, strict=True):
+        value, is_garbage = read_heartbeat(raw)
+        if is_garbage and keys.heartbeat(node_id) not in _warned_garbage:
+            _warned_garbage.add(keys.heartbeat(node_id))
+            log.warning(
+                "the heartbeat key '%s' on %s holds %r, not an integer; read as a counter "
+                "(the node's next beat overwrites it; said once)",
+                keys.heartbeat(node_id),
+                where,
+                (raw or b"")[:40],
+            )
+        out.append(value)
+    return out
 
 
 class RendezvousBackend(ABC):
@@ -92,6 +129,18 @@ class RendezvousBackend(ABC):
     @abstractmethod
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where the node is known gone."""
+
+    def check_reachable(self, timeout_s: float) -> None:  # noqa: B027 - optional hook
+        """Make one real request within ``timeout_s``, so a launcher fails fast (no-op here).
+
+        For backends that connect lazily (etcd): a store that cannot be reached, refuses the
+        credentials or the TLS files, is said before the agent starts, not after its first
+        rendezvous attempt ran out of time. A backend that connects when built needs none.
+
+        Raises:
+            RendezvousConnectionError: the store did not answer within ``timeout_s``.
+            RendezvousError: the store refused the request (credentials, TLS).
+        """
 
     def forget_node(self, node_id: str) -> None:  # noqa: B027 - optional hook
         """Drop what the backend keeps alive for ``node_id`` (a lease) when it leaves."""

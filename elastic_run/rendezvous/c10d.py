@@ -6,7 +6,8 @@ live under ``elastic-run/<run id>/`` so several jobs can share one store.
 
 Two client connections per agent: TCPStore serialises the calls of one client, so the
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
-connection and never hold up the heartbeat thread.
+connection and never hold up the heartbeat thread. Their links carry read deadlines and are
+remade after they broke (``c10d_link``; the call raises ``RendezvousUnreachableError``).
 
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
 for a key that does not exist, so a read that checks first and fetches second would block for
@@ -33,9 +34,7 @@ from __future__ import annotations
 
 import errno
 import functools
-import ipaddress
 import os
-import socket
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
@@ -44,10 +43,18 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, heartbeat_values
+from elastic_run.rendezvous.c10d_link import (
+    is_link_failure,
+    is_local_host,
+    is_unreachable,
+    probe_link,
+    set_link_deadline,
+)
 from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
-from elastic_run.rendezvous.errors import RendezvousConnectionError
-from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_heartbeat, decode_int
+from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
+from elastic_run.rendezvous.records import HEARTBEAT_GONE, decode_int
+from elastic_run.rendezvous.settings import RendezvousSettings
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -91,28 +98,6 @@ def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
     return view, cast(_KeyValueStore, view)
 
 
-def is_local_host(host: str) -> bool:
-    """Return whether ``host`` names this machine (loopback, its name, or one of its addresses)."""
-    if host in ("localhost", socket.gethostname(), socket.getfqdn()):
-        return True
-    try:
-        addrs = {info[4][0] for info in socket.getaddrinfo(host, None)}
-    except OSError:
-        return False
-    for addr in (str(a) for a in addrs):
-        if ipaddress.ip_address(addr.split("%")[0]).is_loopback:
-            return True
-        try:
-            with socket.socket(
-                socket.AF_INET6 if ":" in addr else socket.AF_INET, socket.SOCK_DGRAM
-            ) as probe:
-                probe.bind((addr, 0))
-            return True
-        except OSError:
-            continue
-    return False
-
-
 def _translate(endpoint: str) -> Callable[[Callable[[], _T]], _T]:
     def call(fn: Callable[[], _T]) -> _T:
         try:
@@ -137,6 +122,8 @@ class C10dRendezvousBackend(RendezvousBackend):
         waiter: a second client for blocking waits, or a factory for one (made on first use).
         read_timeout_s: how long one store call may take.
         server: the TCPStore object this agent hosts, kept alive with the backend.
+        reconnect: makes a fresh client after a call failed on a broken link (a partition);
+            None: a broken link stays broken.
     """
 
     def __init__(
@@ -148,6 +135,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         waiter: Store | Callable[[], Store] | None = None,
         read_timeout_s: float = 60.0,
         server: Store | None = None,
+        reconnect: Callable[[], Store] | None = None,
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
@@ -162,8 +150,38 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._read_timeout_s = read_timeout_s
         self._server = server
         self._is_file = endpoint.startswith("file:")
-        self._call = _translate(endpoint)
+        self._translate = _translate(endpoint)
         self._beats: dict[str, int] = {}
+        self._reconnect = reconnect
+        self._generation = 0
+        self._remake_lock = threading.Lock()
+
+    def _call(self, fn: Callable[[], _T]) -> _T:
+        generation = self._generation
+        try:
+            return self._translate(fn)
+        except RendezvousConnectionError as exc:
+            if self._reconnect is None or not is_link_failure(exc.__cause__ or exc):
+                raise
+            self._remake(generation)
+            raise RendezvousUnreachableError(f"{exc}; connected again") from exc
+
+    def _remake(self, generation: int) -> None:
+        """Replace a client whose link broke (once per break, whichever thread sees it)."""
+        with self._remake_lock:
+            if generation != self._generation or self._reconnect is None:
+                return
+            try:
+                store = self._reconnect()
+            except (RuntimeError, ValueError, OSError) as exc:
+                why = f"the c10d rendezvous store at {self._endpoint} cannot be reached: {exc}"
+                if is_unreachable(exc):
+                    raise RendezvousUnreachableError(why.splitlines()[0]) from exc
+                raise RendezvousConnectionError(why.splitlines()[0]) from exc
+            self._store_view, self._store = _prefixed(self._prefix, store)
+            with self._waiter_lock:
+                self._waiter = None
+            self._generation += 1
 
     CONF_KEYS = CONF_KEYS
 
@@ -271,7 +289,7 @@ class C10dRendezvousBackend(RendezvousBackend):
             values = self._call(lambda: [self._peek(k) for k in hb_keys])
         else:
             values = self.get_many(hb_keys)
-        return [decode_heartbeat(v, k) for k, v in zip(hb_keys, values, strict=True)]
+        return heartbeat_values(node_ids, values, f"c10d {self._endpoint}")
 
     def forget_node(self, node_id: str) -> None:
         # Overwrite, never delete: see the module docstring.
@@ -396,14 +414,23 @@ def create_c10d_backend(
                     f"cannot host the c10d rendezvous store on {host}:{port}: "
                     "the port is in use (is_host=true)"
                 ) from exc
-    if server is not None:
-        port = server.port
-        endpoint = f"{host}:{port}"
-        client = server
-    else:
-        endpoint = f"{host}:{port}"
+    # Data unacknowledged for the heartbeat budget resets a link (see c10d_link).
+    deadline_s = max(1.0, min(timeout_s, RendezvousSettings.from_params(params).stale_after_s))
+
+    def client_of(connect_s: float, probe: bool = False) -> TCPStore:
+        if probe:
+            probe_link(host, port, connect_s)
+        store = _connect(host, port, connect_s, master=False, use_libuv=use_libuv)
+        store.set_timeout(timedelta(seconds=timeout_s))
+        set_link_deadline(host, port, deadline_s)
+        return store
+
+    port = port if server is None else server.port
+    endpoint = f"{host}:{port}"
+    client: TCPStore | None = server
+    if client is None:
         try:
-            client = _connect(host, port, timeout_s, master=False, use_libuv=use_libuv)
+            client = client_of(timeout_s)
         except (RuntimeError, OSError) as exc:
             raise RendezvousConnectionError(
                 f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
@@ -413,9 +440,11 @@ def create_c10d_backend(
         client,
         params.run_id,
         endpoint,
-        waiter=lambda: _connect(host, port, timeout_s, master=False, use_libuv=use_libuv),
+        waiter=lambda: client_of(timeout_s),
         read_timeout_s=timeout_s,
         server=server,
+        # A link that broke is remade with short connects: a healed partition is seen at once.
+        reconnect=None if server is not None else lambda: client_of(deadline_s, probe=True),
     )
 
 

@@ -392,8 +392,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._member = None
         self._state.begin(None)
         if previous is not None:
-            why = LostRecord(previous.round, "rejoin", (), self.node_id)
-            end_round(self._backend, previous.round, why)
+            self._rounds.end_before_rejoin(previous.round)
         member = self._rounds.join(deadline)
         self._notices.watch(member.successor)
         with self._lock:

@@ -13,6 +13,7 @@ __all__ = [
     "RendezvousNotFoundError",
     "RendezvousStateError",
     "RendezvousTimeoutError",
+    "RendezvousUnreachableError",
 ]
 
 
@@ -34,6 +35,14 @@ class RendezvousConnectionError(RendezvousError):
     """The rendezvous backend cannot be reached."""
 
     exit_code = 4
+
+
+class RendezvousUnreachableError(RendezvousConnectionError):
+    """The backend did not answer (no refusal, no reset): a partition that may heal.
+
+    The rendezvous keeps trying until its join timeout; a backend that refuses (its host is up
+    and nothing listens) raises the parent class at once.
+    """
 
 
 class RendezvousStateError(RendezvousError):

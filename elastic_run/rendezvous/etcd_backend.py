@@ -30,9 +30,9 @@ from typing import TYPE_CHECKING
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, heartbeat_values
 from elastic_run.rendezvous.endpoints import format_endpoint, parse_endpoints
-from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousStateError
+from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.etcd_client import EtcdClient
 from elastic_run.rendezvous.etcd_counter import counter_value
 from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
@@ -229,26 +229,22 @@ class EtcdRendezvousBackend(RendezvousBackend):
             + " and may drop it from the round"
         )
 
+    def check_reachable(self, timeout_s: float) -> None:
+        """Read one key within ``timeout_s`` (see ``RendezvousBackend.check_reachable``)."""
+        self._client.call(
+            "answer a first read",
+            lambda c: c.get_response(self._key("round"), limit=1),
+            deadline_s=time.monotonic() + timeout_s,
+        )
+
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where its key is gone (lease expired).
 
-        Raises:
-            RendezvousStateError: when a heartbeat key holds something other than an integer.
+        A key that holds something other than an integer is read as a counter of its own,
+        with a warning (see ``backend.heartbeat_values``); it never raises for one.
         """
         values = self.get_many([f"hb/{n}" for n in node_ids])
-        result: list[int | None] = []
-        for node_id, raw in zip(node_ids, values, strict=True):
-            if raw is None:
-                result.append(None)
-                continue
-            try:
-                result.append(int(raw.decode()))
-            except (UnicodeDecodeError, ValueError):
-                raise RendezvousStateError(
-                    f"the heartbeat of node '{node_id}' under {self._base} holds "
-                    f"{raw[:40]!r}, not an integer"
-                ) from None
-        return result
+        return heartbeat_values(node_ids, values, f"etcd {self.endpoint}")
 
     def forget_node(self, node_id: str) -> None:
         """Revoke ``node_id``'s lease: its heartbeat key disappears at once."""

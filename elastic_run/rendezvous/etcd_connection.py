@@ -155,6 +155,17 @@ class EtcdConnection:
             raise ConfigurationError(
                 f"cannot read an etcd TLS file: {exc.filename}: {exc.strerror}"
             ) from exc
+        # gRPC takes any bytes here and fails each handshake later, as an unreachable server
+        # would: a file that is not PEM is bad input, said before anything starts.
+        for path, data, marker in (
+            (self._ca_cert, ca, b"-----BEGIN CERTIFICATE-----"),
+            (self._cert, cert, b"-----BEGIN CERTIFICATE-----"),
+            (self._key, key, b"PRIVATE KEY-----"),
+        ):
+            if data is not None and marker not in data:
+                raise ConfigurationError(
+                    f"the etcd TLS file {path} is not PEM (no '{marker.decode()}' line)"
+                )
         return grpc.ssl_channel_credentials(ca, key, cert)
 
     def _build(self, host: str, port: int) -> Any:

@@ -8,6 +8,7 @@ value under the job's keys is reported, not executed or crashed on.
 from __future__ import annotations
 
 import json
+import zlib
 from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
@@ -15,6 +16,7 @@ from elastic_run.rendezvous.errors import RendezvousStateError
 
 __all__ = [
     "CLOSED_REASONS",
+    "FOREIGN_BEAT_BASE",
     "HEARTBEAT_GONE",
     "SCHEMA_VERSION",
     "ClosedReason",
@@ -26,6 +28,7 @@ __all__ = [
     "SealRecord",
     "decode",
     "decode_heartbeat",
+    "read_heartbeat",
     "decode_int",
     "encode",
     "load_versioned",
@@ -250,7 +253,7 @@ def decode_int(key: str, raw: bytes) -> int:
         ) from None
 
 
-def decode_heartbeat(raw: bytes | None, key: str = "hb") -> int | None:
+def decode_heartbeat(raw: bytes | None, key: str) -> int | None:
     """Decode a heartbeat counter as read from a store; None when the node is gone.
 
     Gone: the key is absent (an etcd lease ended) or the counter is below zero (a node that
@@ -267,6 +270,35 @@ def decode_heartbeat(raw: bytes | None, key: str = "hb") -> int | None:
         return None
     count = decode_int(key, raw)
     return count if count >= 0 else None
+
+
+# Where a heartbeat key holds something other than an integer, ``read_heartbeat`` reads it as a
+# counter of its own above every real one (a live counter counts up from 1 once a beat).
+FOREIGN_BEAT_BASE = 2**62
+
+
+def read_heartbeat(raw: bytes | None) -> tuple[int | None, bool]:
+    """Read a heartbeat counter for a liveness verdict; never raises.
+
+    Only a node itself writes its heartbeat key, but anything that can write to the store can
+    put garbage there. Garbage must not drop the node, nor stop the reader: the value is read
+    as a counter derived from its bytes. A live node overwrites it with its next beat (the
+    value moves, the node stays alive); garbage that stays put is a counter that stopped
+    moving, judged like any other by the heartbeat budget.
+
+    Args:
+        raw: the stored value, or None when the key is absent.
+
+    Returns:
+        (counter or None when gone, whether the value was garbage).
+    """
+    if raw is None:
+        return None, False
+    try:
+        count = int(raw.decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return FOREIGN_BEAT_BASE + zlib.crc32(raw), True
+    return (count if count >= 0 else None), False
 
 
 def ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:

@@ -19,6 +19,8 @@ notices it at its next poll even without a liveness verdict.
 
 from __future__ import annotations
 
+import logging
+import threading
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -32,6 +34,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousInterruptedError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    RendezvousUnreachableError,
 )
 from elastic_run.rendezvous.records import (
     ClosedRecord,
@@ -45,6 +48,8 @@ from elastic_run.rendezvous.records import (
 from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["Membership", "Rounds", "end_round"]
+
+log = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
@@ -125,6 +130,8 @@ class Rounds:
         self.last_round = -1
         self.last_rank = -1
         self.rank_round = -1
+        self._arrived: tuple[int, int] | None = None  # (round, index) of the last arrival
+        self._pause = threading.Event()  # never set: an interruptible pause between attempts
 
     def join(self, deadline: float) -> Membership:
         """Block until this node is a member of a completed round.
@@ -134,19 +141,45 @@ class Rounds:
             RendezvousTimeoutError: ``deadline`` (monotonic) passed.
             RendezvousInterruptedError: the agent's interrupt check turned true.
         """
+        said = False
         while True:
-            self.check_closed()
-            r = self.current_round()
-            seal_raw = self._backend.get(keys.seal(r))
-            if seal_raw is not None:
-                # The round is complete without us: wait at the door for the next one.
-                self._wait_at_door(r, decode(SealRecord, keys.seal(r), seal_raw), deadline)
+            try:
+                member = self._join_once(deadline)
+            except RendezvousUnreachableError as exc:
+                # A store that does not answer may come back (a healed partition): try again
+                # until the join timeout. One that refuses raises at once (exit 4).
+                if self._clock() >= deadline or self._is_interrupted():
+                    raise
+                if not said:
+                    log.warning(
+                        "rendezvous '%s': %s; trying until the join timeout", self._run_id, exc
+                    )
+                    said = True
+                self._pause.wait(min(0.5, max(0.0, deadline - self._clock())))
                 continue
-            member = self._join_round(r, deadline)
             if member is not None:
                 self.last_round = member.round
                 self.last_rank, self.rank_round = member.assign.rank, member.round
                 return member
+
+    def end_before_rejoin(self, r: int) -> None:
+        """End round ``r``, which this node leaves to rejoin; a store that does not answer is
+        left to the join's retries (the others end the round when they see this node gone)."""
+        try:
+            end_round(self._backend, r, LostRecord(r, "rejoin", (), self._node_id))
+        except RendezvousUnreachableError as exc:
+            log.warning("rendezvous '%s': could not end round %d: %s", self._run_id, r, exc)
+
+    def _join_once(self, deadline: float) -> Membership | None:
+        """One attempt: join the forming round, or wait at the door of a completed one."""
+        self.check_closed()
+        r = self.current_round()
+        seal_raw = self._backend.get(keys.seal(r))
+        if seal_raw is not None:
+            # The round is complete without us: wait at the door for the next one.
+            self._wait_at_door(r, decode(SealRecord, keys.seal(r), seal_raw), deadline)
+            return None
+        return self._join_round(r, deadline)
 
     def check_closed(self) -> None:
         """Raise when interrupted or when the job is closed (one store read)."""
@@ -164,9 +197,18 @@ class Rounds:
             raw, _ = self._backend.compare_set(keys.ROUND, None, b"0")
         return decode_int(keys.ROUND, raw)
 
-    def _arrive(self, r: int) -> int:
-        """Take an arrival index in round ``r`` and write this node's record under it."""
-        index = self._backend.add(keys.arrivals(r), 1) - 1
+    def _arrive(self, r: int, *, forming: bool = False) -> int:
+        """Take an arrival index in round ``r`` and write this node's record under it.
+
+        In a forming round, once: an attempt retried after the store stopped answering keeps
+        the index it took (a second one would put this node twice in the round). At the door of
+        a sealed round, always a fresh one: the members count it as a node waiting.
+        """
+        if forming and self._arrived is not None and self._arrived[0] == r:
+            index = self._arrived[1]
+        else:
+            index = self._backend.add(keys.arrivals(r), 1) - 1
+            self._arrived = (r, index)
         self._backend.set(keys.node(r, index), encode(self._record()))
         return index
 
@@ -230,7 +272,7 @@ class Rounds:
         Returns:
             The membership, or None when this node was left out (it then waits at the door).
         """
-        index = self._arrive(r)
+        index = self._arrive(r, forming=True)
         coordinator = Coordinator(
             self._backend,
             self._node_id,

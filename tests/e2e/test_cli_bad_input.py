@@ -97,6 +97,17 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     ),
     "redirects superscript rank": (["--redirects", "\u00b2:1"], {}),
     "local-ranks-filter huge": (["--local-ranks-filter", HUGE], {}),
+    "etcd TLS file not PEM": (
+        [
+            "--rdzv-backend",
+            "etcd",
+            "--rdzv-endpoint",
+            "127.0.0.1:9",
+            "--rdzv-conf",
+            "protocol=https,ca_cert=plain.sh",
+        ],
+        {},
+    ),
     # run ids
     "empty run id": (["--rdzv-backend", "c10d", "--rdzv-endpoint", "x:1", "--rdzv-id", ""], {}),
     "blank run id": (["--rdzv-id", "  "], {}),

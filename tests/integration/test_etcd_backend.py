@@ -26,7 +26,6 @@ from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.errors import (
     RendezvousConnectionError,
     RendezvousError,
-    RendezvousStateError,
 )
 from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend, create_etcd_backend
 from elastic_run.rendezvous.etcd_server import EtcdServer, EtcdServerTLS
@@ -243,9 +242,10 @@ def test_heartbeats_count_and_vanish_with_the_lease(
     # The node stops refreshing (as if it died): its heartbeat disappears after the TTL.
     node.close()
     wait_until(lambda: backend.read_heartbeats(["a"]) == [None], 15, "the lease to expire")
+    # Garbage under a heartbeat key reads as a counter (judged like any other), never raises.
     backend.set("hb/garbage", b"not a number")
-    with pytest.raises(RendezvousStateError, match="garbage"):
-        backend.read_heartbeats(["garbage"])
+    (garbage,) = backend.read_heartbeats(["garbage"])
+    assert garbage is not None and garbage > 2**62
 
 
 def test_keys_are_readable_with_etcdctl(

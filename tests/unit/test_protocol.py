@@ -23,6 +23,7 @@ from elastic_run.rendezvous.records import (
     SealRecord,
     decode_heartbeat,
     ranges,
+    read_heartbeat,
     runs,
 )
 
@@ -98,13 +99,30 @@ def test_a_moving_heartbeat_is_alive_and_a_stopped_one_goes_stale() -> None:
 
 
 def test_a_heartbeat_counter_is_gone_when_absent_or_overwritten_by_a_node_that_left() -> None:
-    assert decode_heartbeat(b"7") == 7
-    assert decode_heartbeat(None) is None
-    assert decode_heartbeat(str(HEARTBEAT_GONE).encode()) is None
+    assert decode_heartbeat(b"7", "hb/n0") == 7
+    assert decode_heartbeat(None, "hb/n0") is None
+    assert decode_heartbeat(str(HEARTBEAT_GONE).encode(), "hb/n0") is None
     # A heartbeat still in flight when its node left lands on the mark and stays below zero.
-    assert decode_heartbeat(str(HEARTBEAT_GONE + 1).encode()) is None
-    with pytest.raises(RendezvousStateError, match="'hb'"):
-        decode_heartbeat(b"")
+    assert decode_heartbeat(str(HEARTBEAT_GONE + 1).encode(), "hb/n0") is None
+    with pytest.raises(RendezvousStateError, match="'hb/n0'"):
+        decode_heartbeat(b"", "hb/n0")
+
+
+def test_a_garbage_heartbeat_reads_as_a_counter_judged_like_any_other() -> None:
+    assert read_heartbeat(b"7") == (7, False)
+    assert read_heartbeat(None) == (None, False)
+    assert read_heartbeat(str(HEARTBEAT_GONE).encode()) == (None, False)
+    garbage, is_garbage = read_heartbeat(b"\x00garbage")
+    assert is_garbage and garbage is not None and garbage > 2**62
+    # The node's next beat overwrites the garbage: its counter moved, it is alive.
+    beats = proto.Heartbeats().observe({"a": 5}, now=0.0)
+    beats = beats.observe({"a": garbage}, now=2.0)
+    beats = beats.observe({"a": read_heartbeat(b"6")[0]}, now=4.0)
+    assert not beats.is_gone("a", now=5.0, stale_after_s=3.0)
+    # Garbage that stays put is a counter that stopped: stale after the budget, as any other.
+    beats = beats.observe({"a": garbage}, now=5.0)
+    assert not beats.is_gone("a", now=7.0, stale_after_s=3.0)
+    assert beats.is_gone("a", now=8.0, stale_after_s=3.0)
 
 
 def test_a_node_never_read_is_not_judged_and_a_vanished_one_is_gone() -> None:
