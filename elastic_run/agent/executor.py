@@ -237,6 +237,7 @@ def _apply_end(agent: SimpleElasticAgent, action: sm.Action, result: RunResult) 
         agent._emit(
             "failed", f"the job failed: {reason}", reason=reason, exit_code=action.exit_code
         )
+        agent._leave_last()  # the store's host waits until the others have read `closed`
         return RunResult(
             action.state, failures=result.failures, exit_code=action.exit_code, reason=reason
         )
