@@ -139,6 +139,7 @@ def _panels(lines: list[str]) -> int:
     return sum(1 for line in lines if line.startswith(TOP))
 
 
+@pytest.mark.timeout(600)  # its own waits (two agents starting, a loss, a restart) under load
 def test_after_a_node_loss_one_whole_panel_and_no_remnants(tmux: Tmux, tmp_path: Path) -> None:
     port, run_id = free_port(), f"tmux-{uuid.uuid4().hex[:8]}"
     tmux.start(_agent(tmp_path, port, run_id, True), _agent(tmp_path, port, run_id, False))
