@@ -291,10 +291,11 @@ def hung_now(
         grace_s: how long workers that all wait in a collective are left to the other nodes.
 
     Returns:
-        The workers to stop, in order: at once every one not waiting in a collective (or whose
-        stacks are unknown); when all wait in one, all of them once ``grace_s`` has passed.
+        The workers to stop, in order: at once every one seen outside a collective; the others
+        (waiting in one, or whose stacks could not be read: no evidence either way, and on a
+        loaded host py-spy can fail on a worker that only waits) once ``grace_s`` has passed.
     """
-    culprits = tuple(sorted(k for k, waiting in suspects.items() if not waiting))
+    culprits = tuple(sorted(k for k, waiting in suspects.items() if waiting is False))
     if culprits:
         return culprits
     if suspects and now_ns - since_ns >= grace_s * _NS:

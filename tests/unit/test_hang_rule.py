@@ -164,7 +164,10 @@ def test_auto_never_judges_within_twice_the_longest_gap(gaps: list[float], extra
 
 def test_a_worker_stuck_outside_a_collective_is_stopped_at_once() -> None:
     assert hang.hung_now({0: True, 1: False}, since_ns=0, now_ns=1, grace_s=10) == (1,)
-    assert hang.hung_now({0: None}, since_ns=0, now_ns=1, grace_s=10) == (0,)
+    # Unknown stacks are no evidence: they wait for the grace, as collective waiters do.
+    assert hang.hung_now({0: None}, since_ns=0, now_ns=1, grace_s=10) == ()
+    assert hang.hung_now({0: None}, since_ns=0, now_ns=10 * S, grace_s=10) == (0,)
+    assert hang.hung_now({0: None, 1: False}, since_ns=0, now_ns=1, grace_s=10) == (1,)
 
 
 def test_workers_all_waiting_in_a_collective_get_a_grace() -> None:
