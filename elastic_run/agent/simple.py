@@ -93,7 +93,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._signals = tuple(signals)
         self._sinks: list[EventSink] = [on_event] if on_event is not None else []
         self._restarts = 0
-        self._attempt = -1
+        self._attempt, self._joined_at = -1, float("-inf")
         self._waker = Waker()
         self._signal_log = SignalLog()
         handler = spec.rdzv_handler
@@ -199,7 +199,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._in_rendezvous = False
             self._last_loop = time.monotonic()
         self._changed.clear()
-        self._polled_at = float("-inf")
+        self._polled_at, self._joined_at = float("-inf"), time.monotonic()
         group = worker_group
         group.store, group.round = info.store, info.round
         group.group_rank, group.group_world_size = info.rank, info.world_size
@@ -265,13 +265,19 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
 
     # -- events ------------------------------------------------------------------------
 
-    def _emit(self, kind: str, message: str, **fields: Any) -> None:
+    def _emit(self, kind: str, message: str, *, publish: bool = True, **fields: Any) -> None:
+        """Hand an event to the sinks; publish it to the store unless ``publish`` is False
+        (the caller publishes it later with ``_publish_event``: the store may not answer)."""
         event = AgentEvent(kind, message, fields)
         for sink in self._sinks:
             try:
                 sink(event)
             except Exception:  # a view must never break the agent
                 log.exception("an event sink failed")
+        if publish:
+            self._publish_event(kind, message, fields)
+
+    def _publish_event(self, kind: str, message: str, fields: dict[str, Any]) -> None:
         if kind in _PUBLISHED and self._rdzv is not None:
             self._rdzv.publish_event(kind, message, fields)
 
@@ -375,7 +381,10 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         if status is not sm.WorkersStatus.RUNNING or obs.signal is not None:
             return obs
         poll = self._poll_store()
-        lost = self._rdzv.liveness().is_lost if self._rdzv is not None else False
+        report = self._rdzv.liveness() if self._rdzv is not None else None
+        # Counted from this round's join at most: the join itself reached the store.
+        since = min(report.since_ok_s, time.monotonic() - self._joined_at) if report else 0.0
+        lost = report is not None and since >= report.budget_s
         return replace(
             obs,
             closed=_closed_reason(poll.closed),

@@ -169,13 +169,41 @@ def _say(what: str, since: float) -> None:
     sys.stderr.write(f"[partition] {what}: {time.monotonic() - since:.1f} s\n")
 
 
+def _first_ts(node: Node, kind: str, after: float, **fields: Any) -> float | None:
+    """The wall-clock time of ``node``'s first ``kind`` event after ``after``, if any."""
+    for e in _events(node):
+        if e["kind"] == kind and e["ts"] > after:
+            if all(e["fields"].get(k) == v for k, v in fields.items()):
+                return float(e["ts"])
+    return None
+
+
+def _stopped_ts(job: HostsJob, name: str, after: float) -> float:
+    """When ``name``'s agent had stopped its workers for a lost liveness (its event)."""
+    wait_until(
+        lambda: _first_ts(job.nodes[name], "workers.stopped", after, reason="liveness_lost"),
+        STEP_S,
+        message=job.report,
+    )
+    ts = _first_ts(job.nodes[name], "workers.stopped", after, reason="liveness_lost")
+    assert ts is not None
+    return ts
+
+
+def _say_events(what: str, cut_wall: float, stamps: dict[str, float | None]) -> None:
+    """Print event times relative to the cut (the note of issue 19 quotes them)."""
+    parts = [f"{k} {v - cut_wall:.2f} s" for k, v in stamps.items() if v is not None]
+    sys.stderr.write(f"[partition] {what} (after the cut, by the agents' events): ")
+    sys.stderr.write(", ".join(parts) + "\n")
+
+
 def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     hosts_job: HostsJob,
 ) -> None:
     job = hosts_job
     _start_three(job)
     c_pids = _newest_pids(job, "c")
-    cut_at = time.monotonic()
+    cut_at, cut_wall = time.monotonic(), time.time()
     job.hosts.partition(3)
     # c learns it is cut off: it stops its workers and says why (liveness lost).
     wait_until(lambda: _workers_gone(job, "c", c_pids), STEP_S, message=job.report)
@@ -185,9 +213,32 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
         STEP_S,
         message=job.report,
     )
+    c_stopped = _stopped_ts(job, "c", cut_wall)
     # a and b drop c and train on at WORLD_SIZE 2; the event names c.
     job.wait_running(["a", "b"], 2, timeout_s=STEP_S)
     _say("a and b train at WORLD_SIZE 2 after the cut", cut_at)
+    # No split brain: c's workers were gone before a and b formed their round without c
+    # (c stops within its heartbeat budget; the others judge it gone after the same budget,
+    # then wait last_call_timeout for a third node).
+    formed = {
+        n: _first_ts(job.nodes[n], "rendezvous.complete", cut_wall, group_world_size=2)
+        for n in ("a", "b")
+    }
+    lost_seen = {
+        n: _first_ts(job.nodes[n], "membership.changed", cut_wall, reason="member_lost")
+        for n in ("a", "b")
+    }
+    _say_events(
+        "c stopped, a/b saw c lost, a/b re-formed",
+        cut_wall,
+        {
+            "c stopped": c_stopped,
+            **{f"{n} saw c lost": t for n, t in lost_seen.items()},
+            **{f"{n} re-formed": t for n, t in formed.items()},
+        },
+    )
+    for name, ts in formed.items():
+        assert ts is not None and c_stopped < ts, (name, c_stopped, ts, job.report())
     # The events of a and b name c as the node that is gone (node ids end <pid>-<random>).
     c_mark = f"-{job.nodes['c'].proc.pid}-"
     for name in ("a", "b"):
@@ -241,7 +292,7 @@ def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_he
     _start_three(job)
     pids = {name: _newest_pids(job, name) for name in ("b", "c")}
     old_port = job.newest("a")["MASTER_PORT"]
-    cut_at = time.monotonic()
+    cut_at, cut_wall = time.monotonic(), time.time()
     job.hosts.partition(1)
     # b and c cannot reach the store: each stops its workers and says why, then waits for the
     # store (until its join timeout) instead of exiting.
@@ -253,8 +304,13 @@ def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_he
             message=job.report,
         )
     _say("b and c stopped their workers after the store host was cut", cut_at)
+    stopped = {name: _stopped_ts(job, name, cut_wall) for name in ("b", "c")}
+    _say_events("b and c stopped", cut_wall, {f"{n} stopped": t for n, t in stopped.items()})
     for name in ("b", "c"):
         assert job.nodes[name].proc.poll() is None, f"{name} exited\n" + job.report()
+    healed_wall = time.time()
+    # Both stopped while cut off, before anything could tell them (the heal comes after).
+    assert all(ts < healed_wall for ts in stopped.values()), (stopped, healed_wall)
     healed_at = time.monotonic()
     job.hosts.heal(1)
     _wait_new_round(job, ["a", "b", "c"], 3, old_port)
