@@ -4,9 +4,10 @@ Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) on
 the process's liveness workers (``liveness_pool.py``: one thread for an agent's one node, at
 most ``MAX_WORKERS`` for a process holding many), does:
 
-1. bumps this node's heartbeat counter (one O(1) write, answered by the store) and records
-   when the last one that succeeded was sent, or the error when it failed. The agent reads that record (``report()``, no I/O) and stops
-   its workers once this node's own heartbeat has failed for the budget after which its peers
+1. bumps this node's heartbeat counter (one O(1) write that the store answers: a write sent
+   and forgotten would "succeed" while the node is cut off) and records when that last
+   succeeded, or the error when it failed. The agent reads that record (``report()``, no
+   I/O) and stops its workers once this node's own heartbeat has failed for the budget after which its peers
    judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
 2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict
    (``protocol.judge_ring``: the successor is gone; a round that ended elsewhere is seen by
@@ -138,9 +139,6 @@ class LivenessThread:
     # -- one turn (on a worker of the pool) --------------------------------------------
 
     def _turn(self) -> None:
-        # A beat counts from when it was sent: the peers cannot have seen it earlier, so this
-        # node's own verdict (the budget from here) never comes after theirs.
-        sent = self._clock()
         try:
             self._backend.heartbeat(self._node_id)
         except RendezvousError as exc:
@@ -153,7 +151,7 @@ class LivenessThread:
             with self._lock:
                 if self._error is not None:
                     log.warning("rendezvous heartbeat of %s works again", self._node_id)
-                self._last_ok, self._error = sent, None
+                self._last_ok, self._error = self._clock(), None
         for what, step in (("ring watch", self._watch), ("read", self._refresh)):
             try:
                 step()
