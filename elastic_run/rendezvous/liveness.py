@@ -89,6 +89,7 @@ class LivenessThread:
         self._on_verdict = on_verdict
         self._refresh = refresh
         self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()
         self._last_ok = clock()
         self._error: str | None = None
         self._successor = ""
@@ -98,14 +99,22 @@ class LivenessThread:
     def start(self) -> None:
         """Write the first heartbeat (raising if the store cannot take it), then start.
 
+        Called before each join: when already running, it beats once more now, so that this
+        node's key stands when it arrives. After a partition its etcd lease may have expired
+        and its key vanished: the members of the round it joins would judge it gone at their
+        first read, before its next turn wrote the key again (a failure here is left to the
+        turns to report and to the join to meet).
+
         Raises:
-            RendezvousConnectionError: the store cannot be reached.
+            RendezvousConnectionError: the store cannot be reached (first start only).
         """
         if self._turns is not None:
+            try:
+                self._beat()
+            except RendezvousError as exc:
+                log.info("rendezvous heartbeat of %s before joining: %s", self._node_id, exc)
             return
-        self._backend.heartbeat(self._node_id)
-        with self._lock:
-            self._last_ok = self._clock()
+        self._beat()
         self._turns = Turns(self._turn, self._settings.keep_alive_interval_s)
         liveness_pool().start(self._turns)
 
@@ -138,9 +147,17 @@ class LivenessThread:
 
     # -- one turn (on a worker of the pool) --------------------------------------------
 
+    def _beat(self) -> None:
+        # One beat at a time: a join's beat and a turn's must not both renew an etcd lease.
+        with self._beat_lock:
+            self._backend.heartbeat(self._node_id)
+        with self._lock:
+            self._last_ok = self._clock()
+
     def _turn(self) -> None:
         try:
-            self._backend.heartbeat(self._node_id)
+            with self._beat_lock:
+                self._backend.heartbeat(self._node_id)
         except RendezvousError as exc:
             with self._lock:
                 first = self._error is None
