@@ -178,15 +178,24 @@ def _first_ts(node: Node, kind: str, after: float, **fields: Any) -> float | Non
     return None
 
 
-def _stopped_ts(job: HostsJob, name: str, after: float) -> float:
-    """When ``name``'s agent had stopped its workers for a lost liveness (its event)."""
+def _stopped_ts(job: HostsJob, name: str, after: float, ran: bool) -> float | None:
+    """When ``name``'s agent had stopped its workers for a lost liveness (its event).
+
+    None when its workers were no longer running at the cut (``ran`` false: under heavy load
+    the job may be re-forming at that moment, and a node in a join has nothing to stop).
+    """
+    if not ran:
+        sys.stderr.write(f"[partition] {name} had no running workers at the cut (re-forming)\n")
+        return None
     wait_until(
         lambda: _first_ts(job.nodes[name], "workers.stopped", after, reason="liveness_lost"),
         STEP_S,
         message=job.report,
     )
     ts = _first_ts(job.nodes[name], "workers.stopped", after, reason="liveness_lost")
-    assert ts is not None
+    # ... and it said why before it stopped them.
+    said = _first_ts(job.nodes[name], "membership.changed", after, reason="liveness_lost")
+    assert ts is not None and said is not None and said <= ts, (name, said, ts)
     return ts
 
 
@@ -223,17 +232,13 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     job = hosts_job
     _start_three(job)
     c_pids = _newest_pids(job, "c")
+    c_ran = not _workers_gone(job, "c", c_pids)
     cut_at, cut_wall = time.monotonic(), time.time()
     job.hosts.partition(3)
     # c learns it is cut off: it stops its workers and says why (liveness lost).
     wait_until(lambda: _workers_gone(job, "c", c_pids), STEP_S, message=job.report)
     _say("c's workers stopped after the cut", cut_at)
-    wait_until(
-        lambda: _has_event(job.nodes["c"], "membership.changed", reason="liveness_lost"),
-        STEP_S,
-        message=job.report,
-    )
-    c_stopped = _stopped_ts(job, "c", cut_wall)
+    c_stopped = _stopped_ts(job, "c", cut_wall, c_ran)
     # a and b drop c and train on at WORLD_SIZE 2; the event names c.
     job.wait_running(["a", "b"], 2, timeout_s=STEP_S)
     _say("a and b train at WORLD_SIZE 2 after the cut", cut_at)
@@ -264,7 +269,7 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
         },
     )
     for name, ts in started.items():
-        assert ts is not None and c_stopped < ts, (name, c_stopped, ts, job.report())
+        assert ts is not None and (c_stopped is None or c_stopped < ts), (name, c_stopped, ts)
     # The events of a and b name c as the node that is gone (node ids end <pid>-<random>).
     c_mark = f"-{job.nodes['c'].proc.pid}-"
     for name in ("a", "b"):
@@ -313,25 +318,22 @@ def test_a_cut_store_host_is_seen_by_the_others_who_wait_and_rejoin_after_the_he
     _start_three(job)
     pids = {name: _newest_pids(job, name) for name in ("b", "c")}
     old_port = job.newest("a")["MASTER_PORT"]
+    ran = {name: not _workers_gone(job, name, pids[name]) for name in ("b", "c")}
     cut_at, cut_wall = time.monotonic(), time.time()
     job.hosts.partition(1)
     # b and c cannot reach the store: each stops its workers and says why, then waits for the
     # store (until its join timeout) instead of exiting.
     for name in ("b", "c"):
         wait_until(lambda n=name: _workers_gone(job, n, pids[n]), STEP_S, message=job.report)
-        wait_until(
-            lambda n=name: _has_event(job.nodes[n], "membership.changed", reason="liveness_lost"),
-            STEP_S,
-            message=job.report,
-        )
     _say("b and c stopped their workers after the store host was cut", cut_at)
-    stopped = {name: _stopped_ts(job, name, cut_wall) for name in ("b", "c")}
+    # The event that says why (liveness lost) comes after the stop.
+    stopped = {name: _stopped_ts(job, name, cut_wall, ran[name]) for name in ("b", "c")}
     _say_events("b and c stopped", cut_wall, {f"{n} stopped": t for n, t in stopped.items()})
     for name in ("b", "c"):
         assert job.nodes[name].proc.poll() is None, f"{name} exited\n" + job.report()
     healed_wall = time.time()
     # Both stopped while cut off, before anything could tell them (the heal comes after).
-    assert all(ts < healed_wall for ts in stopped.values()), (stopped, healed_wall)
+    assert all(ts is None or ts < healed_wall for ts in stopped.values()), (stopped, healed_wall)
     healed_at = time.monotonic()
     job.hosts.heal(1)
     _wait_new_round(job, ["a", "b", "c"], 3, old_port)
