@@ -381,9 +381,12 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             return obs
         poll = self._poll_store()
         report = self._rdzv.liveness() if self._rdzv is not None else None
-        # Counted from this round's join at most: the join itself reached the store.
+        # Counted from this round's join at most: the join itself reached the store. Judged at
+        # the last tick within the budget (peers may judge this node gone once it has passed),
+        # a tick being at most a quarter of the budget.
         since = min(report.since_ok_s, time.monotonic() - self._joined_at) if report else 0.0
-        lost = report is not None and since >= report.budget_s
+        early = min(self._spec.monitor_interval, report.budget_s / 4) if report else 0.0
+        lost = report is not None and since + early >= report.budget_s
         return replace(
             obs,
             closed=_closed_reason(poll.closed),

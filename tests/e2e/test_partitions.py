@@ -232,6 +232,7 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     job = hosts_job
     _start_three(job)
     c_pids = _newest_pids(job, "c")
+    old_port = job.newest("a")["MASTER_PORT"]
     c_ran = not _workers_gone(job, "c", c_pids)
     cut_at, cut_wall = time.monotonic(), time.time()
     job.hosts.partition(3)
@@ -239,8 +240,9 @@ def test_a_silently_cut_host_stops_its_workers_and_rejoins_after_the_heal(
     wait_until(lambda: _workers_gone(job, "c", c_pids), STEP_S, message=job.report)
     _say("c's workers stopped after the cut", cut_at)
     c_stopped = _stopped_ts(job, "c", cut_wall, c_ran)
-    # a and b drop c and train on at WORLD_SIZE 2; the event names c.
-    job.wait_running(["a", "b"], 2, timeout_s=STEP_S)
+    # a and b drop c and train on at WORLD_SIZE 2 in a new round; the event names c. (A round
+    # of a and b from before c arrived has WORLD_SIZE 2 too: hence the new round's port.)
+    _wait_new_round(job, ["a", "b"], 2, old_port)
     _say("a and b train at WORLD_SIZE 2 after the cut", cut_at)
     # No split brain: c's workers were gone before a and b started the workers of their round
     # without c. c stops once its own heartbeat has not succeeded for the budget (plus one
