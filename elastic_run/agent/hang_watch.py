@@ -11,7 +11,8 @@ When a worker is silent past its timeout, the stacks of every local worker are t
 (py-spy, :mod:`elastic_run.agent.stacks`) and written to ``stacks.txt``: a worker stuck outside
 torch.distributed is hung at once; workers that all wait inside a collective are left to the
 node of the peer they wait for, and judged here only after a grace
-(:func:`~elastic_run.agent.hang.hung_now`). :attr:`HangWatch.hung` then lists the workers the
+(:func:`~elastic_run.agent.hang.hung_now`) of at least three times this node's last stack
+capture (the peer's node pays a capture too before it acts: on a loaded host it is slow). :attr:`HangWatch.hung` then lists the workers the
 agent must stop; it kills them (a hung worker is a failed worker).
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
@@ -136,6 +137,7 @@ class HangWatch:
         self._attempt_beat = False
         self._streak = 0
         self._suspect_since = 0
+        self._capture_s = 0.0
         self._hung: tuple[HungWorker, ...] = ()
         self._stopped: set[int] = set()
         self._swept = False
@@ -291,7 +293,7 @@ class HangWatch:
             for lr in suspects
         }
         worst = max(s.timeout_s for s in suspects.values())
-        grace = self.rule.collective_grace_s(worst)
+        grace = max(self.rule.collective_grace_s(worst), 3 * self._capture_s)
         chosen = hang.hung_now(waiting, self._suspect_since, now, grace)
         hung = []
         for lr in chosen:
@@ -396,7 +398,9 @@ class HangWatch:
             for lr, w in self._workers.items()
             if lr in wanted and w.pid and psutil.pid_exists(w.pid)
         }
+        started = time.monotonic()
         reports = capture_stacks(pids)
+        self._capture_s = time.monotonic() - started
         for lr, report in reports.items():
             worker = self._workers[lr]
             worker.report, worker.report_ns = report, now
