@@ -149,28 +149,34 @@ def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, resu
             counted=action.counted,
         )
     else:
-        fields = _round_end_fields(agent)
+        # Cut off from the store: nothing on the way to stopping the workers may wait on it
+        # (a read or a publication would wait out the link's deadline, read_timeout on etcd).
+        cut_off = action.reason == "liveness_lost"
+        fields = {} if cut_off else _round_end_fields(agent)
         waiting = agent._poll.nodes_waiting
         who = ", ".join(fields.get("lost", ())) or fields.get("ended_by", "")
         text = _REJOIN_TEXT(action.reason, waiting)
         if who and action.reason in ("member_lost", "round_ended"):
             text += f" ({who})"
-        if action.reason == "liveness_lost" and agent._rdzv is not None:
+        if cut_off and agent._rdzv is not None:
             report = agent._rdzv.liveness()
             text += f": no successful heartbeat for {report.since_ok_s:.1f} s"
             if report.error:
                 text += f" ({report.error})"
-        agent._emit(
-            "membership.changed",
-            f"{text}: stopping the workers to re-rendezvous",
-            reason=action.reason,
-            waiting=waiting,
-            **fields,
-        )
+        text += ": stopping the workers to re-rendezvous"
+        fields.update(reason=action.reason, waiting=waiting)
+        agent._emit("membership.changed", text, publish=not cut_off, **fields)
     agent._set_state(action.state)
     if isinstance(action, sm.Restart):
         agent._before_failed_stop()
     agent._stop_workers(agent._worker_group)
+    if isinstance(action, sm.Rejoin) and action.reason == "liveness_lost":
+        agent._emit(
+            "workers.stopped",
+            "workers stopped (this node lost its liveness)",
+            reason="liveness_lost",
+        )
+        agent._publish_event("membership.changed", text, fields)
     agent._attempt_ended(failed=isinstance(action, sm.Restart))
     if isinstance(action, sm.Rejoin) and agent._rdzv is not None:
         if action.reason in ("nodes_waiting", "liveness_lost"):

@@ -28,6 +28,7 @@ from typing import Any
 from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import ElasticAgent, RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.events import AgentEvent, EventSink
+from elastic_run.agent.exit_barrier import exit_barrier, leave_last
 from elastic_run.agent.failures import FailureRecord
 from elastic_run.agent.progress_hooks import ProgressHooks
 from elastic_run.agent.ranks import assign_ranks, share_workers_store, wait_keys
@@ -58,8 +59,6 @@ _PUBLISHED = frozenset(
     }
 )
 _POLL_INTERVAL_S = 1.0
-_EXIT_KEY = "exit-barrier"
-_LEFT_KEY = "exit-left"
 
 
 class _RoundEnded(Exception):
@@ -93,7 +92,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._signals = tuple(signals)
         self._sinks: list[EventSink] = [on_event] if on_event is not None else []
         self._restarts = 0
-        self._attempt = -1
+        self._attempt, self._joined_at = -1, float("-inf")
         self._waker = Waker()
         self._signal_log = SignalLog()
         handler = spec.rdzv_handler
@@ -199,7 +198,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._in_rendezvous = False
             self._last_loop = time.monotonic()
         self._changed.clear()
-        self._polled_at = float("-inf")
+        self._polled_at, self._joined_at = float("-inf"), time.monotonic()
         group = worker_group
         group.store, group.round = info.store, info.round
         group.group_rank, group.group_world_size = info.rank, info.world_size
@@ -265,13 +264,19 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
 
     # -- events ------------------------------------------------------------------------
 
-    def _emit(self, kind: str, message: str, **fields: Any) -> None:
+    def _emit(self, kind: str, message: str, *, publish: bool = True, **fields: Any) -> None:
+        """Hand an event to the sinks; publish it to the store unless ``publish`` is False
+        (the caller publishes it later with ``_publish_event``: the store may not answer)."""
         event = AgentEvent(kind, message, fields)
         for sink in self._sinks:
             try:
                 sink(event)
             except Exception:  # a view must never break the agent
                 log.exception("an event sink failed")
+        if publish:
+            self._publish_event(kind, message, fields)
+
+    def _publish_event(self, kind: str, message: str, fields: dict[str, Any]) -> None:
         if kind in _PUBLISHED and self._rdzv is not None:
             self._rdzv.publish_event(kind, message, fields)
 
@@ -375,7 +380,13 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         if status is not sm.WorkersStatus.RUNNING or obs.signal is not None:
             return obs
         poll = self._poll_store()
-        lost = self._rdzv.liveness().is_lost if self._rdzv is not None else False
+        report = self._rdzv.liveness() if self._rdzv is not None else None
+        # Counted from this round's join at most: the join itself reached the store. Judged at
+        # the last tick within the budget (peers may judge this node gone once it has passed),
+        # a tick being at most a quarter of the budget.
+        since = min(report.since_ok_s, time.monotonic() - self._joined_at) if report else 0.0
+        early = min(self._spec.monitor_interval, report.budget_s / 4) if report else 0.0
+        lost = report is not None and since + early >= report.budget_s
         return replace(
             obs,
             closed=_closed_reason(poll.closed),
@@ -428,55 +439,17 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             log.warning("closing the rendezvous failed: %s", exc)
 
     def _exit_barrier(self) -> None:
-        """Wait for every node of the round to finish, then close the rendezvous as succeeded."""
-        group = self._worker_group
-        store = group.store
-        if store is None or group.group_rank is None or group.group_world_size is None:
-            return
-        keys = [f"{_EXIT_KEY}/{i}" for i in range(group.group_world_size)]
-        try:
-            store.set(f"{_EXIT_KEY}/{group.group_rank}", "1")
-            done = wait_keys(store, keys, self._exit_barrier_timeout, give_up=self._interrupted)
-        except (RuntimeError, RendezvousError) as exc:
-            log.warning("exit barrier: %s", exc)
-            return
-        if not done:
-            log.warning(
-                "exit barrier: not every node finished within %.0f s", self._exit_barrier_timeout
-            )
-            return
-        self._close_rendezvous("succeeded")
-        self._leave_last()
+        """Wait for every node of the round to finish (or the job to close), then close the
+        rendezvous as succeeded (see ``exit_barrier.py``)."""
+        exit_barrier(self)
 
     def _interrupted(self) -> None:
         if self._signal_log.pending_stop() is not None:
             raise RendezvousInterruptedError("interrupted by a signal")
 
     def _leave_last(self) -> None:
-        """Say this node leaves the round; the node that hosts the store waits for the others.
-
-        The store lives in one agent: were it to leave first, the others' last reads (the
-        closed record, dropping their heartbeat) would find it gone. Bounded by 10 s, for a
-        member that died.
-        """
-        group = self._worker_group
-        store = group.store
-        if store is None or group.group_rank is None or group.group_world_size is None:
-            return
-        hosting = self._rdzv.is_hosting if self._rdzv is not None else False
-        try:
-            if not hosting:
-                # Leave the rendezvous (drop the heartbeat) while the store is surely there.
-                try:
-                    self._spec.rdzv_handler.shutdown()
-                except RendezvousError as exc:
-                    log.warning("leaving the rendezvous failed: %s", exc)
-            store.set(f"{_LEFT_KEY}/{group.group_rank}", "1")
-            if hosting:
-                left = [f"{_LEFT_KEY}/{i}" for i in range(group.group_world_size)]
-                wait_keys(store, left, 10.0, give_up=self._interrupted)
-        except (RuntimeError, RendezvousError) as exc:
-            log.info("leaving the round: %s", exc)
+        """Say this node leaves the round; the node that hosts the store waits for the others."""
+        leave_last(self)
 
 
 def _closed_reason(text: str | None) -> sm.ClosedReason | None:

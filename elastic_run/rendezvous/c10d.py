@@ -21,10 +21,13 @@ returns the value, or ``X`` (a value no record holds) without creating the key. 
 for other keys: on a missing key the server wakes every client waiting for it, so a waiter
 would see a seal that does not exist.
 
-Heartbeats are written with ``set`` of this node's own counter, never ``add``: the TCPStore
-server parses the stored value on ``add`` and drops the client's connection when it is not an
-integer, so a garbage value under a node's key would cut that node off its store. Only the node
-itself writes its heartbeat key, so no atomic increment is needed.
+Heartbeats are written as ``compare_set(previous, next)`` of this node's own counter (a
+``set`` when something else stood there), never ``add``: the TCPStore server parses the stored
+value on ``add`` and drops the client's connection when it is not an integer, so a garbage
+value under a node's key would cut that node off its store. Only the node itself writes its
+heartbeat key, so no atomic increment is needed. Nor a bare ``set``: it is never answered, so
+over a silent partition it "succeeds" into the socket's buffer; a compare_set that returned
+was stored.
 
 ``store_type=file`` (as torch allows) puts the store in a torch FileStore at the path
 given as the endpoint (a shared file system for several hosts); nobody hosts anything.
@@ -279,9 +282,13 @@ class C10dRendezvousBackend(RendezvousBackend):
         return self._call(wait)
 
     def heartbeat(self, node_id: str) -> None:
-        count = self._beats.get(node_id, 0) + 1
-        self.set(keys.heartbeat(node_id), str(count).encode())
-        self._beats[node_id] = count
+        # compare_set, not set: the store answers it, so a cut-off node learns it (docstring).
+        previous = self._beats.get(node_id)
+        key, value = keys.heartbeat(node_id), str((previous or 0) + 1).encode()
+        expected = str(previous).encode() if previous is not None else b""
+        if bytes(self._call(lambda: self._store.compare_set(key, expected, value))) != value:
+            self.set(key, value)  # garbage or the gone mark stood there: overwrite it
+        self._beats[node_id] = (previous or 0) + 1
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]

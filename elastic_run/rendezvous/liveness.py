@@ -4,9 +4,10 @@ Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) on
 the process's liveness workers (``liveness_pool.py``: one thread for an agent's one node, at
 most ``MAX_WORKERS`` for a process holding many), does:
 
-1. bumps this node's heartbeat counter (one O(1) write) and records when that last succeeded,
-   or the error when it failed. The agent reads that record (``report()``, no I/O) and stops
-   its workers once this node's own heartbeat has failed for the budget after which its peers
+1. bumps this node's heartbeat counter (one O(1) write that the store answers: a write sent
+   and forgotten would "succeed" while the node is cut off) and records when that last
+   succeeded, or the error when it failed. The agent reads that record (``report()``, no
+   I/O) and stops its workers once this node's own heartbeat has failed for the budget after which its peers
    judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
 2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict
    (``protocol.judge_ring``: the successor is gone; a round that ended elsewhere is seen by
@@ -88,6 +89,7 @@ class LivenessThread:
         self._on_verdict = on_verdict
         self._refresh = refresh
         self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()
         self._last_ok = clock()
         self._error: str | None = None
         self._successor = ""
@@ -97,14 +99,22 @@ class LivenessThread:
     def start(self) -> None:
         """Write the first heartbeat (raising if the store cannot take it), then start.
 
+        Called before each join: when already running, it beats once more now, so that this
+        node's key stands when it arrives. After a partition its etcd lease may have expired
+        and its key vanished: the members of the round it joins would judge it gone at their
+        first read, before its next turn wrote the key again (a failure here is left to the
+        turns to report and to the join to meet).
+
         Raises:
-            RendezvousConnectionError: the store cannot be reached.
+            RendezvousConnectionError: the store cannot be reached (first start only).
         """
         if self._turns is not None:
+            try:
+                self._beat()
+            except RendezvousError as exc:
+                log.info("rendezvous heartbeat of %s before joining: %s", self._node_id, exc)
             return
-        self._backend.heartbeat(self._node_id)
-        with self._lock:
-            self._last_ok = self._clock()
+        self._beat()
         self._turns = Turns(self._turn, self._settings.keep_alive_interval_s)
         liveness_pool().start(self._turns)
 
@@ -137,9 +147,17 @@ class LivenessThread:
 
     # -- one turn (on a worker of the pool) --------------------------------------------
 
+    def _beat(self) -> None:
+        # One beat at a time: a join's beat and a turn's must not both renew an etcd lease.
+        with self._beat_lock:
+            self._backend.heartbeat(self._node_id)
+        with self._lock:
+            self._last_ok = self._clock()
+
     def _turn(self) -> None:
         try:
-            self._backend.heartbeat(self._node_id)
+            with self._beat_lock:
+                self._backend.heartbeat(self._node_id)
         except RendezvousError as exc:
             with self._lock:
                 first = self._error is None

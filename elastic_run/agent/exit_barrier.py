@@ -1,0 +1,92 @@
+"""The exit barrier: a node whose workers succeeded waits for the round's other nodes.
+
+``exit_barrier(agent)`` writes ``exit-barrier/<group rank>`` in the round's store and waits for
+every group rank's key (up to ``--exit-barrier-timeout``), then closes the rendezvous as
+succeeded and leaves (``leave_last``). The wait also ends when the job is closed, whoever
+closed it: a node whose workers finished in a round that then ended (the others re-formed
+without it, for a newcomer or a lost node, and finished there) waits for keys of its old round
+that nobody will write; the others' close is the end of the job for it too. It exits 0 (its
+workers succeeded), as after a barrier that timed out.
+
+``leave_last(agent)``: the node that hosts the store waits (10 s at most, for a member that
+died) until the others have said they leave, so that their last reads (the closed record,
+dropping their heartbeat) do not find the store gone.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+from elastic_run.agent.ranks import wait_keys
+from elastic_run.rendezvous.errors import RendezvousError
+
+if TYPE_CHECKING:
+    from elastic_run.agent.simple import SimpleElasticAgent
+
+__all__ = ["EXIT_KEY", "LEFT_KEY", "exit_barrier", "leave_last"]
+
+log = logging.getLogger(__name__)
+
+EXIT_KEY = "exit-barrier"
+LEFT_KEY = "exit-left"
+_LEAVE_WAIT_S = 10.0
+
+
+class _JobClosed(Exception):
+    """The job was closed while this node waited at the barrier."""
+
+
+def exit_barrier(agent: SimpleElasticAgent) -> None:
+    """Wait for every node of the round to finish (or the job to close), then close and leave."""
+    group = agent._worker_group
+    store = group.store
+    if store is None or group.group_rank is None or group.group_world_size is None:
+        return
+    keys = [f"{EXIT_KEY}/{i}" for i in range(group.group_world_size)]
+
+    def give_up() -> None:
+        agent._interrupted()
+        closed = agent._poll_store().closed
+        if closed is not None:
+            raise _JobClosed(closed)
+
+    try:
+        store.set(f"{EXIT_KEY}/{group.group_rank}", "1")
+        done = wait_keys(store, keys, agent._exit_barrier_timeout, give_up=give_up)
+    except _JobClosed as closed:
+        log.info("exit barrier: the job was closed (%s) while this node waited", closed)
+        leave_last(agent)
+        return
+    except (RuntimeError, RendezvousError) as exc:
+        log.warning("exit barrier: %s", exc)
+        return
+    if not done:
+        log.warning(
+            "exit barrier: not every node finished within %.0f s", agent._exit_barrier_timeout
+        )
+        return
+    agent._close_rendezvous("succeeded")
+    leave_last(agent)
+
+
+def leave_last(agent: SimpleElasticAgent) -> None:
+    """Say this node leaves the round; the node that hosts the store waits for the others."""
+    group = agent._worker_group
+    store = group.store
+    if store is None or group.group_rank is None or group.group_world_size is None:
+        return
+    hosting = agent._rdzv.is_hosting if agent._rdzv is not None else False
+    try:
+        if not hosting:
+            # Leave the rendezvous (drop the heartbeat) while the store is surely there.
+            try:
+                agent._spec.rdzv_handler.shutdown()
+            except RendezvousError as exc:
+                log.warning("leaving the rendezvous failed: %s", exc)
+        store.set(f"{LEFT_KEY}/{group.group_rank}", "1")
+        if hosting:
+            left = [f"{LEFT_KEY}/{i}" for i in range(group.group_world_size)]
+            wait_keys(store, left, _LEAVE_WAIT_S, give_up=agent._interrupted)
+    except (RuntimeError, RendezvousError) as exc:
+        log.info("leaving the round: %s", exc)
