@@ -11,7 +11,9 @@ When a worker is silent past its timeout, the stacks of every local worker are t
 (py-spy, :mod:`elastic_run.agent.stacks`) and written to ``stacks.txt``: a worker stuck outside
 torch.distributed is hung at once; workers that all wait inside a collective are left to the
 node of the peer they wait for, and judged here only after a grace
-(:func:`~elastic_run.agent.hang.hung_now`). :attr:`HangWatch.hung` then lists the workers the
+(:func:`~elastic_run.agent.hang.hung_now`); a worker whose stacks show its script over (in the
+interpreter's shutdown: :func:`~elastic_run.agent.script_end.after_script`) is not hung: its
+beats stopped because its script did (:meth:`HangWatch.after_script` hands it on). :attr:`HangWatch.hung` then lists the workers the
 agent must stop; it kills them (a hung worker is a failed worker).
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
@@ -35,7 +37,7 @@ from pathlib import Path
 
 import psutil
 
-from elastic_run.agent import hang
+from elastic_run.agent import hang, script_end
 from elastic_run.agent.snapshot import WorkerProgress
 from elastic_run.agent.stack_report import StackReport, Where
 from elastic_run.agent.stacks import capture_stacks, write_stacks
@@ -138,6 +140,7 @@ class HangWatch:
         self._suspect_since = 0
         self._hung: tuple[HungWorker, ...] = ()
         self._stopped: set[int] = set()
+        self._after_script: dict[int, tuple[str, int]] = {}
         self._swept = False
         self._snapshot: tuple[tuple[int, WorkerProgress], ...] = ()
         self.last_hang: HungWorker | None = None
@@ -173,6 +176,7 @@ class HangWatch:
             self._suspect_since = 0
             self._hung = ()
             self._stopped = set()
+            self._after_script = {}
         slots = max((lr for lr, _ in workers), default=-1) + 1
         path = self._new_path(attempt)
         try:
@@ -286,6 +290,17 @@ class HangWatch:
         if not self._suspect_since:
             self._suspect_since = now
         self._ensure_stacks(now, "silent past its hang timeout")
+        for lr in list(suspects):
+            report = self._workers[lr].report
+            over = script_end.after_script(report) if report is not None else None
+            if over is not None:  # its script ended: not hung (the script-end watch bounds it)
+                del suspects[lr]
+                self._workers[lr].verdict = ""
+                self._after_script.setdefault(lr, (over, now))
+        if not suspects:
+            self._suspect_since = 0
+            self._publish(now)
+            return
         waiting = {
             lr: (where.in_collective if (where := self._where(lr)) is not None else None)
             for lr in suspects
@@ -430,6 +445,10 @@ class HangWatch:
         return self._where(local_rank), worker.stacks_file
 
     # -- verdicts and pictures ------------------------------------------------------------
+
+    def after_script(self) -> dict[int, tuple[str, int]]:
+        """Silent workers whose stacks showed their script over: local rank -> (where, when)."""
+        return dict(self._after_script)
 
     @property
     def hung(self) -> tuple[HungWorker, ...]:
