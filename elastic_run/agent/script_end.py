@@ -71,16 +71,22 @@ def after_script(report: StackReport) -> str | None:
 
     The main thread (the one whose id is the pid) runs the script while its outermost frame is
     a ``<module>`` frame (``python script``, the zygote's runpy) or runpy's
-    ``_run_module_as_main`` (``python -m``); anything else there is the interpreter's shutdown.
+    ``_run_module_as_main`` (``python -m``); anything else there, or no frame at all, is the
+    interpreter's shutdown. A main thread that cannot be told from the others is no evidence.
 
     Returns:
         ``joining non-daemon threads (threading._shutdown)``, ``an atexit handler or finalizer:
         FUNCTION at FILE:LINE``, ``interpreter finalization (no Python frame)``, or None.
     """
-    if report.error is not None or not report.threads:
+    if report.error is not None:
         return None
-    main = next((t for t in report.threads if t.os_thread_id == report.pid), None)
-    if main is None or not main.frames:
+    main = next(
+        (t for t in report.threads if t.os_thread_id == report.pid or t.name == "MainThread"),
+        None,
+    )
+    if main is None:  # not found (py-spy may not know the threads' ids): no evidence
+        return None
+    if not main.frames:
         return "interpreter finalization (no Python frame)"
     outermost = main.frames[-1]
     if outermost.function in _RUNNING_OUTERMOST:

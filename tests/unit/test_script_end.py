@@ -60,9 +60,11 @@ def test_an_atexit_handler_is_after_the_script() -> None:
 
 def test_no_python_frame_in_the_main_thread_is_finalization() -> None:
     assert after_script(_report()) == "interpreter finalization (no Python frame)"
-    assert after_script(_report(("x", "/a.py", 1), main_id=PID + 7)) == (
-        "interpreter finalization (no Python frame)"
-    )
+
+
+def test_a_main_thread_that_cannot_be_found_is_no_evidence() -> None:
+    unnamed = StackReport(PID, (ThreadStack("", 0, False, ()), ThreadStack("", 0, False, ())))
+    assert after_script(unnamed) is None
 
 
 def test_no_stacks_say_nothing() -> None:
