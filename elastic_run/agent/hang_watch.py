@@ -11,10 +11,13 @@ When a worker is silent past its timeout, the stacks of every local worker are t
 (py-spy, :mod:`elastic_run.agent.stacks`) and written to ``stacks.txt``: a worker stuck outside
 torch.distributed is hung at once; workers that all wait inside a collective are left to the
 node of the peer they wait for, and judged here only after a grace
-(:func:`~elastic_run.agent.hang.hung_now`); a worker whose stacks show its script over (in the
-interpreter's shutdown: :func:`~elastic_run.agent.script_end.after_script`) is not hung: its
-beats stopped because its script did (:meth:`HangWatch.after_script` hands it on). :attr:`HangWatch.hung` then lists the workers the
-agent must stop; it kills them (a hung worker is a failed worker).
+(:func:`~elastic_run.agent.hang.hung_now`) of at least three times this node's last stack
+capture (the peer's node pays a capture too before it acts: on a loaded host it is slow); a
+worker whose stacks show its script over (in the interpreter's shutdown:
+:func:`~elastic_run.agent.script_end.after_script`) is not hung: its beats stopped because its
+script did (:meth:`HangWatch.after_script` hands it on). :attr:`HangWatch.hung` then lists the
+workers the agent must stop (:class:`~elastic_run.agent.hang.HungWorker`); it kills them (a hung
+worker is a failed worker).
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
 and the count of failed attempts without a beat (``--max-no-progress-restarts``).
@@ -38,6 +41,7 @@ from pathlib import Path
 import psutil
 
 from elastic_run.agent import hang, script_end
+from elastic_run.agent.hang import HungWorker
 from elastic_run.agent.snapshot import WorkerProgress
 from elastic_run.agent.stack_report import StackReport, Where
 from elastic_run.agent.stacks import capture_stacks, write_stacks
@@ -59,43 +63,6 @@ _IO_QUIET_S = 3.0
 _IO_EVERY_S = 0.5
 _STALE_STACKS_S = 5.0
 _LIBRARY_DIRS = (str(Path(__file__).resolve().parents[1]),)  # elastic_run itself
-
-
-@dataclass(frozen=True)
-class HungWorker:
-    """A worker the agent must stop: silent past its timeout.
-
-    Attributes:
-        local_rank: its local rank.
-        rank: its global rank.
-        pid: its process.
-        silence: how long it was silent, against which timeout.
-        where: where its main thread was (None: stacks not taken).
-        stacks_file: its ``stacks.txt`` (None: not written).
-        stacks_error: why its stacks could not be taken, or None.
-    """
-
-    local_rank: int
-    rank: int
-    pid: int
-    silence: hang.Silence
-    where: Where | None
-    stacks_file: Path | None
-    stacks_error: str | None = None
-
-    def sentence(self) -> str:
-        """``rank 3 stuck 42 s in all_reduce at train.py:88 (no progress beat; timeout 30 s)``."""
-        place = f" in {self.where.text()}" if self.where is not None else ""
-        kind = "learned" if self.silence.learned else "given"
-        text = (
-            f"rank {self.rank} stuck {self.silence.silent_s:.0f} s{place} (no progress beat; "
-            f"hang timeout {self.silence.timeout_s:.3g} s, {kind})"
-        )
-        if self.where is not None and self.where.in_collective:
-            text += ": it waits in a collective for a peer that did not arrive"
-        if self.stacks_error:
-            text += f"; no stacks: {self.stacks_error}"
-        return text
 
 
 @dataclass
@@ -138,6 +105,7 @@ class HangWatch:
         self._attempt_beat = False
         self._streak = 0
         self._suspect_since = 0
+        self._capture_s = 0.0
         self._hung: tuple[HungWorker, ...] = ()
         self._stopped: set[int] = set()
         self._after_script: dict[int, tuple[str, int]] = {}
@@ -306,7 +274,7 @@ class HangWatch:
             for lr in suspects
         }
         worst = max(s.timeout_s for s in suspects.values())
-        grace = self.rule.collective_grace_s(worst)
+        grace = max(self.rule.collective_grace_s(worst), 3 * self._capture_s)
         chosen = hang.hung_now(waiting, self._suspect_since, now, grace)
         hung = []
         for lr in chosen:
@@ -411,7 +379,9 @@ class HangWatch:
             for lr, w in self._workers.items()
             if lr in wanted and w.pid and psutil.pid_exists(w.pid)
         }
+        started = time.monotonic()
         reports = capture_stacks(pids)
+        self._capture_s = time.monotonic() - started
         for lr, report in reports.items():
             worker = self._workers[lr]
             worker.report, worker.report_ns = report, now

@@ -17,11 +17,30 @@ from elastic_run.agent.api import WorkerGroup, WorkerSpec
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
+    "RANK_VARIABLES",
     "build_worker_env",
     "shared_worker_env",
     "python_command",
     "worker_argv",
 ]
+
+
+RANK_VARIABLES = (
+    "LOCAL_RANK",
+    "RANK",
+    "GROUP_RANK",
+    "ROLE_RANK",
+    "ROLE_NAME",
+    "LOCAL_WORLD_SIZE",
+    "WORLD_SIZE",
+    "GROUP_WORLD_SIZE",
+    "ROLE_WORLD_SIZE",
+    "MASTER_ADDR",
+    "MASTER_PORT",
+)
+"""The per-worker, per-round variables of :func:`build_worker_env`, in that order (beside the
+``TORCHELASTIC_*`` ones): they differ between workers and rounds, and nothing reads them at import
+time, so a warm worker's zygote never holds them."""
 
 
 def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:
@@ -69,19 +88,22 @@ def build_worker_env(
     worker = group.workers[local_rank]
     spec = group.spec
     env = shared_worker_env(base, local_world_size=spec.local_world_size, extra=extra)
+    ranks = (
+        local_rank,
+        worker.global_rank,
+        group.group_rank,
+        worker.role_rank,
+        spec.role,
+        spec.local_world_size,
+        worker.world_size,
+        group.group_world_size,
+        worker.role_world_size,
+        group.master_addr,
+        group.master_port,
+    )
+    env.update(zip(RANK_VARIABLES, map(str, ranks), strict=True))
     env.update(
         {
-            "LOCAL_RANK": str(local_rank),
-            "RANK": str(worker.global_rank),
-            "GROUP_RANK": str(group.group_rank),
-            "ROLE_RANK": str(worker.role_rank),
-            "ROLE_NAME": spec.role,
-            "LOCAL_WORLD_SIZE": str(spec.local_world_size),
-            "WORLD_SIZE": str(worker.world_size),
-            "GROUP_WORLD_SIZE": str(group.group_world_size),
-            "ROLE_WORLD_SIZE": str(worker.role_world_size),
-            "MASTER_ADDR": str(group.master_addr),
-            "MASTER_PORT": str(group.master_port),
             "TORCHELASTIC_RESTART_COUNT": str(restart_count),
             "TORCHELASTIC_MAX_RESTARTS": str(max_restarts),
             "TORCHELASTIC_RUN_ID": run_id,

@@ -42,6 +42,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
+from elastic_run.agent.worker_env import RANK_VARIABLES
 from elastic_run.errors import AgentError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
@@ -49,21 +50,7 @@ __all__ = ["PER_WORKER_KEYS", "WarmCommand", "Zygote", "env_mismatch", "warm_com
 
 logger = logging.getLogger(__name__)
 
-PER_WORKER_KEYS = frozenset(
-    {
-        "LOCAL_RANK",
-        "RANK",
-        "GROUP_RANK",
-        "ROLE_RANK",
-        "ROLE_NAME",
-        "LOCAL_WORLD_SIZE",
-        "WORLD_SIZE",
-        "GROUP_WORLD_SIZE",
-        "ROLE_WORLD_SIZE",
-        "MASTER_ADDR",
-        "MASTER_PORT",
-    }
-)
+PER_WORKER_KEYS = frozenset(RANK_VARIABLES)
 """Variables that differ per worker or per attempt and that nothing reads at import time."""
 _PER_WORKER_PREFIXES = ("TORCHELASTIC_", "ELASTIC_RUN_")
 _PROGRAM = Path(__file__).with_name("zygote_process.py")

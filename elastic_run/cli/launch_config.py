@@ -42,6 +42,7 @@ from elastic_run.cli.values import (
     safe_run_id,
     shown,
 )
+from elastic_run.cli.warm_default import default_warm_start
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
@@ -172,15 +173,19 @@ def _log_dir(text: str | None) -> Path | None:
     return path
 
 
-def _warm_start(params: dict[str, Any], explicit: set[str], chosen: Chosen) -> bool:
-    """--warm-start, and the --print-config row that says why."""
+def _warm_start(params: dict[str, Any], script: str, chosen: Chosen) -> bool:
+    """--warm-start, and the --print-config row that says why (the default: warm_default.py)."""
     given = params.get("warm_start")
-    if params["no_python"]:
-        warm, why = False, "--no-python: workers are programs, started cold"
-    elif given is not None:
+    if given is not None and not params["no_python"]:
         warm, why = bool(given), "given"
     else:
-        warm, why = False, "default (off: turn on with --warm-start)"
+        warm, why = default_warm_start(
+            script,
+            module=params["module"],
+            no_python=params["no_python"],
+            preload=_preload(params["preload"]),
+            cwd=_current_directory(),
+        )
     chosen.append(("warm_start", warm, why))
     return warm
 
@@ -351,7 +356,7 @@ def parse_launch_config(
     ranks_filter = parse_local_ranks(params["local_ranks_filter"])
     rdzv = _rendezvous(params, nodes, master_port, chosen, notices)
     progress = _progress(params)
-    warm_start = _warm_start(params, explicit, chosen)
+    warm_start = _warm_start(params, script, chosen)
     watchdog = params["watchdog"]
     if watchdog is None:
         watchdog = _truthy(env.get("TORCHELASTIC_ENABLE_FILE_TIMER"))

@@ -156,7 +156,10 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
     _opt(
         "--warm-start/--no-warm-start",
         default=None,
-        help="Fork Python workers from a per-node zygote that has torch imported [off].",
+        help=(
+            "Fork Python workers from a per-node zygote that has torch imported [on unless the "
+            "script imports only the standard library]."
+        ),
     ),
     _opt("--preload", default="", help="Modules the zygote imports after torch: a,b.c."),
     _opt(

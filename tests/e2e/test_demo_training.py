@@ -62,7 +62,7 @@ def test_training_survives_a_killed_worker(tmp_path: Path, start: str) -> None:
     calm, calm_log = _launch(tmp_path, "calm")
     assert calm.wait(180) == 0, calm_log.read_text()
     expected = json.loads((tmp_path / "calm" / "final.json").read_text())
-    assert expected["steps"] == STEPS and expected["restarts"] == 0
+    assert expected["steps"] == STEPS and expected["restarts"] == 0, calm_log.read_text()
 
     agent, log = _launch(tmp_path, "killed", "--sleep-per-step", "0.05", start=start)
     seen: list[int] = []

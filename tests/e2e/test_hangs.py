@@ -89,7 +89,9 @@ def test_a_rank_blocked_before_all_reduce_is_found_and_the_job_recovers(
 
     # Rank 3 is local rank 1 of the node of group rank 1, whichever it is.
     hangs = {name: _events(job, name, "worker.hung") for name in "ab"}
-    (stuck_node,) = [name for name, found in hangs.items() if found]
+    acted = [name for name, found in hangs.items() if found]
+    assert len(acted) == 1, job.report()
+    (stuck_node,) = acted
     other = "b" if stuck_node == "a" else "a"
     assert not hangs[other], job.report()  # its ranks waited for rank 3: the stuck node acted
     (hung,) = hangs[stuck_node]
@@ -129,7 +131,9 @@ def test_auto_learns_a_timeout_finds_the_hang_and_the_summary_names_it(make_job:
     assert job.wait_exit("a", 300) == 1, job.report()
     assert job.wait_exit("b", 60) == 1, job.report()
     hangs = {name: _events(job, name, "worker.hung") for name in "ab"}
-    (stuck_node,) = [name for name, found in hangs.items() if found]
+    acted = [name for name, found in hangs.items() if found]
+    assert len(acted) == 1, job.report()
+    (stuck_node,) = acted
     (hung,) = hangs[stuck_node]
     assert hung["fields"]["rank"] == 2 and hung["fields"]["learned"] is True
     assert hung["fields"]["timeout_s"] >= 30.0  # the default floor: steps here are fast
