@@ -6,7 +6,8 @@ handler that never returns. Cold (``python -u script``, found from its stacks) a
 zygote says when the script ended): the agent kills it past ``--script-exit-timeout``, reports it
 with its stacks (one line naming the rank and pid, then the stacks; ``stacks.txt``; the
 ``worker.outlived`` event), and counts its exit as the script's own: the job succeeds after a
-normal end, fails with the script's status after ``sys.exit(3)`` (warm) or an exception recorded
+normal end (also in a two-node gloo job, one node warm and one cold, the issue's case: every
+worker logged its last line and no process exited), fails with the script's status after ``sys.exit(3)`` (warm) or an exception recorded
 by ``@record`` (cold and warm). A worker that beat and then outlived its script is not judged
 hung. No test asserts on a duration: each waits for the agent's exit.
 """
@@ -20,6 +21,7 @@ import cli_harness
 import pytest
 from cli_harness import Agent, Launch, only_run_dir, read_events
 
+from tests.e2e.test_multinode import FAST_CONF, Job, make_job_fixture  # noqa: F401 - a fixture
 from tests.helpers import no_process_left
 
 launch = cli_harness.launch
@@ -124,3 +126,26 @@ def test_a_worker_that_beat_then_outlived_its_script_is_not_hung(
     assert agent.wait(RUN) == 0, agent.describe()
     (fields,) = _outlived(agent, tmp_path)
     assert fields["exitcode"] == 0, agent.describe()
+
+
+def test_a_two_node_gloo_job_whose_workers_all_linger_ends_with_exit_0(make_job: Any) -> None:
+    job: Job = make_job(("c10d", ""))
+    for name, warmth in (("a", "--warm-start"), ("b", "--no-warm-start")):
+        job.start(
+            name,
+            nnodes="2",
+            nproc=2,
+            conf=FAST_CONF,
+            host=name == "a",
+            extra=(warmth, "--script-exit-timeout", "2"),
+            script=(SCRIPT, "gloo"),
+        )
+    for name in ("a", "b"):
+        assert job.wait_exit(name, RUN) == 0, job.report()
+    for node in job.nodes.values():
+        outlived = [e for e in node.events() if e["kind"] == "worker.outlived"]
+        assert len(outlived) == 2, job.report()
+        known = {e["fields"]["exitcode_known"] for e in outlived}
+        assert known == {node.name == "a"}, job.report()  # a warm: the zygote said when
+        assert node.output().count("LAST LINE rank=") == 2
+    job.assert_no_survivors()

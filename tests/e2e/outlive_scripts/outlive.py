@@ -4,6 +4,7 @@
     outlive.py atexit [CODE]   an atexit handler that blocks forever; then ``sys.exit(CODE)``
     outlive.py raise           (with @record) a non-daemon thread blocked, then an exception
     outlive.py beat [CODE]     progress beats for a few steps, then as ``thread``
+    outlive.py gloo            a gloo all_reduce across the job, then as ``thread``
 
 Each prints ``LAST LINE rank=R`` as its script's last act.
 """
@@ -29,6 +30,15 @@ def main() -> int:
     if how == "beat":
         for step in range(8):
             progress(step)
+        how = "thread"
+    if how == "gloo":
+        import torch
+        import torch.distributed as dist
+
+        dist.init_process_group("gloo")
+        total = torch.ones(1)
+        dist.all_reduce(total)
+        assert int(total.item()) == dist.get_world_size()
         how = "thread"
     if how in ("thread", "raise"):
         threading.Thread(target=never.wait, name="forgotten").start()
