@@ -1,9 +1,10 @@
-"""Benchmark single-node launch and restart: elastic-run (cold and warm) against torchrun.
+"""Benchmark single-node launch and restart: elastic-run (default, cold, warm) against torchrun.
 
-The three (elastic-run cold, elastic-run ``--warm-start``, torchrun) run in the same
-invocation, alternating (cold, warm, torch, torch, warm, cold, ...), so a load that comes and
-goes on the machine falls on all alike; each cell is first / median / p90 / last, and the
-ratios of the medians to torchrun's are printed.
+The four (elastic-run with its defaults, which is what users run: warm for a script that imports
+anything outside the standard library, cold otherwise; ``--no-warm-start``; ``--warm-start``;
+torchrun) run in the same invocation, alternating (default, cold, warm, torch, torch, warm, ...),
+so a load that comes and goes on the machine falls on all alike; each cell is first / median /
+p90 / last, and the ratios of the medians to torchrun's are printed.
 
 (a) launch: the wall time of ``--standalone --nproc-per-node 2`` over a worker that only prints
     its rank (scripts/bench_workers/print_rank.py), from spawning the launcher to its exit.
@@ -39,8 +40,13 @@ from bench_netns import reexec_in_netns
 REPO_ROOT = Path(__file__).resolve().parents[1]
 WORKERS = Path(__file__).resolve().parent / "bench_workers"
 BIN = Path(sys.executable).parent
-IMPLS = ("ours", "warm", "torch")
-NAMES = {"ours": "elastic-run cold", "warm": "elastic-run warm", "torch": "torchrun"}
+IMPLS = ("default", "ours", "warm", "torch")
+NAMES = {
+    "default": "elastic-run default",
+    "ours": "elastic-run cold",
+    "warm": "elastic-run warm",
+    "torch": "torchrun",
+}
 
 
 def launcher(impl: str) -> list[str]:
@@ -129,7 +135,7 @@ def alternate(
             value = measure(impl, timeout_s)
             results[impl].append(value)
             shown = f"{value:.3f} s" if isinstance(value, float) else f"FAILED ({value})"
-            print(f"  {label} run {i + 1} {impl:5s}: {shown}", file=sys.stderr, flush=True)
+            print(f"  {label} run {i + 1} {impl:7s}: {shown}", file=sys.stderr, flush=True)
     return results
 
 
@@ -181,26 +187,27 @@ def main() -> None:
     load_after = os.getloadavg()[0]
 
     print(
-        f"elastic-run (cold, warm) vs torchrun, --standalone --nproc-per-node 2, {args.runs} "
+        f"elastic-run (default, cold, warm) vs torchrun, --standalone --nproc-per-node 2, {args.runs} "
         f"alternating runs each, {os.cpu_count()} CPUs, load average {load_before:.2f} before / "
         f"{load_after:.2f} after"
     )
     print("(shared machine: figures are noisy; each cell: first / median / p90 / last, seconds)")
     print()
     head = "".join(f" {NAMES[impl]:>30} |" for impl in IMPLS)
-    print(f"| figure                            |{head} cold/torch | warm/torch |")
+    print(f"| figure                            |{head} default/torch | cold/torch | warm/torch |")
     rule = ("-" * 31 + ":|") * len(IMPLS)
-    print(f"|-----------------------------------|{rule}-----------:|-----------:|")
+    print(f"|-----------------------------------|{rule}--------------:|-----------:|-----------:|")
     for label, results in figures:
         meds, cells = {}, ""
         for impl in IMPLS:
             meds[impl], text = summary(results[impl])
             cells += f" {text:>30} |"
         ratios = []
-        for impl in ("ours", "warm"):
+        for impl in ("default", "ours", "warm"):
             mine, theirs = meds[impl], meds["torch"]
             ratios.append(f"{mine / theirs:.2f}" if mine is not None and theirs else "-")
-        print(f"| {label:33} |{cells} {ratios[0]:>10} | {ratios[1]:>10} |")
+        shown = f"{ratios[0]:>13} | {ratios[1]:>10} | {ratios[2]:>10}"
+        print(f"| {label:33} |{cells} {shown} |")
     for label, results in figures:
         for impl in IMPLS:
             for value in dict.fromkeys(v for v in results[impl] if isinstance(v, str)):
