@@ -38,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _Emit = Callable[[str, str, dict[str, Any]], None]
 _WHERE_CHARS = 160
+_RECENT_STACKS_S = 10.0
 
 
 def _kill_tree(pid: int) -> None:
@@ -63,7 +64,7 @@ class ProgressDuties:
     def __init__(self, options: ProgressOptions, host: str, beat_dir: Path | None = None) -> None:
         self.options = options
         self.watch = HangWatch(options.hang, beat_dir)
-        self.script_end = ScriptEndWatch(options.script_exit_timeout_s)
+        self.script_end = ScriptEndWatch(options.script_exit_timeout_s, recent=self._recent_stacks)
         self._host = host
         self._ranks: dict[int, int] = {}
         self._killed: dict[int, HungWorker] = {}
@@ -150,6 +151,12 @@ class ProgressDuties:
             else:
                 log.warning("%s", outlived.sentence())
             kill(outlived.pid)
+
+    def _recent_stacks(self, local_rank: int) -> StackReport | None:
+        """This worker's stacks if the hang watch took them within the last 10 s."""
+        if not self.watch.stacks_taken(local_rank, _RECENT_STACKS_S):
+            return None
+        return self.watch.report(local_rank)
 
     def amend_exits(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
         """The workers' exits, each one killed for outliving its script counted as the script's."""

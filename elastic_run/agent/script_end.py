@@ -134,8 +134,8 @@ class IdleTrack:
     read_ns: int = 0
     idle_since_ns: int = 0
     next_look_ns: int = 0
-    backoff_s: float = 5.0
-    idle_s: float = 5.0
+    backoff_s: float = 10.0
+    idle_s: float = 10.0
     busy_fraction: float = 0.05
     max_backoff_s: float = 60.0
 

@@ -14,7 +14,7 @@ Threads: everything runs on the agent's loop.
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Protocol
@@ -127,11 +127,19 @@ class ScriptEndWatch:
     Args:
         bound_s: ``--script-exit-timeout`` (None: off).
         idle_s: how long a cold worker is idle before its stacks are looked at.
+        recent: local rank -> stacks of it taken lately by someone else (the hang watch), used
+            instead of a new py-spy run (one stack capture at a time delays the loop less).
     """
 
-    def __init__(self, bound_s: float | None, idle_s: float = 5.0) -> None:
+    def __init__(
+        self,
+        bound_s: float | None,
+        idle_s: float = 10.0,
+        recent: Callable[[int], StackReport | None] | None = None,
+    ) -> None:
         self.bound_s = bound_s
         self._idle_s = idle_s
+        self._recent = recent if recent is not None else (lambda local_rank: None)
         self._workers: dict[int, _Worker] = {}
         self._warm: WarmEnds = _NoWarm()
 
@@ -198,7 +206,9 @@ class ScriptEndWatch:
         worker.track = worker.track.read(times.user + times.system, now)
         if not worker.track.due(now):
             return
-        report = capture_stacks({worker.local_rank: worker.pid})[worker.local_rank]
+        report = self._recent(worker.local_rank)
+        if report is None:
+            report = capture_stacks({worker.local_rank: worker.pid})[worker.local_rank]
         where = script_end.after_script(report)
         if where is None:
             worker.track = worker.track.looked(now)
