@@ -16,7 +16,8 @@ Per fault it prints: completed (every surviving agent exited 0 after the stop fi
 lost (steps taken before the fault that the job redoes: the loop keeps no checkpoint, so all
 of them), time to training again (from the fault to the first step of workers started after
 it, in a world of at least 2), orphans (processes of the trial alive after its agents ended),
-hangs (an agent that did not exit within ``--bound`` s). Every failure is listed.
+hangs (an agent that did not exit within ``--bound`` s). Every failure is listed; a failed
+trial's directory (each agent's output and log tree, the step stamps) is kept and named.
 
     PYTHONPATH=. .venv/bin/python scripts/chaos.py
     PYTHONPATH=. .venv/bin/python scripts/chaos.py --trials 6 --etcd-trials 3 --seed 1
@@ -84,6 +85,7 @@ class Outcome:
     orphans: int = 0
     hangs: int = 0
     failures: list[str] = field(default_factory=list)
+    kept: str = ""
 
 
 class Trial:
@@ -269,7 +271,10 @@ def run_trial(
         trial.finish(out, dead)
     finally:
         trial.kill_all()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if out.failures or not out.completed:
+            out.kept = str(tmp)  # its logs: why it failed
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
         if backend == "etcd":
             for i in range(3):
                 if not etcd.is_member_running(i):  # type: ignore[attr-defined]
@@ -297,6 +302,9 @@ def report(outcomes: list[Outcome]) -> None:
     print(f"failures: {len(failures)}")
     for fault, text in failures:
         print(f"  {fault}: {text}")
+    for o in outcomes:
+        if o.kept:
+            print(f"  logs of a failed {o.fault} trial: {o.kept}")
 
 
 def main() -> None:

@@ -15,6 +15,10 @@ Kinds (stable, documented in the README):
     worker.hung          a worker was silent past its hang timeout: its stacks were taken and it
                          was killed (fields: rank, local_rank, pid, silent_s, timeout_s, learned,
                          where, function, in_collective, stacks, stacks_error)
+    worker.outlived      a worker's process outlived its script's end past --script-exit-timeout:
+                         its stacks were taken and it was killed, its exit counted as the
+                         script's status (fields: rank, local_rank, pid, lived_s, timeout_s,
+                         exitcode, exitcode_known, where, stacks)
     straggler            a rank stayed at or above --straggler-factor x the job's median step
                          time (fields: rank, host, node, time_s, median_s, ratio)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)

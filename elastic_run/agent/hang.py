@@ -31,12 +31,16 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, replace
+from pathlib import Path
 from typing import Literal
+
+from elastic_run.agent.stack_report import Where
 
 __all__ = [
     "DEFAULT_FLOOR_S",
     "HangMode",
     "HangRule",
+    "HungWorker",
     "Silence",
     "BeatHistory",
     "hung_now",
@@ -301,3 +305,40 @@ def hung_now(
     if suspects and now_ns - since_ns >= grace_s * _NS:
         return tuple(sorted(suspects))
     return ()
+
+
+@dataclass(frozen=True)
+class HungWorker:
+    """A worker the agent must stop: silent past its timeout.
+
+    Attributes:
+        local_rank: its local rank.
+        rank: its global rank.
+        pid: its process.
+        silence: how long it was silent, against which timeout.
+        where: where its main thread was (None: stacks not taken).
+        stacks_file: its ``stacks.txt`` (None: not written).
+        stacks_error: why its stacks could not be taken, or None.
+    """
+
+    local_rank: int
+    rank: int
+    pid: int
+    silence: Silence
+    where: Where | None
+    stacks_file: Path | None
+    stacks_error: str | None = None
+
+    def sentence(self) -> str:
+        """``rank 3 stuck 42 s in all_reduce at train.py:88 (no progress beat; timeout 30 s)``."""
+        place = f" in {self.where.text()}" if self.where is not None else ""
+        kind = "learned" if self.silence.learned else "given"
+        text = (
+            f"rank {self.rank} stuck {self.silence.silent_s:.0f} s{place} (no progress beat; "
+            f"hang timeout {self.silence.timeout_s:.3g} s, {kind})"
+        )
+        if self.where is not None and self.where.in_collective:
+            text += ": it waits in a collective for a peer that did not arrive"
+        if self.stacks_error:
+            text += f"; no stacks: {self.stacks_error}"
+        return text

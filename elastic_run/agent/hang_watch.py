@@ -12,8 +12,12 @@ When a worker is silent past its timeout, the stacks of every local worker are t
 torch.distributed is hung at once; workers that all wait inside a collective are left to the
 node of the peer they wait for, and judged here only after a grace
 (:func:`~elastic_run.agent.hang.hung_now`) of at least three times this node's last stack
-capture (the peer's node pays a capture too before it acts: on a loaded host it is slow). :attr:`HangWatch.hung` then lists the workers the
-agent must stop; it kills them (a hung worker is a failed worker).
+capture (the peer's node pays a capture too before it acts: on a loaded host it is slow); a
+worker whose stacks show its script over (in the interpreter's shutdown:
+:func:`~elastic_run.agent.script_end.after_script`) is not hung: its beats stopped because its
+script did (:meth:`HangWatch.after_script` hands it on). :attr:`HangWatch.hung` then lists the
+workers the agent must stop (:class:`~elastic_run.agent.hang.HungWorker`); it kills them (a hung
+worker is a failed worker).
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
 and the count of failed attempts without a beat (``--max-no-progress-restarts``).
@@ -36,7 +40,8 @@ from pathlib import Path
 
 import psutil
 
-from elastic_run.agent import hang
+from elastic_run.agent import hang, script_end
+from elastic_run.agent.hang import HungWorker
 from elastic_run.agent.snapshot import WorkerProgress
 from elastic_run.agent.stack_report import StackReport, Where
 from elastic_run.agent.stacks import capture_stacks, write_stacks
@@ -58,43 +63,6 @@ _IO_QUIET_S = 3.0
 _IO_EVERY_S = 0.5
 _STALE_STACKS_S = 5.0
 _LIBRARY_DIRS = (str(Path(__file__).resolve().parents[1]),)  # elastic_run itself
-
-
-@dataclass(frozen=True)
-class HungWorker:
-    """A worker the agent must stop: silent past its timeout.
-
-    Attributes:
-        local_rank: its local rank.
-        rank: its global rank.
-        pid: its process.
-        silence: how long it was silent, against which timeout.
-        where: where its main thread was (None: stacks not taken).
-        stacks_file: its ``stacks.txt`` (None: not written).
-        stacks_error: why its stacks could not be taken, or None.
-    """
-
-    local_rank: int
-    rank: int
-    pid: int
-    silence: hang.Silence
-    where: Where | None
-    stacks_file: Path | None
-    stacks_error: str | None = None
-
-    def sentence(self) -> str:
-        """``rank 3 stuck 42 s in all_reduce at train.py:88 (no progress beat; timeout 30 s)``."""
-        place = f" in {self.where.text()}" if self.where is not None else ""
-        kind = "learned" if self.silence.learned else "given"
-        text = (
-            f"rank {self.rank} stuck {self.silence.silent_s:.0f} s{place} (no progress beat; "
-            f"hang timeout {self.silence.timeout_s:.3g} s, {kind})"
-        )
-        if self.where is not None and self.where.in_collective:
-            text += ": it waits in a collective for a peer that did not arrive"
-        if self.stacks_error:
-            text += f"; no stacks: {self.stacks_error}"
-        return text
 
 
 @dataclass
@@ -140,6 +108,7 @@ class HangWatch:
         self._capture_s = 0.0
         self._hung: tuple[HungWorker, ...] = ()
         self._stopped: set[int] = set()
+        self._after_script: dict[int, tuple[str, int]] = {}
         self._swept = False
         self._snapshot: tuple[tuple[int, WorkerProgress], ...] = ()
         self.last_hang: HungWorker | None = None
@@ -175,6 +144,7 @@ class HangWatch:
             self._suspect_since = 0
             self._hung = ()
             self._stopped = set()
+            self._after_script = {}
         slots = max((lr for lr, _ in workers), default=-1) + 1
         path = self._new_path(attempt)
         try:
@@ -288,6 +258,17 @@ class HangWatch:
         if not self._suspect_since:
             self._suspect_since = now
         self._ensure_stacks(now, "silent past its hang timeout")
+        for lr in list(suspects):
+            report = self._workers[lr].report
+            over = script_end.after_script(report) if report is not None else None
+            if over is not None:  # its script ended: not hung (the script-end watch bounds it)
+                del suspects[lr]
+                self._workers[lr].verdict = ""
+                self._after_script.setdefault(lr, (over, now))
+        if not suspects:
+            self._suspect_since = 0
+            self._publish(now)
+            return
         waiting = {
             lr: (where.in_collective if (where := self._where(lr)) is not None else None)
             for lr in suspects
@@ -434,6 +415,10 @@ class HangWatch:
         return self._where(local_rank), worker.stacks_file
 
     # -- verdicts and pictures ------------------------------------------------------------
+
+    def after_script(self) -> dict[int, tuple[str, int]]:
+        """Silent workers whose stacks showed their script over: local rank -> (where, when)."""
+        return dict(self._after_script)
 
     @property
     def hung(self) -> tuple[HungWorker, ...]:

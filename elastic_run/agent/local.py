@@ -374,7 +374,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         pids = procs.pids
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
-        self._progress.started(pids)
+        self._progress.started(pids, self._warm, self._emit)
         return dict(pids)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -406,7 +406,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         procs = self._procs
         if procs is None:
             return RunResult(WorkerState.INIT)
-        exits = procs.poll()
+        exits = self._progress.amend_exits(procs.poll())
         if len(exits) < len(worker_group.workers) and not self._stopped_by_agent:
             watchdog = self._watchdog
             armed = {t.pid for t in watchdog.armed_timers()} if watchdog is not None else set()
@@ -482,7 +482,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         procs = self._procs
         if procs is None:
             return "INIT"
-        exit_ = procs.poll().get(local_rank)
+        exit_ = self._progress.amend_exits(procs.poll()).get(local_rank)
         if exit_ is None:
             if local_rank in procs.pids:
                 return "STOPPED" if self._stopped_by_agent else "HEALTHY"
@@ -495,5 +495,5 @@ class LocalElasticAgent(SimpleElasticAgent):
         procs = self._procs
         if procs is None:
             return None
-        exit_ = procs.poll().get(local_rank)
+        exit_ = self._progress.amend_exits(procs.poll()).get(local_rank)
         return exit_.exitcode if exit_ is not None else None

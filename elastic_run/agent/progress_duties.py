@@ -5,8 +5,10 @@ the beat file and worker variables of each attempt, the tick that reads the beat
 (:class:`~elastic_run.agent.hang_watch.HangWatch`), stopping the hung workers with a
 ``worker.hung`` event, stacks before the survivors of a failed group are stopped and before
 the watchdog kills a worker, the error text of a hung worker's failure, the observation fields
-the state machine reads, the node's progress record and its ``/metrics``, and the publisher
-thread (``progress_publisher.py``).
+the state machine reads, the node's progress record and its ``/metrics``, the publisher
+thread (``progress_publisher.py``), and workers that outlive their script's end
+(``script_end_watch.py``: killed with a ``worker.outlived`` event, their exit counted as the
+script's own).
 """
 
 from __future__ import annotations
@@ -22,8 +24,10 @@ from typing import Any
 from elastic_run.agent import state_machine as sm
 from elastic_run.agent.failures import WorkerErrorInfo
 from elastic_run.agent.hang_watch import HangWatch, HungWorker
+from elastic_run.agent.processes import WorkerExit
 from elastic_run.agent.progress_config import ProgressOptions
 from elastic_run.agent.progress_publisher import ProgressPublisher
+from elastic_run.agent.script_end_watch import Outlived, ScriptEndWatch, WarmEnds
 from elastic_run.agent.snapshot import JobProgress
 from elastic_run.agent.stack_report import StackReport, format_stacks
 from elastic_run.rendezvous.telemetry import Telemetry, TelemetryHost
@@ -34,6 +38,7 @@ log = logging.getLogger(__name__)
 
 _Emit = Callable[[str, str, dict[str, Any]], None]
 _WHERE_CHARS = 160
+_RECENT_STACKS_S = 10.0
 
 
 def _kill_tree(pid: int) -> None:
@@ -59,9 +64,12 @@ class ProgressDuties:
     def __init__(self, options: ProgressOptions, host: str, beat_dir: Path | None = None) -> None:
         self.options = options
         self.watch = HangWatch(options.hang, beat_dir)
+        self.script_end = ScriptEndWatch(options.script_exit_timeout_s, recent=self._recent_stacks)
         self._host = host
         self._ranks: dict[int, int] = {}
         self._killed: dict[int, HungWorker] = {}
+        self._outlived: dict[int, Outlived] = {}
+        self._emit: Callable[..., None] | None = None
         self._publisher: ProgressPublisher | None = None
 
     # -- attempts ------------------------------------------------------------------------
@@ -72,11 +80,26 @@ class ProgressDuties:
         """The beat variables of each worker of a new attempt ((local rank, rank) pairs)."""
         self._ranks = dict(workers)
         self._killed = {}
+        self._outlived = {}
+        self.script_end.start_attempt(workers, log_dirs)
         return self.watch.start_attempt(attempt, workers, log_dirs)
 
-    def started(self, pids: Mapping[int, int]) -> None:
-        """The attempt's workers run (local rank -> pid)."""
+    def started(
+        self,
+        pids: Mapping[int, int],
+        warm: WarmEnds | None = None,
+        emit: Callable[..., None] | None = None,
+    ) -> None:
+        """The attempt's workers run.
+
+        Args:
+            pids: local rank -> pid.
+            warm: the warm starts (they know when a warm worker's script ended).
+            emit: sends an agent event ``(kind, message, **fields)`` (for ``worker.outlived``).
+        """
         self.watch.started(pids)
+        self.script_end.started(pids, warm)
+        self._emit = emit
 
     def attempt_ended(self, failed: bool) -> None:
         """The attempt's workers were stopped (``failed``: by a worker failure)."""
@@ -89,14 +112,55 @@ class ProgressDuties:
 
     # -- the loop --------------------------------------------------------------------------
 
-    def tick(self, armed_pids: Iterable[int], exited: Iterable[int] = ()) -> None:
-        """Read the beats and judge (each monitor tick, while workers run).
+    def tick(
+        self,
+        armed_pids: Iterable[int],
+        exited: Iterable[int] = (),
+        kill: Callable[[int], None] = _kill_tree,
+    ) -> None:
+        """Read the beats and judge; kill the workers that outlived their script's end.
+
+        Each monitor tick, while workers run. A worker whose script ended is not judged hung
+        (its beats stopped because its script did).
 
         Args:
             armed_pids: workers holding an armed file timer.
             exited: local ranks that already exited (not judged).
+            kill: kills a worker by pid (default: SIGKILL to its process group).
         """
-        self.watch.tick(armed_pids=armed_pids, exited=exited)
+        gone = set(exited)
+        self.watch.tick(armed_pids=armed_pids, exited=gone | self.script_end.ended())
+        for lr, (where, seen_ns) in self.watch.after_script().items():
+            self.script_end.note(lr, where, seen_ns)
+        for outlived in self.script_end.tick(gone):
+            self._outlived[outlived.pid] = outlived
+            if self._emit is not None:
+                self._emit(
+                    "worker.outlived",
+                    outlived.report(),
+                    rank=outlived.rank,
+                    local_rank=outlived.local_rank,
+                    pid=outlived.pid,
+                    lived_s=round(outlived.lived_s, 3),
+                    timeout_s=outlived.bound_s,
+                    exitcode=outlived.code,
+                    exitcode_known=outlived.known,
+                    where=outlived.where[:_WHERE_CHARS],
+                    stacks=str(outlived.stacks_file) if outlived.stacks_file else None,
+                )
+            else:
+                log.warning("%s", outlived.sentence())
+            kill(outlived.pid)
+
+    def _recent_stacks(self, local_rank: int) -> StackReport | None:
+        """This worker's stacks if the hang watch took them within the last 10 s."""
+        if not self.watch.stacks_taken(local_rank, _RECENT_STACKS_S):
+            return None
+        return self.watch.report(local_rank)
+
+    def amend_exits(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
+        """The workers' exits, each one killed for outliving its script counted as the script's."""
+        return self.script_end.amend(exits)
 
     def observe(self, obs: sm.Observation) -> sm.Observation:
         """Add what the state machine reads of progress to the loop's observation."""
@@ -183,7 +247,11 @@ class ProgressDuties:
     # -- failures ------------------------------------------------------------------------
 
     def failure_error(self, pid: int) -> WorkerErrorInfo | None:
-        """The error of a worker the agent killed as hung (None: it was not)."""
+        """The error of a worker the agent killed as hung or as outliving its script (None: it
+        was neither)."""
+        outlived = self._outlived.get(pid)
+        if outlived is not None:
+            return WorkerErrorInfo(message=outlived.sentence())
         worker = self._killed.get(pid)
         if worker is None:
             return None

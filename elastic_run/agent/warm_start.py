@@ -127,6 +127,17 @@ class WarmStarts:
 
         return start
 
+    def script_end(self, pid: int) -> tuple[int, int] | None:
+        """When warm worker ``pid``'s script ended: (its exit status, monotonic ns); None: not yet
+        (or not a warm worker)."""
+        zygote = self._zygote
+        return zygote.script_end(pid) if zygote is not None else None
+
+    def is_warm(self, pid: int) -> bool:
+        """Whether worker ``pid`` was forked by the current zygote."""
+        zygote = self._zygote
+        return zygote is not None and zygote.has_child(pid)
+
     def close(self) -> None:
         """Kill the zygote. Idempotent."""
         if self._zygote is not None:

@@ -13,6 +13,11 @@ Supervision is the cold one (``processes.py``): a warm worker has a pid, its own
 the zygote dies, its workers die by their parent-death signal; each is then waited for through a
 pidfd opened when its pid arrived and reported as killed by SIGKILL.
 
+The zygote also reports when a worker's script ended (``ended``: runpy returned or the script
+raised, with the exit status Python will exit with): :meth:`Zygote.script_end` gives it, with the
+monotonic time it arrived, so the agent can bound how long a worker outlives its script
+(``script_end.py``).
+
 Invariants:
 - One reader thread per zygote handles every message from it in order: a pid reply always
   precedes the exit report of that pid.
@@ -31,6 +36,7 @@ import signal
 import socket
 import subprocess
 import threading
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -142,6 +148,7 @@ class Zygote:
         self._next_id = 0
         self._replies: dict[int, dict[str, Any]] = {}
         self._exits: dict[int, int] = {}
+        self._ends: dict[int, tuple[int, int]] = {}
         self._pidfds: dict[int, int] = {}
         self._children: set[int] = set()
         self._send_lock = threading.Lock()
@@ -250,6 +257,19 @@ class Zygote:
             self._cond.wait_for(lambda: pid in self._exits)
             return self._exits[pid]
 
+    def has_child(self, pid: int) -> bool:
+        """Whether ``pid`` was forked by this zygote."""
+        with self._cond:
+            return pid in self._children
+
+    def script_end(self, pid: int) -> tuple[int, int] | None:
+        """When worker ``pid``'s script ended: (its exit status, monotonic ns the word arrived).
+
+        None: it did not end (or is not this zygote's worker).
+        """
+        with self._cond:
+            return self._ends.get(pid)
+
     def close(self) -> None:
         """Kill the zygote and wait for it and its reader. Idempotent."""
         proc = self._proc
@@ -291,6 +311,8 @@ class Zygote:
             if "ready" in message:
                 self._ready = bool(message["ready"])
                 self._reason = str(message.get("reason", ""))
+            elif "ended" in message:
+                self._ends[int(message["ended"])] = (int(message["code"]), time.monotonic_ns())
             elif "exit" in message:
                 pid = int(message["exit"])
                 self._exits[pid] = int(message["code"])

@@ -10,7 +10,14 @@ message each, the worker's stdout and stderr descriptors attached with ``SCM_RIG
     agent  -> zygote  {"id": 7, "argv": [...], "env": {...}, "cwd": "...", "path0": "...",
                        "module": false, "unbuffered": true}              + fds [stdout, stderr]
     zygote -> agent   {"id": 7, "pid": 1234}                            or {"id": 7, "error": "..."}
+    zygote -> agent   {"ended": 1234, "code": 0}   (the script of 1234 ended: returned, raised
+                                                    or called sys.exit; the exit status it set)
     zygote -> agent   {"exit": 1234, "code": -9}   (exit status; ``-signum`` for a signal)
+
+The script's end: each child gets the write end of a pipe of its own (close-on-exec); when runpy
+returns or the script raises, the child writes the exit status Python will exit with, before the
+interpreter's own shutdown (joining non-daemon threads, atexit handlers, finalizers) begins. The
+zygote forwards it as ``ended``: the agent can then bound how long a worker outlives its script.
 
 The forked child becomes the worker exactly as a cold ``python -u script`` would start: its own
 session, parent-death signal SIGKILL (it dies with the zygote, which dies with the agent),
@@ -27,7 +34,8 @@ Invariants:
 - It ignores the job's signals (SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1, SIGUSR2): a signal
   meant for the step must not kill every worker through their parent-death signal. The agent
   ends it by closing the socket (EOF) or with SIGKILL.
-- It reaps its children and reports each exit after the pid reply of that child.
+- It reaps its children and reports each exit after the pid reply of that child, and a child's
+  ``ended`` (when it wrote one) before its ``exit``.
 """
 
 from __future__ import annotations
@@ -45,7 +53,7 @@ import sys
 import traceback
 from typing import Any
 
-__all__ = ["IGNORED_SIGNALS", "main"]
+__all__ = ["IGNORED_SIGNALS", "main", "script_ended"]
 
 IGNORED_SIGNALS = (
     signal.SIGINT,
@@ -58,6 +66,7 @@ IGNORED_SIGNALS = (
 _PR_SET_PDEATHSIG = 1
 _PADDING_KEY = "ELASTIC_RUN_ZYGOTE_PADDING"  # the zygote's last variable: room for a worker's
 _MAX_MESSAGE_BYTES = 1 << 20
+_end_fd = -1  # in a worker: the write end of its script-end pipe
 
 
 def _tasks() -> int:
@@ -209,17 +218,39 @@ def _become_worker(request: dict[str, Any], fds: list[int], zygote_pid: int) -> 
         numpy_random.seed()
 
 
+def _forward_end(sock: socket.socket, pid: int, ends: dict[int, int]) -> None:
+    """Forward what child ``pid`` wrote on its script-end pipe (if anything); close the pipe."""
+    fd = ends.pop(pid, None)
+    if fd is None:
+        return
+    try:
+        os.set_blocking(fd, False)
+        data = os.read(fd, 64)
+    except OSError:
+        data = b""
+    os.close(fd)
+    try:
+        code = int(data.split(b"\n", 1)[0])
+    except ValueError:
+        return  # it ended without a word (killed, os._exit, exec)
+    _send(sock, {"ended": pid, "code": code})
+
+
 def _serve(sock: socket.socket) -> dict[str, Any] | None:
     """Serve spawn requests until EOF; in a forked child, return its request."""
+    global _end_fd
     me = os.getpid()
     wake_r, wake_w = os.pipe()
     os.set_blocking(wake_w, False)
     signal.set_wakeup_fd(wake_w)
     signal.signal(signal.SIGCHLD, lambda signum, frame: None)
+    ends: dict[int, int] = {}  # child pid -> read end of its script-end pipe
     while True:
-        readable, _, _ = select.select([sock.fileno(), wake_r], [], [])
+        readable, _, _ = select.select([sock.fileno(), wake_r, *ends.values()], [], [])
         if wake_r in readable:
             os.read(wake_r, 4096)
+        for pid in [pid for pid, fd in ends.items() if fd in readable]:
+            _forward_end(sock, pid, ends)
         while True:  # reap every exited child, report it
             try:
                 pid, status = os.waitpid(-1, os.WNOHANG)
@@ -227,6 +258,7 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
                 break
             if pid == 0:
                 break
+            _forward_end(sock, pid, ends)  # it may have written just before it exited
             _send(sock, {"exit": pid, "code": os.waitstatus_to_exitcode(status)})
         if sock.fileno() not in readable:
             continue
@@ -237,21 +269,57 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
         try:
             sys.stdout.flush()
             sys.stderr.flush()
-            pid = os.fork()
+            end_r, end_w = os.pipe()  # close-on-exec: only the worker itself can say it ended
         except OSError as exc:
             for fd in fds:
                 os.close(fd)
             _send(sock, {"id": request["id"], "error": str(exc)})
             continue
+        try:
+            pid = os.fork()
+        except OSError as exc:
+            for fd in (*fds, end_r, end_w):
+                os.close(fd)
+            _send(sock, {"id": request["id"], "error": str(exc)})
+            continue
         if pid == 0:
             sock.close()
-            os.close(wake_r)
-            os.close(wake_w)
+            for fd in (wake_r, wake_w, end_r, *ends.values()):
+                os.close(fd)
+            _end_fd = end_w
             _become_worker(request, fds, me)
             return request
-        for fd in fds:
+        for fd in (*fds, end_w):
             os.close(fd)
+        ends[pid] = end_r
         _send(sock, {"id": request["id"], "pid": pid})
+
+
+def script_ended(code: int) -> None:
+    """In a worker: tell the zygote (and so the agent) that the script ended with ``code``.
+
+    Called once, when runpy returned or the script raised, before the interpreter's shutdown.
+    """
+    global _end_fd
+    fd, _end_fd = _end_fd, -1
+    if fd < 0:
+        return
+    try:
+        os.write(fd, b"%d\n" % code)
+    except OSError:
+        pass  # the zygote is gone: the worker dies with it
+    finally:
+        os.close(fd)
+
+
+def _exit_status(exc: SystemExit) -> int:
+    """The exit status Python gives ``sys.exit(code)``: None 0, an int itself, anything else 1."""
+    code = exc.code
+    if code is None:
+        return 0
+    if isinstance(code, int):
+        return code & 0xFF
+    return 1
 
 
 def _exit_like_python(exc: BaseException) -> None:
@@ -259,6 +327,7 @@ def _exit_like_python(exc: BaseException) -> None:
     tb = exc.__traceback__
     while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
         tb = tb.tb_next
+    script_ended(-int(signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else 1)
     sys.excepthook(type(exc), exc, tb)
     if isinstance(exc, KeyboardInterrupt):  # Python ends by SIGINT then
         sys.stdout.flush()
@@ -294,7 +363,10 @@ if __name__ == "__main__":
             runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
         else:
             runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit:
+    except SystemExit as _exit:
+        script_ended(_exit_status(_exit))
         raise
     except BaseException as _exc:  # shown as a cold start shows it: from the script's frame
         _exit_like_python(_exc)
+    else:
+        script_ended(0)

@@ -254,7 +254,8 @@ def _rendezvous(
 
 
 def _progress(params: dict[str, Any]) -> ProgressOptions:
-    """--hang-timeout, --straggler-factor, --max-no-progress-restarts (absent: the defaults)."""
+    """--hang-timeout, --straggler-factor, --max-no-progress-restarts, --script-exit-timeout
+    (absent: the defaults)."""
     no_progress = check_count(
         params.get("max_no_progress_restarts", 0), "--max-no-progress-restarts", 0, MAX_RESTARTS
     )
@@ -263,6 +264,7 @@ def _progress(params: dict[str, Any]) -> ProgressOptions:
             str(params.get("hang_timeout", "auto")),
             float(params.get("straggler_factor", 1.5)),
             no_progress,
+            str(params.get("script_exit_timeout", "60")),
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None

@@ -217,6 +217,12 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Exit 5 after K restarts in a row without a progress beat (0: off).",
     ),
     _opt(
+        "--script-exit-timeout",
+        default="60",
+        show_default=True,
+        help="Kill a worker whose process outlives its script's end by S seconds (off: never).",
+    ),
+    _opt(
         "--print-config",
         is_flag=True,
         default=False,

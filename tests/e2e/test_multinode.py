@@ -420,7 +420,10 @@ def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
     # comes; its heartbeat stops moving, and the survivors go by that.
     frozen = sorted(c.seen)
     for pid in frozen:
-        os.kill(pid, signal.SIGSTOP)
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # a short-lived child seen before (py-spy taking stacks)
+            pass
     try:
         job.wait_running(["a", "b"], 2)
         job.go()

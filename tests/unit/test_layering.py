@@ -25,6 +25,7 @@ PURE = [
     "elastic_run/agent/stragglers.py",
     "elastic_run/agent/stack_report.py",
     "elastic_run/agent/progress_config.py",
+    "elastic_run/agent/script_end.py",
 ]
 IMPURE_MODULES = {"socket", "threading", "time", "subprocess", "torch", "grpc", "psutil", "select"}
 MAX_LINES = 500
