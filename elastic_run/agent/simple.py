@@ -48,6 +48,7 @@ _PUBLISHED = frozenset(
         "rendezvous.complete",
         "worker.failed",
         "worker.hung",
+        "worker.outlived",
         "straggler",
         "watchdog.expired",
         "membership.changed",
