@@ -57,6 +57,7 @@ from elastic_run.rendezvous.c10d_store import (
     peek,
     prefixed,
     read_checked,
+    read_present,
     translate,
 )
 from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
@@ -193,17 +194,10 @@ class C10dRendezvousBackend(RendezvousBackend):
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
+        return self._call(lambda: read_present(self._store, list(keys)))
 
-        def read() -> list[bytes | None]:
-            if self._store.check(list(keys)):
-                return [bytes(v) for v in self._store.multi_get(list(keys))]
-            present = [k for k in keys if self._store.check([k])]
-            values = (
-                dict(zip(present, self._store.multi_get(present), strict=True)) if present else {}
-            )
-            return [bytes(values[k]) if k in values else None for k in keys]
-
-        return self._call(read)
+    def get_unwaited(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self._call(lambda: [peek(self._store, k) for k in keys])
 
     def read_counter(self, key: str) -> int:
         raw = self._call(lambda: peek(self._store, key))

@@ -37,6 +37,7 @@ __all__ = [
     "peek",
     "prefixed",
     "read_checked",
+    "read_present",
     "translate",
 ]
 
@@ -89,6 +90,23 @@ def translate(endpoint: str) -> Callable[[Callable[[], _T]], _T]:
 def read_checked(store: KeyValueStore, key: str) -> bytes | None:
     """A key that may be absent and may be waited for: ``check``, then ``get`` (3 requests)."""
     return bytes(store.get(key)) if store.check([key]) else None
+
+
+def read_present(store: KeyValueStore, keys: list[str]) -> list[bytes | None]:
+    """Several keys, some maybe absent: ``check`` the lot, ``multi_get`` what is there.
+
+    When some are absent the keys are halved until each part is all there (one
+    ``multi_get``) or a single absent key: a few absent keys among thousands cost a few
+    dozen requests, not one per key.
+    """
+    if not keys:
+        return []
+    if store.check(keys):
+        return [bytes(v) for v in store.multi_get(keys)]
+    if len(keys) == 1:
+        return [None]
+    half = len(keys) // 2
+    return read_present(store, keys[:half]) + read_present(store, keys[half:])
 
 
 def peek(store: KeyValueStore, key: str) -> bytes | None:

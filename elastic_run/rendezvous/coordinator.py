@@ -15,7 +15,7 @@ admits). Every decision is in ``protocol.py``; this module reads, asks, and writ
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous import protocol as proto
@@ -36,7 +36,7 @@ __all__ = ["Coordinator", "read_lost", "write_seal"]
 
 def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
     """Why round ``r`` ended (one store read), or None while it runs."""
-    raw = backend.get(keys.lost(r))
+    (raw,) = backend.get_unwaited([keys.lost(r)])  # nobody waits for it
     return decode(LostRecord, keys.lost(r), raw) if raw is not None else None
 
 
@@ -48,20 +48,28 @@ def write_seal(
     sealed_arrivals: int,
     settings: RendezvousSettings,
     min_nodes: int,
+    known: Mapping[int, NodeRecord] | None = None,
 ) -> None:
-    """Complete round ``r`` with ``admitted`` if the protocol allows (first sealer wins)."""
-    node_keys = [keys.node(r, i) for i in admitted]
-    values = backend.get_many(node_keys)
+    """Complete round ``r`` with ``admitted`` if the protocol allows (first sealer wins).
+
+    Args:
+        known: the arrivals' records already read (a record is written once per arrival
+            index), so only the others are read.
+    """
+    records = {i: known[i] for i in admitted if known is not None and i in known}
+    wanted = [i for i in admitted if i not in records]
+    node_keys = [keys.node(r, i) for i in wanted]
+    values = backend.get_many(node_keys) if node_keys else []
     missing = [k for k, v in zip(node_keys, values, strict=True) if v is None]
     if missing:
         # An arrival between its add and its set: give it a moment, then leave it out.
         backend.wait_for(missing, settings.stale_after_s)
         values = backend.get_many(node_keys)
-    records = {
-        i: decode(NodeRecord, k, v)
-        for i, k, v in zip(admitted, node_keys, values, strict=True)
+    records.update(
+        (i, decode(NodeRecord, k, v))
+        for i, k, v in zip(wanted, node_keys, values, strict=True)
         if v is not None
-    }
+    )
     restarts = backend.read_counter(keys.RESTARTS)
     seal = proto.build_seal(r, admitted, records, reason, sealed_arrivals, min_nodes, restarts)
     if seal is not None:
@@ -151,7 +159,7 @@ class Coordinator:
 
     def _coordinate(self, now: float) -> None:
         r, backend, stale = self._r, self._backend, self._round.stale_after_s
-        raw = backend.get(keys.arrivals(r))
+        (raw,) = backend.get_unwaited([keys.arrivals(r)])  # it exists: this node arrived
         arrivals = decode_int(keys.arrivals(r), raw) if raw is not None else self._arrivals
         if arrivals > self._arrivals:
             self._arrivals, self._last_arrival_at = arrivals, now
@@ -179,6 +187,7 @@ class Coordinator:
                 arrivals,
                 self._settings,
                 self._round.min_nodes,
+                self._records,
             )
             self._next_at = None
         else:

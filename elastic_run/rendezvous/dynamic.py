@@ -345,11 +345,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def is_closed(self) -> bool:
         """Return whether the job's rendezvous is closed."""
-        return self._backend.get(keys.CLOSED) is not None
+        return self._backend.get_unwaited([keys.CLOSED])[0] is not None
 
     def closed_reason(self) -> ClosedReason | None:
         """Return why the job is closed, or None while it is open."""
-        raw = self._backend.get(keys.CLOSED)
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
         return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
 
     def set_closed(self, reason: ClosedReason = "closed") -> None:
@@ -375,7 +375,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         member = self._member
         if member is None:
             return 0
-        raw = self._backend.get(keys.arrivals(member.round))
+        (raw,) = self._backend.get_unwaited([keys.arrivals(member.round)])
         arrivals = decode_int(keys.arrivals(member.round), raw) if raw is not None else 0
         return max(0, arrivals - member.seal.sealed_arrivals)
 

@@ -185,14 +185,14 @@ class Rounds:
         """Raise when interrupted or when the job is closed (one store read)."""
         if self._is_interrupted():
             raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
-        raw = self._backend.get(keys.CLOSED)
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
         if raw is not None:
             reason = decode(ClosedRecord, keys.CLOSED, raw).reason
             raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({reason})")
 
     def current_round(self) -> int:
         """The store's current round (created at 0 by the job's first arrival)."""
-        raw = self._backend.get(keys.ROUND)
+        (raw,) = self._backend.get_unwaited([keys.ROUND])
         if raw is None:
             raw, _ = self._backend.compare_set(keys.ROUND, None, b"0")
         return decode_int(keys.ROUND, raw)
@@ -244,7 +244,7 @@ class Rounds:
         node_keys = [keys.node(r, i) for i in watch_idx]
         watched = [
             decode(NodeRecord, k, raw).node_id
-            for k, raw in zip(node_keys, self._backend.get_many(node_keys), strict=True)
+            for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
             if raw is not None
         ]
         beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
@@ -298,7 +298,7 @@ class Rounds:
             if now >= deadline:
                 raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
-        raw = self._backend.get(seal_key)
+        (raw,) = self._backend.get_unwaited([seal_key])  # it exists: the wait returned
         if raw is None:
             raise RendezvousStateError(f"rendezvous key '{seal_key}' vanished after it was written")
         seal = decode(SealRecord, seal_key, raw)
@@ -313,7 +313,7 @@ class Rounds:
         successor: NodeRecord | None = None
         if assign.successor_index >= 0:
             succ_key = keys.node(r, assign.successor_index)
-            raw_succ = self._backend.get(succ_key)
+            (raw_succ,) = self._backend.get_unwaited([succ_key])  # the seal names it
             if raw_succ is None:
                 raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
             successor = decode(NodeRecord, succ_key, raw_succ)
