@@ -33,6 +33,8 @@ from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["Coordinator", "read_lost", "write_seal"]
 
+_WATCH_GAP_TICKS = 4
+
 
 def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
     """Why round ``r`` ended (one store read), or None while it runs."""
@@ -116,6 +118,7 @@ class Coordinator:
         self._last_arrival_at = now
         self._expected: set[str] | None = None
         self._next_at: float | None = None
+        self._look_at: float | None = None
         self._pending = 0
 
     def next_wait(self, now: float) -> float:
@@ -133,6 +136,21 @@ class Coordinator:
         if self._next_at is None:
             return tick
         return max(0.01, min(tick, self._next_at - now))
+
+    def is_due(self, now: float) -> bool:
+        """Whether a step is due (a watcher whose predecessor lived looks again later)."""
+        return self._look_at is None or now >= self._look_at
+
+    def _watch_gap(self) -> float:
+        """How long a watcher leaves its live predecessor before it looks again.
+
+        One tick for arrival 1 (it takes over from the first coordinator); then one more tick
+        per doubling of the index, at most ``_WATCH_GAP_TICKS``: an arrival far from the
+        front takes over only when every arrival before it is gone, and thousands of
+        arrivals looking every tick would load the store and their hosts for nothing.
+        """
+        ticks = min(_WATCH_GAP_TICKS, max(1, self._index).bit_length())
+        return ticks * self._settings.keep_alive_interval_s * random.uniform(0.75, 1.0)
 
     def step(self, now: float, *, coordinate: bool = False) -> None:
         """One look at the round: watch the predecessor, or coordinate (and maybe seal).
@@ -154,7 +172,9 @@ class Coordinator:
             ]
             self._observe(chain, now)
             self._next_at = None
+            self._look_at = now + self._watch_gap()
             return
+        self._look_at = None
         self._coordinate(now)
 
     def _coordinate(self, now: float) -> None:

@@ -293,8 +293,12 @@ class Rounds:
         while True:
             if self._backend.wait_for([seal_key], coordinator.next_wait(self._clock())):
                 break
-            self.check_closed()
             now = self._clock()
+            if not coordinator.is_due(now) and now < deadline:
+                if self._is_interrupted():
+                    self.check_closed()  # raises
+                continue  # a watcher between its looks: no store request
+            self.check_closed()
             if now >= deadline:
                 raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
