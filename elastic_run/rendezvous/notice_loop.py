@@ -176,6 +176,9 @@ _LOOP_LOCK = threading.Lock()
 def notice_loop() -> NoticeLoop:
     """This process's loop (started on first use)."""
     global _LOOP
+    loop = _LOOP
+    if loop is not None and loop.thread.is_alive():
+        return loop  # no lock: a thousand nodes starting at once queued on it, one at a time
     with _LOOP_LOCK:
         if _LOOP is None or not _LOOP.thread.is_alive():
             _LOOP = NoticeLoop()
