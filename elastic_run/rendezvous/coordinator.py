@@ -118,7 +118,9 @@ class Coordinator:
         self._last_arrival_at = now
         self._expected: set[str] | None = None
         self._next_at: float | None = None
-        self._look_at: float | None = None
+        # The first arrival looks at once; a later one first after its watch gap (most
+        # arrivals of a round that fills quickly never look at all: the seal comes first).
+        self._look_at: float | None = now + self._watch_gap() if index > 0 else None
         self._pending = 0
 
     def next_wait(self, now: float) -> float:
