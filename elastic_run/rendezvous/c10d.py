@@ -15,11 +15,14 @@ a minute when a delete lands in between. A node that leaves therefore overwrites
 counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone").
 
 A read is ``check`` then ``get`` (or ``multi_get``): three requests, as a TCPStore ``get`` waits
-for its key first. Keys that nobody ever waits for (heartbeats, the epoch) are read in one
-request that never blocks and never parses the value on the server: ``compare_set(key, X, X)``
-returns the value, or ``X`` (a value no record holds) without creating the key. It is not used
-for other keys: on a missing key the server wakes every client waiting for it, so a waiter
-would see a seal that does not exist.
+for its key first. Keys that nobody ever waits for while absent (heartbeats, the epoch, the
+round, the closed and lost records) and keys known to exist (a seal whose wait returned, the
+records a seal names) are read in one request that never blocks and never parses the value on
+the server (``get_unwaited``, ``read_counter``): ``compare_set(key, X, X)`` returns the value,
+or ``X`` (a value no record holds) without creating the key. It is not used for keys that may
+be absent while someone waits for them (a seal, an arrival count, a record being written): on
+a missing key the server wakes every client waiting for it, so a waiter would see a seal that
+does not exist. The helpers live in ``c10d_store.py``.
 
 Heartbeats are written with ``set`` of this node's own counter, never ``add``: the TCPStore
 server parses the stored value on ``add`` and drops the client's connection when it is not an
