@@ -14,11 +14,11 @@ completed round:
 Every blocking wait is sliced (at most ``keep_alive_interval``); between slices the agent's
 interrupt check and the join deadline are looked at. In a forming round an arrival that only
 watches its predecessor reads the store (the closed record, its predecessor) every 1 to 4
-slices by its arrival index (``Coordinator.is_due``), not every slice: a closed job is seen by
-such an arrival within 4 intervals, and one far down takes over coordination later when every arrival
-before it died. Ending a round is two compare-sets
-(``r<r>/lost`` from absent, then ``round`` r -> r+1) and an epoch bump, so a member's agent
-notices it at its next poll even without a liveness verdict.
+slices by its arrival index (``Coordinator.is_due``), not every slice: such an arrival sees a
+closed job within 4 intervals, and one far down takes over coordination later when every
+arrival before it died. Ending a round is two compare-sets (``r<r>/lost`` from absent, then
+``round`` r -> r+1) and an epoch bump, so a member's agent notices it at its next poll even
+without a liveness verdict.
 """
 
 from __future__ import annotations
