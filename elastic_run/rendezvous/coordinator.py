@@ -143,6 +143,10 @@ class Coordinator:
         """Whether a step is due (a watcher whose predecessor lived looks again later)."""
         return self._look_at is None or now >= self._look_at
 
+    def look_in(self, now: float) -> float:
+        """Seconds until the next step is due (0: due now, or every tick)."""
+        return 0.0 if self._look_at is None else max(0.0, self._look_at - now)
+
     def _watch_gap(self) -> float:
         """How long a watcher leaves its live predecessor before it looks again.
 

@@ -135,7 +135,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._state.refresh,
         )
         self._on_change: Callable[[], None] | None = None
-        self._is_interrupted: Callable[[], bool] = lambda: False
+        self._is_interrupted: Callable[[], bool] | None = None
         self._rounds = Rounds(
             backend,
             run_id,
@@ -144,9 +144,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._round_settings,
             clock,
             self._my_record,
-            lambda: self._is_interrupted(),
+            lambda: self._is_interrupted is not None and self._is_interrupted(),
             self._liveness.successor_beats,
             self._with_notices,
+            lambda: self._is_interrupted is not None,
         )
 
     # -- construction, as torch's -------------------------------------------------
@@ -196,7 +197,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         Checked between the slices of every blocking wait (at most ``keep_alive_interval``).
         """
-        self._is_interrupted = is_interrupted or (lambda: False)
+        self._is_interrupted = is_interrupted
 
     # -- what the agent reads ------------------------------------------------------
 

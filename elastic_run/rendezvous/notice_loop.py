@@ -70,6 +70,7 @@ class NoticeLoop:
         self._due_at: float | None = None  # the earliest member timer at the last scan
         self._changed = True  # a timer may have changed since that scan
         self._scanned_at = 0.0
+        self._woken = False  # a wake-up byte is in the pipe and not yet drained
         self._thread = threading.Thread(target=self._run, name="elastic-run-notices", daemon=True)
         self._thread.start()
 
@@ -127,6 +128,11 @@ class NoticeLoop:
     # -- the thread ---------------------------------------------------------------------
 
     def _wake(self) -> None:
+        # One byte per wake-up: a thousand nodes handing work over at once (the seal) wrote a
+        # thousand, each a system call that gave up the interpreter lock.
+        if self._woken:
+            return
+        self._woken = True
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -160,6 +166,9 @@ class NoticeLoop:
             self._changed = True
             if key.data is None:
                 _drain(self._wake_r)
+                # After draining: a caller that still saw True had queued its call before
+                # this line, and the calls are run below; a later one writes again.
+                self._woken = False
             else:
                 self._guarded(key.data, key.data.on_ready, key.fileobj, events)
         while self._calls:

@@ -106,6 +106,8 @@ class Rounds:
         is_interrupted: the agent's interrupt check.
         seed_beats: what this node's liveness thread has seen (seeds each coordinator).
         with_notices: applies this node's death notices to a heartbeat view.
+        slices_needed: whether anything must be looked at between store reads (an interrupt
+            check is installed); when not, a watcher waits for the seal until its next look.
     """
 
     def __init__(
@@ -120,6 +122,7 @@ class Rounds:
         is_interrupted: Callable[[], bool],
         seed_beats: Callable[[], proto.Heartbeats],
         with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        slices_needed: Callable[[], bool] = lambda: True,
     ) -> None:
         self._backend = backend
         self._run_id = run_id
@@ -131,6 +134,7 @@ class Rounds:
         self._is_interrupted = is_interrupted
         self._seed_beats = seed_beats
         self._with_notices = with_notices
+        self._slices_needed = slices_needed
         self.last_round = -1
         self.last_rank = -1
         self.rank_round = -1
@@ -295,7 +299,11 @@ class Rounds:
             coordinator.step(self._clock(), coordinate=index + 1 == self._round.max_nodes)
         seal_key = keys.seal(r)
         while True:
-            if self._backend.wait_for([seal_key], coordinator.next_wait(self._clock())):
+            now = self._clock()
+            wait_s = coordinator.next_wait(now)
+            if not self._slices_needed():  # nothing to look at before the next look
+                wait_s = max(wait_s, min(coordinator.look_in(now), deadline - now))
+            if self._backend.wait_for([seal_key], wait_s):
                 break
             now = self._clock()
             if not coordinator.is_due(now) and now < deadline:
