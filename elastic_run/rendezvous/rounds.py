@@ -312,6 +312,8 @@ class Rounds:
                 continue  # a watcher between its looks: no store request
             self.check_closed()
             if now >= deadline:
+                if self._backend.wait_for([seal_key], 0.001):
+                    break  # sealed while this node was slow to look: not a timeout
                 raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
         (raw,) = self._backend.get_unwaited([seal_key])  # it exists: the wait returned
