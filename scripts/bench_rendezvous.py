@@ -49,11 +49,14 @@ import tempfile
 import threading
 import time
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from bench_netns import reexec_in_netns
+
+_BUILDERS = 16
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -125,21 +128,24 @@ def _child(args: argparse.Namespace) -> None:
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             build_errors.append(f"build: {type(exc).__name__}: {exc}")
 
-    # Connecting is not part of the figure: every handler is built before "go".
-    builders = [threading.Thread(target=build_into, args=(i,)) for i in range(count)]
-    for t in builders:
-        t.start()
-    for t in builders:
-        t.join()
+    # Connecting is not part of the figure: every handler is built before "go", by a few
+    # threads (a thousand building at once spent minutes convoying on the interpreter lock).
+    with ThreadPoolExecutor(max_workers=_BUILDERS) as builders:
+        list(builders.map(build_into, range(count)))
 
-    go = threading.Event()
+    # One gate per node: a shared Event wakes its waiters one at a time (each takes the
+    # Event's lock in turn, behind every busy thread of the process), which put tens of
+    # seconds between the first and the last node's start at N=4096.
+    gates = [threading.Event() for _ in range(count)]
+    starts: list[float] = [0.0] * count
     ends: list[float] = [0.0] * count
     ranks: list[int] = [-1] * count
     rounds: list[int] = [-1] * count
     errors: list[str] = list(build_errors)
 
     def node(i: int) -> None:
-        go.wait()
+        gates[i].wait()
+        starts[i] = time.monotonic()
         try:
             info = built[i].next_rendezvous()
             ranks[i] = info.rank
@@ -157,12 +163,15 @@ def _child(args: argparse.Namespace) -> None:
         t.start()
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
-    go.set()
+    for gate in gates:
+        gate.set()
     for t in threads:
         t.join(args.timeout + 30)
     control.set(
         f"result/{args.child_index}",
-        json.dumps({"ends": ends, "ranks": ranks, "rounds": rounds, "errors": errors[:5]}),
+        json.dumps(
+            {"starts": starts, "ends": ends, "ranks": ranks, "rounds": rounds, "errors": errors[:5]}
+        ),
     )
     control.wait(["hold-over"])
     # Threads each node adds, measured while every node is in its round (callers returned).
@@ -216,7 +225,7 @@ def _server_traffic(port: int) -> tuple[int, int, int]:
 def _wait_results(
     control: Any, store: Any, run_id: str, procs: int, limit_s: float, progress: bool, t0: float
 ) -> bool:
-    """Wait for every child's result; with ``progress``, say what the store holds every 5 s."""
+    """Wait for every child's result; with ``progress``, say what the store holds every 2 s."""
     from torch.distributed import PrefixStore
 
     view = PrefixStore(f"elastic-run/{run_id}/", store)
@@ -225,7 +234,7 @@ def _wait_results(
         if control.check(wanted):
             return True
         try:
-            control.wait(wanted, timedelta(seconds=5))
+            control.wait(wanted, timedelta(seconds=2))
             return True
         except Exception:  # noqa: BLE001, S112 - not yet
             pass
@@ -266,7 +275,7 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
 
     timeout_s = args.timeout if impl == "ours" else args.torch_timeout
     control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    control.set_timeout(timedelta(seconds=timeout_s + 120))
+    control.set_timeout(timedelta(seconds=timeout_s + 900))  # building 4,096 nodes included
     store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     store.set_timeout(timedelta(seconds=30))
     endpoint = f"127.0.0.1:{store.port}"
@@ -325,6 +334,7 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         row["stderr"] = stderr.read().decode(errors="replace").strip().splitlines()[-5:]
         stderr.close()
     ends = [e - t0 for r in results for e in r["ends"] if e > 0]
+    starts = [s - t0 for r in results for s in r["starts"] if s > 0]
     ranks = sorted(x for r in results for x in r["ranks"])
     errors = [e for r in results for e in r["errors"]]
     warnings: dict[str, int] = {}
@@ -333,6 +343,7 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
             warnings[k] = warnings.get(k, 0) + v
     rounds = [x for r in results for x in r["rounds"]]
     row.update(
+        starts=starts,
         ends=ends,
         gone=sum(d["gone"] for d in during),
         warnings=warnings,
@@ -364,6 +375,7 @@ def _print_row(row: dict[str, Any]) -> None:
     sealed = f"; round 0 sealed at {row['sealed']:.2f}" if row.get("sealed") else ""
     print(
         f"{label}: {status}\n"
+        f"    started s (first/median/p90/last): {_spread(row['starts'])}\n"
         f"    return s (first/median/p90/last): {_spread(row['ends'])}"
         f" ({len(row['ends'])} of {row['n']} ended: returned or raised)"
         f"{sealed}\n"
@@ -392,7 +404,7 @@ def main() -> None:
     parser.add_argument("--hold", type=float, default=5.0, help="seconds nodes stay after the last")
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
-    parser.add_argument("--progress", action="store_true", help="print store keys every 5 s")
+    parser.add_argument("--progress", action="store_true", help="print store keys every 2 s")
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)

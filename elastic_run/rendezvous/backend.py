@@ -149,6 +149,14 @@ class RendezvousBackend(ABC):
     def round_store(self, prefix: str) -> Store:
         """Return a torch ``Store`` view of the backend under ``prefix``, private to a round."""
 
+    def get_unwaited(self, keys: Sequence[str]) -> list[bytes | None]:
+        """Like ``get_many``, for keys nobody waits for while absent, or known to exist.
+
+        A store whose read of a key that may be waited for costs more than one request
+        (c10d: three) reads these in one request each. Never blocks.
+        """
+        return self.get_many(keys)
+
     def read_counter(self, key: str) -> int:
         """Return the integer at ``key`` (0 when absent) in one request, never blocking.
 

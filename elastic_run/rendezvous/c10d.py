@@ -15,11 +15,14 @@ a minute when a delete lands in between. A node that leaves therefore overwrites
 counter with ``HEARTBEAT_GONE`` (a negative counter, read as "gone").
 
 A read is ``check`` then ``get`` (or ``multi_get``): three requests, as a TCPStore ``get`` waits
-for its key first. Keys that nobody ever waits for (heartbeats, the epoch) are read in one
-request that never blocks and never parses the value on the server: ``compare_set(key, X, X)``
-returns the value, or ``X`` (a value no record holds) without creating the key. It is not used
-for other keys: on a missing key the server wakes every client waiting for it, so a waiter
-would see a seal that does not exist.
+for its key first. Keys that nobody ever waits for while absent (heartbeats, the epoch, the
+round, the closed and lost records) and keys known to exist (a seal whose wait returned, the
+records a seal names) are read in one request that never blocks and never parses the value on
+the server (``get_unwaited``, ``read_counter``): ``compare_set(key, X, X)`` returns the value,
+or ``X`` (a value no record holds) without creating the key. It is not used for keys that may
+be absent while someone waits for them (a seal, an arrival count, a record being written): on
+a missing key the server wakes every client waiting for it, so a waiter would see a seal that
+does not exist. The helpers live in ``c10d_store.py``.
 
 Heartbeats are written as ``compare_set(previous, next)`` of this node's own counter (a
 ``set`` when something else stood there), never ``add``: the TCPStore server parses the stored
@@ -41,7 +44,7 @@ import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
 from datetime import timedelta
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar, cast
+from typing import TYPE_CHECKING, Any, TypeVar, cast
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous import keys
@@ -52,7 +55,16 @@ from elastic_run.rendezvous.c10d_link import (
     is_local_host,
     is_unreachable,
     probe_link,
-    set_link_deadline,
+)
+from elastic_run.rendezvous.c10d_store import (
+    KeyValueStore,
+    connect,
+    connect_client,
+    peek,
+    prefixed,
+    read_checked,
+    read_present,
+    translate,
 )
 from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
@@ -73,45 +85,7 @@ __all__ = [
 
 DEFAULT_PORT = C10D_DEFAULT_PORT
 CONF_KEYS = frozenset({"read_timeout", "is_host", "store_type", "use_libuv", "local_addr"})
-# What a one-request read sends as both the expected and the new value: no record holds it.
-_NEVER_STORED = b"\x00elastic-run: never stored\x00"
 _T = TypeVar("_T")
-
-
-class _KeyValueStore(Protocol):
-    """The c10d Store calls this backend makes, typed as the bindings accept them.
-
-    torch's stubs type values as ``str``; the bindings take and return bytes.
-    """
-
-    def check(self, keys: list[str]) -> bool: ...
-    def get(self, key: str) -> bytes: ...
-    def multi_get(self, keys: list[str]) -> list[bytes]: ...
-    def set(self, key: str, value: bytes) -> None: ...
-    def multi_set(self, keys: list[str], values: list[bytes]) -> None: ...
-    def add(self, key: str, delta: int) -> int: ...
-    def compare_set(self, key: str, expected: bytes, desired: bytes) -> bytes: ...
-    def wait(self, keys: list[str], timeout: timedelta) -> None: ...
-
-
-def _prefixed(prefix: str, store: Store) -> tuple[Store, _KeyValueStore]:
-    from torch.distributed import PrefixStore
-
-    view = PrefixStore(prefix, store)
-    return view, cast(_KeyValueStore, view)
-
-
-def _translate(endpoint: str) -> Callable[[Callable[[], _T]], _T]:
-    def call(fn: Callable[[], _T]) -> _T:
-        try:
-            return fn()
-        except (RuntimeError, ValueError) as exc:  # torch's DistError subclasses RuntimeError
-            first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise RendezvousConnectionError(
-                f"the c10d rendezvous store at {endpoint} failed: {first}"
-            ) from exc
-
-    return call
 
 
 class C10dRendezvousBackend(RendezvousBackend):
@@ -145,15 +119,15 @@ class C10dRendezvousBackend(RendezvousBackend):
         if endpoint is None:
             endpoint, waiter = _from_store(store, waiter)
         self._prefix = f"elastic-run/{run_id}/"
-        self._store_view, self._store = _prefixed(self._prefix, store)
+        self._store_view, self._store = prefixed(self._prefix, store)
         self._waiter_source = waiter
-        self._waiter: tuple[Store, _KeyValueStore] | None = None
+        self._waiter: tuple[Store, KeyValueStore] | None = None
         self._waiter_lock = threading.Lock()
         self._endpoint = endpoint
         self._read_timeout_s = read_timeout_s
         self._server = server
         self._is_file = endpoint.startswith("file:")
-        self._translate = _translate(endpoint)
+        self._translate = translate(endpoint)
         self._beats: dict[str, int] = {}
         self._reconnect = reconnect
         self._generation = 0
@@ -181,7 +155,7 @@ class C10dRendezvousBackend(RendezvousBackend):
                 if is_unreachable(exc):
                     raise RendezvousUnreachableError(why.splitlines()[0]) from exc
                 raise RendezvousConnectionError(why.splitlines()[0]) from exc
-            self._store_view, self._store = _prefixed(self._prefix, store)
+            self._store_view, self._store = prefixed(self._prefix, store)
             with self._waiter_lock:
                 self._waiter = None
             self._generation += 1
@@ -201,7 +175,15 @@ class C10dRendezvousBackend(RendezvousBackend):
         """Whether this process hosts the TCPStore (it must outlive the job's other agents)."""
         return self._server is not None
 
-    def _waiting_store(self) -> tuple[Store, _KeyValueStore]:
+    def open_waiter(self) -> None:
+        """Open the connection for blocking waits now rather than at the first wait.
+
+        Raises:
+            RendezvousConnectionError: the store cannot be reached.
+        """
+        self._waiting_store()
+
+    def _waiting_store(self) -> tuple[Store, KeyValueStore]:
         with self._waiter_lock:
             if self._waiter is None:
                 source = self._waiter_source
@@ -209,37 +191,22 @@ class C10dRendezvousBackend(RendezvousBackend):
                     self._waiter = (self._store_view, self._store)
                 else:
                     raw = self._call(source) if callable(source) else source
-                    self._waiter = _prefixed(self._prefix, raw)
+                    self._waiter = prefixed(self._prefix, raw)
             return self._waiter
 
-    def _read_one(self, key: str) -> bytes | None:
-        return bytes(self._store.get(key)) if self._store.check([key]) else None
-
     def get(self, key: str) -> bytes | None:
-        return self._call(lambda: self._read_one(key))
+        return self._call(lambda: read_checked(self._store, key))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
+        return self._call(lambda: read_present(self._store, list(keys)))
 
-        def read() -> list[bytes | None]:
-            if self._store.check(list(keys)):
-                return [bytes(v) for v in self._store.multi_get(list(keys))]
-            present = [k for k in keys if self._store.check([k])]
-            values = (
-                dict(zip(present, self._store.multi_get(present), strict=True)) if present else {}
-            )
-            return [bytes(values[k]) if k in values else None for k in keys]
-
-        return self._call(read)
-
-    def _peek(self, key: str) -> bytes | None:
-        """One request for a key nobody waits for (see the module docstring)."""
-        value = bytes(self._store.compare_set(key, _NEVER_STORED, _NEVER_STORED))
-        return None if value == _NEVER_STORED else value
+    def get_unwaited(self, keys: Sequence[str]) -> list[bytes | None]:
+        return self._call(lambda: [peek(self._store, k) for k in keys])
 
     def read_counter(self, key: str) -> int:
-        raw = self._call(lambda: self._peek(key))
+        raw = self._call(lambda: peek(self._store, key))
         return decode_int(key, raw) if raw is not None else 0
 
     def set(self, key: str, value: bytes) -> None:
@@ -293,7 +260,7 @@ class C10dRendezvousBackend(RendezvousBackend):
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]
         if len(hb_keys) <= 2:
-            values = self._call(lambda: [self._peek(k) for k in hb_keys])
+            values = self._call(lambda: [peek(self._store, k) for k in hb_keys])
         else:
             values = self.get_many(hb_keys)
         return heartbeat_values(node_ids, values, f"c10d {self._endpoint}")
@@ -304,28 +271,12 @@ class C10dRendezvousBackend(RendezvousBackend):
 
     def round_store(self, prefix: str) -> Store:
         view, _ = self._waiting_store()
-        return _prefixed(prefix, view)[0]
+        return prefixed(prefix, view)[0]
 
     def close(self) -> None:
         # TCPStore objects close their sockets when collected; drop our references.
         self._waiter = None
         self._waiter_source = None
-
-
-def _connect(
-    host: str, port: int, timeout_s: float, *, master: bool, use_libuv: bool | None = None
-) -> TCPStore:
-    from torch.distributed import TCPStore
-
-    options: dict[str, Any] = {} if use_libuv is None else {"use_libuv": use_libuv}
-    return TCPStore(
-        host,
-        port,
-        is_master=master,
-        timeout=timedelta(seconds=timeout_s),
-        wait_for_workers=False,
-        **options,
-    )
 
 
 def _create_file_backend(params: RendezvousParameters, timeout_s: float) -> C10dRendezvousBackend:
@@ -410,7 +361,7 @@ def create_c10d_backend(
     server: TCPStore | None = None
     if want_host:
         try:
-            server = _connect(host, port, timeout_s, master=True, use_libuv=use_libuv)
+            server = connect(host, port, timeout_s, master=True, use_libuv=use_libuv)
         except (RuntimeError, OSError) as exc:
             if not _port_in_use(exc):
                 raise RendezvousConnectionError(
@@ -427,10 +378,9 @@ def create_c10d_backend(
     def client_of(connect_s: float, probe: bool = False) -> TCPStore:
         if probe:
             probe_link(host, port, connect_s)
-        store = _connect(host, port, connect_s, master=False, use_libuv=use_libuv)
-        store.set_timeout(timedelta(seconds=timeout_s))
-        set_link_deadline(host, port, deadline_s)
-        return store
+        return connect_client(
+            host, port, connect_s, timeout_s=timeout_s, deadline_s=deadline_s, use_libuv=use_libuv
+        )
 
     port = port if server is None else server.port
     endpoint = f"{host}:{port}"
@@ -443,7 +393,7 @@ def create_c10d_backend(
                 f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
                 " (is the first node up, and is that port a rendezvous store?)"
             ) from exc
-    return C10dRendezvousBackend(
+    backend = C10dRendezvousBackend(
         client,
         params.run_id,
         endpoint,
@@ -453,6 +403,9 @@ def create_c10d_backend(
         # A link that broke is remade with short connects: a healed partition is seen at once.
         reconnect=None if server is not None else lambda: client_of(deadline_s, probe=True),
     )
+    if allow_hosting:  # an agent: both connections now, so joining a round connects nothing
+        backend.open_waiter()
+    return backend
 
 
 # -- torch's module-level API (torch.distributed.elastic.rendezvous.c10d_rendezvous_backend) --
@@ -467,7 +420,7 @@ def _from_store(
     if isinstance(store, TCPStore):
         timeout_s = cast(Any, store).timeout.total_seconds()  # torch's stubs omit it
         if waiter is None:
-            waiter = functools.partial(_connect, store.host, store.port, timeout_s, master=False)
+            waiter = functools.partial(connect, store.host, store.port, timeout_s, master=False)
         return f"{store.host}:{store.port}", waiter
     if isinstance(store, FileStore):
         path = str(cast(Any, store).path)  # torch's stubs omit it

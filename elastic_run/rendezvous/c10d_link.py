@@ -18,6 +18,7 @@ from __future__ import annotations
 import ipaddress
 import os
 import socket
+from collections.abc import Collection
 
 __all__ = [
     "is_link_failure",
@@ -49,7 +50,9 @@ def _addresses(host: str, port: int) -> set[tuple[str, int]]:
     return {(str(info[4][0]).removeprefix("::ffff:"), port) for info in infos}
 
 
-def set_link_deadline(host: str, port: int, deadline_s: float) -> int:
+def set_link_deadline(
+    host: str, port: int, deadline_s: float, fds: Collection[int] | None = None
+) -> int:
     """Set ``TCP_USER_TIMEOUT`` on every socket of this process connected to ``host:port``.
 
     Idempotent (a socket set before is set again). Does nothing where the option is missing.
@@ -58,6 +61,7 @@ def set_link_deadline(host: str, port: int, deadline_s: float) -> int:
         host: the store's host.
         port: the store's port.
         deadline_s: how long sent data may stay unacknowledged before the link is reset.
+        fds: only these descriptors (those a connect just opened); None: every descriptor.
 
     Returns:
         How many sockets were set.
@@ -67,10 +71,11 @@ def set_link_deadline(host: str, port: int, deadline_s: float) -> int:
         return 0
     peers = _addresses(host, port)
     count = 0
-    try:
-        fds = [int(name) for name in os.listdir("/proc/self/fd")]
-    except OSError:
-        return 0
+    if fds is None:
+        try:
+            fds = [int(name) for name in os.listdir("/proc/self/fd")]
+        except OSError:
+            return 0
     for fd in fds:
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):

@@ -15,7 +15,7 @@ admits). Every decision is in ``protocol.py``; this module reads, asks, and writ
 from __future__ import annotations
 
 import random
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 
 from elastic_run.rendezvous import keys
 from elastic_run.rendezvous import protocol as proto
@@ -33,10 +33,12 @@ from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["Coordinator", "read_lost", "write_seal"]
 
+_WATCH_GAP_TICKS = 4
+
 
 def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
     """Why round ``r`` ended (one store read), or None while it runs."""
-    raw = backend.get(keys.lost(r))
+    (raw,) = backend.get_unwaited([keys.lost(r)])  # nobody waits for it
     return decode(LostRecord, keys.lost(r), raw) if raw is not None else None
 
 
@@ -48,20 +50,28 @@ def write_seal(
     sealed_arrivals: int,
     settings: RendezvousSettings,
     min_nodes: int,
+    known: Mapping[int, NodeRecord] | None = None,
 ) -> None:
-    """Complete round ``r`` with ``admitted`` if the protocol allows (first sealer wins)."""
-    node_keys = [keys.node(r, i) for i in admitted]
-    values = backend.get_many(node_keys)
+    """Complete round ``r`` with ``admitted`` if the protocol allows (first sealer wins).
+
+    Args:
+        known: the arrivals' records already read (a record is written once per arrival
+            index), so only the others are read.
+    """
+    records = {i: known[i] for i in admitted if known is not None and i in known}
+    wanted = [i for i in admitted if i not in records]
+    node_keys = [keys.node(r, i) for i in wanted]
+    values = backend.get_many(node_keys) if node_keys else []
     missing = [k for k, v in zip(node_keys, values, strict=True) if v is None]
     if missing:
         # An arrival between its add and its set: give it a moment, then leave it out.
         backend.wait_for(missing, settings.stale_after_s)
         values = backend.get_many(node_keys)
-    records = {
-        i: decode(NodeRecord, k, v)
-        for i, k, v in zip(admitted, node_keys, values, strict=True)
+    records.update(
+        (i, decode(NodeRecord, k, v))
+        for i, k, v in zip(wanted, node_keys, values, strict=True)
         if v is not None
-    }
+    )
     restarts = backend.read_counter(keys.RESTARTS)
     seal = proto.build_seal(r, admitted, records, reason, sealed_arrivals, min_nodes, restarts)
     if seal is not None:
@@ -108,6 +118,9 @@ class Coordinator:
         self._last_arrival_at = now
         self._expected: set[str] | None = None
         self._next_at: float | None = None
+        # The first arrival looks at once; a later one first after its watch gap (most
+        # arrivals of a round that fills quickly never look at all: the seal comes first).
+        self._look_at: float | None = now + self._watch_gap() if index > 0 else None
         self._pending = 0
 
     def next_wait(self, now: float) -> float:
@@ -125,6 +138,25 @@ class Coordinator:
         if self._next_at is None:
             return tick
         return max(0.01, min(tick, self._next_at - now))
+
+    def is_due(self, now: float) -> bool:
+        """Whether a step is due (a watcher whose predecessor lived looks again later)."""
+        return self._look_at is None or now >= self._look_at
+
+    def look_in(self, now: float) -> float:
+        """Seconds until the next step is due (0: due now, or every tick)."""
+        return 0.0 if self._look_at is None else max(0.0, self._look_at - now)
+
+    def _watch_gap(self) -> float:
+        """How long a watcher leaves its live predecessor before it looks again.
+
+        One tick for arrival 1 (it takes over from the first coordinator); then one more tick
+        per doubling of the index, at most ``_WATCH_GAP_TICKS``: an arrival far from the
+        front takes over only when every arrival before it is gone, and thousands of
+        arrivals looking every tick would load the store and their hosts for nothing.
+        """
+        ticks = min(_WATCH_GAP_TICKS, max(1, self._index).bit_length())
+        return ticks * self._settings.keep_alive_interval_s * random.uniform(0.75, 1.0)
 
     def step(self, now: float, *, coordinate: bool = False) -> None:
         """One look at the round: watch the predecessor, or coordinate (and maybe seal).
@@ -146,12 +178,14 @@ class Coordinator:
             ]
             self._observe(chain, now)
             self._next_at = None
+            self._look_at = now + self._watch_gap()
             return
+        self._look_at = None
         self._coordinate(now)
 
     def _coordinate(self, now: float) -> None:
         r, backend, stale = self._r, self._backend, self._round.stale_after_s
-        raw = backend.get(keys.arrivals(r))
+        (raw,) = backend.get_unwaited([keys.arrivals(r)])  # it exists: this node arrived
         arrivals = decode_int(keys.arrivals(r), raw) if raw is not None else self._arrivals
         if arrivals > self._arrivals:
             self._arrivals, self._last_arrival_at = arrivals, now
@@ -179,6 +213,7 @@ class Coordinator:
                 arrivals,
                 self._settings,
                 self._round.min_nodes,
+                self._records,
             )
             self._next_at = None
         else:

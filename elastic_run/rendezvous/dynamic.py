@@ -135,7 +135,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._state.refresh,
         )
         self._on_change: Callable[[], None] | None = None
-        self._is_interrupted: Callable[[], bool] = lambda: False
+        self._is_interrupted: Callable[[], bool] | None = None
         self._rounds = Rounds(
             backend,
             run_id,
@@ -144,9 +144,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._round_settings,
             clock,
             self._my_record,
-            lambda: self._is_interrupted(),
+            lambda: self._is_interrupted is not None and self._is_interrupted(),
             self._liveness.successor_beats,
             self._with_notices,
+            lambda: self._is_interrupted is not None,
         )
 
     # -- construction, as torch's -------------------------------------------------
@@ -196,7 +197,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         Checked between the slices of every blocking wait (at most ``keep_alive_interval``).
         """
-        self._is_interrupted = is_interrupted or (lambda: False)
+        self._is_interrupted = is_interrupted
 
     # -- what the agent reads ------------------------------------------------------
 
@@ -345,11 +346,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def is_closed(self) -> bool:
         """Return whether the job's rendezvous is closed."""
-        return self._backend.get(keys.CLOSED) is not None
+        return self._backend.get_unwaited([keys.CLOSED])[0] is not None
 
     def closed_reason(self) -> ClosedReason | None:
         """Return why the job is closed, or None while it is open."""
-        raw = self._backend.get(keys.CLOSED)
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
         return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
 
     def set_closed(self, reason: ClosedReason = "closed") -> None:
@@ -375,7 +376,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         member = self._member
         if member is None:
             return 0
-        raw = self._backend.get(keys.arrivals(member.round))
+        (raw,) = self._backend.get_unwaited([keys.arrivals(member.round)])
         arrivals = decode_int(keys.arrivals(member.round), raw) if raw is not None else 0
         return max(0, arrivals - member.seal.sealed_arrivals)
 

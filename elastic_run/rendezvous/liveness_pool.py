@@ -137,6 +137,9 @@ _POOL_LOCK = threading.Lock()
 def liveness_pool() -> _Pool:
     """This process's pool (its workers start with its first node)."""
     global _POOL
+    pool = _POOL
+    if pool is not None:
+        return pool  # no lock: a thousand nodes starting at once queued on it, one at a time
     with _POOL_LOCK:
         if _POOL is None:
             _POOL = _Pool()

@@ -14,7 +14,12 @@ Invariants:
 - No member's error ends the thread: an exception of a member's handler is logged (once per
   run of failures) and the loop goes on; a failing ``select`` pauses (50 ms doubling to 1 s).
 - The wake-up pipe lives as long as the process, so it is never closed under the thread.
-- A member's timer (``deadline``) is looked at after every wake-up; no member blocks the loop.
+- No member blocks the loop. Members' timers (``deadline``) are read all together only when
+  the earliest one known is due, or at most every ``_SCAN_GAP_S`` while something may have
+  changed one (a socket event, a handed-over call): a process holding thousands of members
+  (a benchmark) read every timer twice per socket event before, which took seconds of the
+  process's interpreter while thousands of watches connected at once. So a timer fires at
+  most ``_SCAN_GAP_S`` late.
 """
 
 from __future__ import annotations
@@ -33,6 +38,8 @@ from elastic_run.descriptors import AcceptPause
 __all__ = ["LoopMember", "NoticeLoop", "notice_loop"]
 
 log = logging.getLogger(__name__)
+
+_SCAN_GAP_S = 0.02
 
 
 class LoopMember(Protocol):
@@ -60,6 +67,10 @@ class NoticeLoop:
         self._calls: deque[Callable[[], None]] = deque()
         self._members: dict[int, LoopMember] = {}
         self._failing: set[int] = set()
+        self._due_at: float | None = None  # the earliest member timer at the last scan
+        self._changed = True  # a timer may have changed since that scan
+        self._scanned_at = 0.0
+        self._woken = False  # a wake-up byte is in the pipe and not yet drained
         self._thread = threading.Thread(target=self._run, name="elastic-run-notices", daemon=True)
         self._thread.start()
 
@@ -117,6 +128,11 @@ class NoticeLoop:
     # -- the thread ---------------------------------------------------------------------
 
     def _wake(self) -> None:
+        # One byte per wake-up: a thousand nodes handing work over at once (the seal) wrote a
+        # thousand, each a system call that gave up the interpreter lock.
+        if self._woken:
+            return
+        self._woken = True
         try:
             os.write(self._wake_w, b"x")
         except BlockingIOError:
@@ -133,22 +149,40 @@ class NoticeLoop:
                     log.exception("death-notice loop: unexpected error; going on")
                 time.sleep(max(0.0, (pause.resume_at or 0.0) - time.monotonic()))
 
-    def _once(self) -> None:
+    def _scan(self, now: float) -> None:
         deadlines = [d for m in list(self._members.values()) if (d := m.deadline()) is not None]
-        timeout = max(0.0, min(deadlines) - time.monotonic()) if deadlines else None
+        self._due_at = min(deadlines) if deadlines else None
+        self._changed, self._scanned_at = False, now
+
+    def _once(self) -> None:
+        now = time.monotonic()
+        if self._changed and now >= self._scanned_at + _SCAN_GAP_S:
+            self._scan(now)
+        timeout = None if self._due_at is None else max(0.0, self._due_at - now)
+        if self._changed:  # look again soon: a timer may have come meanwhile
+            rescan = max(0.0, self._scanned_at + _SCAN_GAP_S - now)
+            timeout = rescan if timeout is None else min(timeout, rescan)
         for key, events in self._selector.select(timeout):
+            self._changed = True
             if key.data is None:
                 _drain(self._wake_r)
+                # After draining: a caller that still saw True had queued its call before
+                # this line, and the calls are run below; a later one writes again.
+                self._woken = False
             else:
                 self._guarded(key.data, key.data.on_ready, key.fileobj, events)
         while self._calls:
+            self._changed = True
             fn = self._calls.popleft()
             self._guarded(fn, fn)
         now = time.monotonic()
+        if self._due_at is None or self._due_at > now:
+            return
         for member in list(self._members.values()):
             when = member.deadline()
             if when is not None and when <= now:
                 self._guarded(member, member.on_timer, now)
+        self._scan(now)
 
     def _guarded(self, owner: object, fn: Callable[..., None], *args: object) -> None:
         try:
@@ -176,6 +210,9 @@ _LOOP_LOCK = threading.Lock()
 def notice_loop() -> NoticeLoop:
     """This process's loop (started on first use)."""
     global _LOOP
+    loop = _LOOP
+    if loop is not None and loop.thread.is_alive():
+        return loop  # no lock: a thousand nodes starting at once queued on it, one at a time
     with _LOOP_LOCK:
         if _LOOP is None or not _LOOP.thread.is_alive():
             _LOOP = NoticeLoop()

@@ -253,11 +253,10 @@ def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
 
     Global ranks follow node rank; role ranks count only the nodes of the same role.
     """
-    admitted = seal.admitted_indices()
-    try:
-        rank = admitted.index(index)
-    except ValueError:
+    found = seal.rank_of(index)
+    if found is None:
         return None
+    rank = found
     total = offset = role_offset = 0
     role_totals: dict[str, int] = {}
     my_role = next(role for span, _, role in _spans(seal) if span[0] <= rank < span[1])
@@ -268,7 +267,7 @@ def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
         offset += below * lws
         if role == my_role:
             role_offset += below * lws
-    n = len(admitted)
+    n = seal.admitted_count()
     return Assignment(
         rank=rank,
         world_size=n,
@@ -276,7 +275,7 @@ def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
         total_workers=total,
         role_offset=role_offset,
         role_total=role_totals.get(my_role, 0),
-        successor_index=admitted[(rank + 1) % n] if n > 1 else -1,
+        successor_index=seal.index_at((rank + 1) % n) if n > 1 else -1,
         restart_count=seal.restarts,
     )
 

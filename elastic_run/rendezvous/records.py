@@ -122,10 +122,31 @@ class SealRecord:
         """Return the admitted arrival indices in rank order."""
         return [i for lo, hi in self.admitted for i in range(lo, hi + 1)]
 
+    def admitted_count(self) -> int:
+        """How many arrival indices ``admitted`` names (O(ranges), not O(members))."""
+        return sum(hi - lo + 1 for lo, hi in self.admitted)
+
+    def rank_of(self, index: int) -> int | None:
+        """The rank of arrival ``index``, or None when not admitted (O(ranges))."""
+        below = 0
+        for lo, hi in self.admitted:
+            if lo <= index <= hi:
+                return below + index - lo
+            below += hi - lo + 1
+        return None
+
+    def index_at(self, rank: int) -> int:
+        """The arrival index holding ``rank`` (0 <= rank < the admitted count; O(ranges))."""
+        for lo, hi in self.admitted:
+            if rank <= hi - lo:
+                return lo + rank
+            rank -= hi - lo + 1
+        raise IndexError("rank out of range")
+
     def consistency_error(self) -> str | None:
         """What makes this seal unusable (its parts disagree on the member count), or None."""
         try:
-            admitted = len(self.admitted_indices())
+            admitted = self.admitted_count()
             described = sum(int(count) for count, _, _ in self.workers)
         except (TypeError, ValueError):
             return "malformed 'admitted' or 'workers'"

@@ -104,7 +104,7 @@ class RoundState:
         epoch = self._backend.read_counter(keys.EPOCH)
         if (epoch, r) == self._epoch_seen:
             return
-        raw_round, raw_closed, raw_arrivals = self._backend.get_many(
+        raw_round, raw_closed, raw_arrivals = self._backend.get_unwaited(
             [keys.ROUND, keys.CLOSED, keys.arrivals(r)]
         )
         closed = decode(ClosedRecord, keys.CLOSED, raw_closed) if raw_closed is not None else None

@@ -12,9 +12,13 @@ completed round:
                                       the door of this round
 
 Every blocking wait is sliced (at most ``keep_alive_interval``); between slices the agent's
-interrupt check and the join deadline are looked at. Ending a round is two compare-sets
-(``r<r>/lost`` from absent, then ``round`` r -> r+1) and an epoch bump, so a member's agent
-notices it at its next poll even without a liveness verdict.
+interrupt check and the join deadline are looked at. In a forming round an arrival that only
+watches its predecessor reads the store (the closed record, its predecessor) every 1 to 4
+slices by its arrival index (``Coordinator.is_due``), not every slice: such an arrival sees a
+closed job within 4 intervals, and one far down takes over coordination later when every
+arrival before it died. Ending a round is two compare-sets (``r<r>/lost`` from absent, then
+``round`` r -> r+1) and an epoch bump, so a member's agent notices it at its next poll even
+without a liveness verdict.
 """
 
 from __future__ import annotations
@@ -102,6 +106,8 @@ class Rounds:
         is_interrupted: the agent's interrupt check.
         seed_beats: what this node's liveness thread has seen (seeds each coordinator).
         with_notices: applies this node's death notices to a heartbeat view.
+        slices_needed: whether anything must be looked at between store reads (an interrupt
+            check is installed); when not, a watcher waits for the seal until its next look.
     """
 
     def __init__(
@@ -116,6 +122,7 @@ class Rounds:
         is_interrupted: Callable[[], bool],
         seed_beats: Callable[[], proto.Heartbeats],
         with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        slices_needed: Callable[[], bool] = lambda: True,
     ) -> None:
         self._backend = backend
         self._run_id = run_id
@@ -127,6 +134,7 @@ class Rounds:
         self._is_interrupted = is_interrupted
         self._seed_beats = seed_beats
         self._with_notices = with_notices
+        self._slices_needed = slices_needed
         self.last_round = -1
         self.last_rank = -1
         self.rank_round = -1
@@ -185,14 +193,14 @@ class Rounds:
         """Raise when interrupted or when the job is closed (one store read)."""
         if self._is_interrupted():
             raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
-        raw = self._backend.get(keys.CLOSED)
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
         if raw is not None:
             reason = decode(ClosedRecord, keys.CLOSED, raw).reason
             raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({reason})")
 
     def current_round(self) -> int:
         """The store's current round (created at 0 by the job's first arrival)."""
-        raw = self._backend.get(keys.ROUND)
+        (raw,) = self._backend.get_unwaited([keys.ROUND])
         if raw is None:
             raw, _ = self._backend.compare_set(keys.ROUND, None, b"0")
         return decode_int(keys.ROUND, raw)
@@ -244,7 +252,7 @@ class Rounds:
         node_keys = [keys.node(r, i) for i in watch_idx]
         watched = [
             decode(NodeRecord, k, raw).node_id
-            for k, raw in zip(node_keys, self._backend.get_many(node_keys), strict=True)
+            for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
             if raw is not None
         ]
         beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
@@ -291,14 +299,24 @@ class Rounds:
             coordinator.step(self._clock(), coordinate=index + 1 == self._round.max_nodes)
         seal_key = keys.seal(r)
         while True:
-            if self._backend.wait_for([seal_key], coordinator.next_wait(self._clock())):
-                break
-            self.check_closed()
             now = self._clock()
+            wait_s = coordinator.next_wait(now)
+            if not self._slices_needed():  # nothing to look at before the next look
+                wait_s = max(wait_s, min(coordinator.look_in(now), deadline - now))
+            if self._backend.wait_for([seal_key], wait_s):
+                break
+            now = self._clock()
+            if not coordinator.is_due(now) and now < deadline:
+                if self._is_interrupted():
+                    self.check_closed()  # raises
+                continue  # a watcher between its looks: no store request
+            self.check_closed()
             if now >= deadline:
+                if self._backend.wait_for([seal_key], 0.001):
+                    break  # sealed while this node was slow to look: not a timeout
                 raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
-        raw = self._backend.get(seal_key)
+        (raw,) = self._backend.get_unwaited([seal_key])  # it exists: the wait returned
         if raw is None:
             raise RendezvousStateError(f"rendezvous key '{seal_key}' vanished after it was written")
         seal = decode(SealRecord, seal_key, raw)
@@ -313,7 +331,7 @@ class Rounds:
         successor: NodeRecord | None = None
         if assign.successor_index >= 0:
             succ_key = keys.node(r, assign.successor_index)
-            raw_succ = self._backend.get(succ_key)
+            (raw_succ,) = self._backend.get_unwaited([succ_key])  # the seal names it
             if raw_succ is None:
                 raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
             successor = decode(NodeRecord, succ_key, raw_succ)
