@@ -31,7 +31,7 @@ __all__ = ["capture_stacks", "py_spy_command", "write_stacks"]
 log = logging.getLogger(__name__)
 
 _DEFAULT_TIMEOUT_S = 10.0
-_TRIES = 2
+_TRIES = 3
 
 
 def py_spy_command() -> str | None:
@@ -100,7 +100,11 @@ def capture_stacks(
             if proc.returncode == 0:
                 try:
                     reports[key] = parse_py_spy_json(pid, out)
-                    continue
+                    main = reports[key].main_thread
+                    if main is not None and main.frames:
+                        continue
+                    # A main thread caught without a Python frame: between two states (seen
+                    # under load), or really past its script (finalization); look again.
                 except ValueError as exc:
                     reports[key] = StackReport(pid, error=str(exc))
             else:
