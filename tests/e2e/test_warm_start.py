@@ -114,6 +114,19 @@ def _read(out: Path, attempt: int, local_rank: int) -> dict[str, Any]:
     return result
 
 
+def _first_probes(agent: Agent, out: Path) -> list[dict[str, Any]]:
+    """Both workers' probes of the first attempt, once written (or the agent exited)."""
+    wait_until(
+        lambda: (
+            all((out / f"probe_0_{lr}.json").exists() for lr in (0, 1))
+            or agent.proc.poll() is not None
+        ),
+        RUN,
+        message=agent.describe,
+    )
+    return [_read(out, 0, lr) for lr in (0, 1)]
+
+
 def test_a_warm_worker_starts_as_a_cold_one(launch: Launch, tmp_path: Path) -> None:
     runs = {}
     for mode in ("--warm-start", "--no-warm-start"):
@@ -148,15 +161,7 @@ def test_a_killed_zygote_is_replaced_and_the_job_restarts_warm(
 ) -> None:
     out = tmp_path / "out"
     agent = _probe(launch, out, "--warm-start", "--max-restarts", "1", env={"HANG_ATTEMPTS": "1"})
-    wait_until(
-        lambda: (
-            all((out / f"probe_0_{lr}.json").exists() for lr in (0, 1))
-            or agent.proc.poll() is not None
-        ),
-        RUN,
-        message=agent.describe,
-    )
-    first = [_read(out, 0, lr) for lr in (0, 1)]
+    first = _first_probes(agent, out)
     assert all(p["warm"] for p in first), agent.describe()
     zygote = first[0]["parent"]
     agent.known_pids.update([zygote, *(p["pid"] for p in first)])
@@ -228,15 +233,7 @@ def test_no_python_starts_cold_and_print_config_says_why(launch: Launch) -> None
 def test_nothing_outlives_a_killed_agent_warm(launch: Launch, tmp_path: Path) -> None:
     out = tmp_path / "out"
     agent = _probe(launch, out, "--warm-start", env={"HANG_ATTEMPTS": "1"})
-    wait_until(
-        lambda: (
-            all((out / f"probe_0_{lr}.json").exists() for lr in (0, 1))
-            or agent.proc.poll() is not None
-        ),
-        RUN,
-        message=agent.describe,
-    )
-    probes = [_read(out, 0, lr) for lr in (0, 1)]
+    probes = _first_probes(agent, out)
     assert all(p["warm"] for p in probes), agent.describe()
     agent.remember_descendants()
     everyone = sorted(agent.known_pids | {probes[0]["parent"]} | {p["pid"] for p in probes})
