@@ -48,6 +48,7 @@ __all__ = [
     "no_progress_streak",
     "observe",
     "parse_hang_timeout",
+    "positive_seconds",
     "timeout_s",
 ]
 
@@ -82,14 +83,16 @@ class HangRule:
     warmup_allowance_s: float = 600.0
     io_allowance_s: float = 1800.0
 
-    def collective_grace_s(self, timeout: float) -> float:
+    def collective_grace_s(self, timeout: float, capture_s: float = 0.0) -> float:
         """How long a node whose silent workers all wait in a collective leaves to the others.
 
         Those workers wait for a peer that is stuck elsewhere; the peer's own node finds it
         (its verdict ends the round, and every node re-rendezvouses at once). Only when no node
-        acted within this grace does this node act on its own waiting workers.
+        acted within this grace does this node act on its own waiting workers. The peer's node
+        takes stacks before it acts, as this node did in ``capture_s``: on a loaded host that is
+        slow, so the grace is at least three such captures.
         """
-        return min(60.0, max(5.0, 0.25 * timeout))
+        return max(min(60.0, max(5.0, 0.25 * timeout)), 3 * capture_s)
 
     def describe(self) -> str:
         """One line for people: ``auto (floor 30 s)``, ``5 s``, ``off``."""
@@ -114,13 +117,29 @@ def parse_hang_timeout(text: str) -> HangRule:
         return HangRule(mode="auto")
     if value.startswith("auto:"):
         mode, value = "auto", value[len("auto:") :]
+    seconds = positive_seconds(text, value, "auto, auto:FLOOR, off or a number of seconds")
+    return HangRule(mode=mode, timeout_s=seconds)
+
+
+def positive_seconds(text: str, value: str, expected: str, hint: str = "") -> float:
+    """``value`` (the part of the flag's ``text`` that holds a number) as positive, finite seconds.
+
+    Args:
+        text: the flag's whole value, as the user wrote it (for the message).
+        value: the number's text.
+        expected: what the flag takes, for the message (``a number of seconds or off``).
+        hint: appended to the message of a number that is out of range (``" (or off)"``).
+
+    Raises:
+        ValueError: not a number, or not positive and finite.
+    """
     try:
         seconds = float(value)
     except ValueError:
-        raise ValueError(f"{text!r} is not auto, auto:FLOOR, off or a number of seconds") from None
+        raise ValueError(f"{text!r} is not {expected}") from None
     if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"{text!r}: the seconds must be positive and finite")
-    return HangRule(mode=mode, timeout_s=seconds)
+        raise ValueError(f"{text!r}: the seconds must be positive and finite{hint}")
+    return seconds
 
 
 @dataclass(frozen=True)

@@ -274,7 +274,7 @@ class HangWatch:
             for lr in suspects
         }
         worst = max(s.timeout_s for s in suspects.values())
-        grace = max(self.rule.collective_grace_s(worst), 3 * self._capture_s)
+        grace = self.rule.collective_grace_s(worst, self._capture_s)
         chosen = hang.hung_now(waiting, self._suspect_since, now, grace)
         hung = []
         for lr in chosen:

@@ -30,9 +30,9 @@ clock, passed in.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass, replace
 
+from elastic_run.agent.hang import positive_seconds
 from elastic_run.agent.stack_report import StackReport
 
 __all__ = [
@@ -57,13 +57,7 @@ def parse_script_exit_timeout(text: str) -> float | None:
     value = text.strip().lower()
     if value in ("off", "0", "none"):
         return None
-    try:
-        seconds = float(value)
-    except ValueError:
-        raise ValueError(f"{text!r} is not a number of seconds or off") from None
-    if not (seconds > 0 and math.isfinite(seconds)):
-        raise ValueError(f"{text!r}: the seconds must be positive and finite (or off)")
-    return seconds
+    return positive_seconds(text, value, "a number of seconds or off", " (or off)")
 
 
 def after_script(report: StackReport) -> str | None:
