@@ -173,7 +173,9 @@ def _log_dir(text: str | None) -> Path | None:
     return path
 
 
-def _warm_start(params: dict[str, Any], script: str, chosen: Chosen) -> bool:
+def _warm_start(
+    params: dict[str, Any], script: str, preload: tuple[str, ...], cwd: Path, chosen: Chosen
+) -> bool:
     """--warm-start, and the --print-config row that says why (the default: warm_default.py)."""
     given = params.get("warm_start")
     if given is not None and not params["no_python"]:
@@ -183,8 +185,8 @@ def _warm_start(params: dict[str, Any], script: str, chosen: Chosen) -> bool:
             script,
             module=params["module"],
             no_python=params["no_python"],
-            preload=_preload(params["preload"]),
-            cwd=_current_directory(),
+            preload=preload,
+            cwd=cwd,
         )
     chosen.append(("warm_start", warm, why))
     return warm
@@ -331,11 +333,12 @@ def parse_launch_config(
     script = params["script"]
     if script is None:
         raise ConfigurationError("missing SCRIPT: elastic-run [OPTIONS] SCRIPT [ARGS]...")
+    cwd = _current_directory()
     check_entrypoint(
         script,
         module=params["module"],
         no_python=params["no_python"],
-        cwd=_current_directory(),
+        cwd=cwd,
         environ=env,
     )
     nodes = parse_nnodes(str(params["nnodes"]))
@@ -356,7 +359,8 @@ def parse_launch_config(
     ranks_filter = parse_local_ranks(params["local_ranks_filter"])
     rdzv = _rendezvous(params, nodes, master_port, chosen, notices)
     progress = _progress(params)
-    warm_start = _warm_start(params, script, chosen)
+    preload = _preload(params["preload"])
+    warm_start = _warm_start(params, script, preload, cwd, chosen)
     watchdog = params["watchdog"]
     if watchdog is None:
         watchdog = _truthy(env.get("TORCHELASTIC_ENABLE_FILE_TIMER"))
@@ -401,7 +405,7 @@ def parse_launch_config(
         exit_barrier_timeout_s=durations.exit_barrier_timeout_s,
         progress=progress,
         warm_start=warm_start,
-        preload=_preload(params["preload"]),
+        preload=preload,
         **_torchrun_extras(params, env),
     )
     for name in _SHOWN_IN_PRINT_CONFIG:
