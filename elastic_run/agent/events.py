@@ -19,6 +19,9 @@ Kinds (stable, documented in the README):
                          its stacks were taken and it was killed, its exit counted as the
                          script's status (fields: rank, local_rank, pid, lived_s, timeout_s,
                          exitcode, exitcode_known, where, stacks)
+    worker.died_after_script  a warm worker was killed by a signal after its script ended (a
+                         crash in the interpreter's shutdown): its exit counted as the
+                         script's status (fields: rank, local_rank, pid, exitcode, counted)
     straggler            a rank stayed at or above --straggler-factor x the job's median step
                          time (fields: rank, host, node, time_s, median_s, ratio)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)

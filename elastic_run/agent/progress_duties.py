@@ -8,7 +8,8 @@ the watchdog kills a worker, the error text of a hung worker's failure, the obse
 the state machine reads, the node's progress record and its ``/metrics``, the publisher
 thread (``progress_publisher.py``), and workers that outlive their script's end
 (``script_end_watch.py``: killed with a ``worker.outlived`` event, their exit counted as the
-script's own).
+script's own), and warm workers that die after their script's end (counted as the script's
+status, with a ``worker.died_after_script`` event).
 """
 
 from __future__ import annotations
@@ -159,8 +160,26 @@ class ProgressDuties:
         return self.watch.report(local_rank)
 
     def amend_exits(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
-        """The workers' exits, each one killed for outliving its script counted as the script's."""
-        return self.script_end.amend(exits)
+        """The workers' exits, each one after its script's end counted as the script's status.
+
+        A worker killed for outliving its script, or a warm one killed by a signal after its
+        script ended; the latter is said once (event ``worker.died_after_script``).
+        """
+        amended = self.script_end.amend(exits)
+        for died in self.script_end.died_after_script():
+            if self._emit is None:
+                log.warning("%s", died.sentence())
+                continue
+            self._emit(
+                "worker.died_after_script",
+                died.sentence(),
+                rank=died.rank,
+                local_rank=died.local_rank,
+                pid=died.pid,
+                exitcode=died.exitcode,
+                counted=died.code,
+            )
+        return amended
 
     def observe(self, obs: sm.Observation) -> sm.Observation:
         """Add what the state machine reads of progress to the loop's observation."""

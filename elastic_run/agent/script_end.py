@@ -24,6 +24,16 @@ the script's own: a warm worker's status as the script set it (0 after a normal 
 succeeds); a cold worker's as 0 unless it wrote an error file (``@record``), then as 1. The
 script did finish: failing the job, or restarting it, would redo work that is done.
 
+A worker that dies after its script's end (:func:`counted_exit`): a native crash in the
+interpreter's shutdown (torch's gloo teardown aborts now and then with ``terminate called
+without an active exception`` after the script's last line) kills the process by a signal. For
+a warm worker, whose script's status is known, that death counts as the script's status, as an
+exception in an atexit handler does for Python itself (it prints it and keeps the status): a
+finished training is not restarted, or failed, for a crash after its end. The agent says so in
+one line (event ``worker.died_after_script``). An exit status set after the script's end
+(``os._exit(3)`` in an atexit handler) is deliberate and stays as it is; a cold worker's death
+stays a failure (its script's end is not known in time), as under torchrun.
+
 Invariants: no clock, process or I/O here; times are integers of nanoseconds on the monotonic
 clock, passed in.
 """
@@ -39,6 +49,7 @@ __all__ = [
     "DEFAULT_SCRIPT_EXIT_TIMEOUT_S",
     "IdleTrack",
     "after_script",
+    "counted_exit",
     "overdue_s",
     "parse_script_exit_timeout",
 ]
@@ -101,6 +112,22 @@ def overdue_s(ended_ns: int, now_ns: int, bound_s: float | None) -> float | None
         return None
     lived = max(0, now_ns - ended_ns) / _NS
     return lived if lived > bound_s else None
+
+
+def counted_exit(script_code: int | None, exitcode: int) -> int:
+    """The exit status counted for a worker whose process ended with ``exitcode``.
+
+    Args:
+        script_code: the status its script ended with, when known (a warm worker), else None.
+        exitcode: how the process ended (``-signum`` when a signal killed it).
+
+    Returns:
+        ``script_code`` when a signal killed the process after its script ended (the crash
+        was in the interpreter's shutdown), else ``exitcode``.
+    """
+    if script_code is not None and exitcode < 0:
+        return script_code
+    return exitcode
 
 
 @dataclass(frozen=True)

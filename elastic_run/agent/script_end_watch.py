@@ -6,13 +6,17 @@ ended); each monitor tick :meth:`ScriptEndWatch.tick` learns which scripts ended
 word for warm workers; for cold ones, py-spy stacks taken when the process is idle) and returns
 the workers whose process outlived its script's end past the bound. The agent kills those
 (:class:`Outlived` says how to report it) and :meth:`ScriptEndWatch.amend` then reports each
-one's exit as its script's own status instead of the SIGKILL.
+one's exit as its script's own status instead of the SIGKILL. ``amend`` also counts a warm
+worker killed by a signal after its script ended as the script's status
+(``script_end.counted_exit``); :meth:`ScriptEndWatch.died_after_script` names each such worker
+once, for the agent to say so.
 
 Threads: everything runs on the agent's loop.
 """
 
 from __future__ import annotations
 
+import signal
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, replace
@@ -27,7 +31,7 @@ from elastic_run.agent.processes import WorkerExit
 from elastic_run.agent.stack_report import StackReport, format_stacks
 from elastic_run.agent.stacks import capture_stacks, write_stacks
 
-__all__ = ["Outlived", "ScriptEndWatch", "WarmEnds"]
+__all__ = ["DiedAfterScript", "Outlived", "ScriptEndWatch", "WarmEnds"]
 
 _NS = 1_000_000_000
 _CPU_EVERY_S = 1.0
@@ -107,6 +111,37 @@ class Outlived:
         return self.sentence() + "\n" + text.rstrip("\n")
 
 
+@dataclass(frozen=True)
+class DiedAfterScript:
+    """A warm worker killed by a signal after its script ended (a crash in its shutdown).
+
+    Attributes:
+        local_rank: its local rank.
+        rank: its global rank.
+        pid: its process.
+        exitcode: how the process ended (``-signum``).
+        code: its script's status, counted as its exit.
+    """
+
+    local_rank: int
+    rank: int
+    pid: int
+    exitcode: int
+    code: int
+
+    def sentence(self) -> str:
+        """``rank 1 (pid 1234) was killed by SIGABRT after its script ended with status 0...``"""
+        try:
+            how = f"killed by {signal.Signals(-self.exitcode).name}"
+        except ValueError:
+            how = f"killed by signal {-self.exitcode}"
+        return (
+            f"rank {self.rank} (pid {self.pid}) was {how} after its script ended with status "
+            f"{self.code} (a crash in the interpreter's shutdown, not in the script); its exit "
+            f"counted as {self.code}"
+        )
+
+
 @dataclass
 class _Worker:
     local_rank: int
@@ -142,6 +177,8 @@ class ScriptEndWatch:
         self._recent = recent if recent is not None else (lambda local_rank: None)
         self._workers: dict[int, _Worker] = {}
         self._warm: WarmEnds = _NoWarm()
+        self._died: dict[int, DiedAfterScript] = {}
+        self._said: set[int] = set()
 
     def start_attempt(
         self, workers: Sequence[tuple[int, int]], log_dirs: Mapping[int, Path]
@@ -253,13 +290,34 @@ class ScriptEndWatch:
         return 1 if path and read_error_file(path) is not None else 0
 
     def amend(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
-        """The exits with each killed worker's counted as its script's own status."""
+        """The exits, each one after the script's end counted as the script's own status.
+
+        A worker killed for outliving its script, or a warm one killed by a signal after its
+        script ended (``script_end.counted_exit``), counts as its script's status.
+        """
         out = dict(exits)
         for lr, exit_ in exits.items():
             worker = self._workers.get(lr)
-            if worker is not None and worker.settled is not None and worker.pid == exit_.pid:
+            if worker is None or worker.pid != exit_.pid:
+                continue
+            if worker.settled is not None:
                 out[lr] = replace(exit_, exitcode=worker.settled)
+                continue
+            end = self._warm.script_end(exit_.pid) if exit_.exitcode < 0 else None
+            counted = script_end.counted_exit(end[0] if end else None, exit_.exitcode)
+            if counted != exit_.exitcode:
+                out[lr] = replace(exit_, exitcode=counted)
+                self._died.setdefault(
+                    exit_.pid,
+                    DiedAfterScript(lr, worker.rank, exit_.pid, exit_.exitcode, counted),
+                )
         return out
+
+    def died_after_script(self) -> list[DiedAfterScript]:
+        """Warm workers found killed after their script's end, each named once."""
+        new = [died for pid, died in self._died.items() if pid not in self._said]
+        self._said.update(died.pid for died in new)
+        return new
 
     def outlived(self, pid: int) -> bool:
         """Whether the agent killed ``pid`` for outliving its script."""

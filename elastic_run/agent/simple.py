@@ -49,6 +49,7 @@ _PUBLISHED = frozenset(
         "worker.failed",
         "worker.hung",
         "worker.outlived",
+        "worker.died_after_script",
         "straggler",
         "watchdog.expired",
         "membership.changed",

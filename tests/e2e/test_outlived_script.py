@@ -9,7 +9,10 @@ with its stacks (one line naming the rank and pid, then the stacks; ``stacks.txt
 normal end (also in a two-node gloo job, one node warm and one cold, the issue's case: every
 worker logged its last line and no process exited), fails with the script's status after ``sys.exit(3)`` (warm) or an exception recorded
 by ``@record`` (cold and warm). A worker that beat and then outlived its script is not judged
-hung. No test asserts on a duration: each waits for the agent's exit.
+hung. A warm worker killed by a signal after its script ended (an atexit handler aborts, as
+torch's gloo teardown now and then does) counts as its script's status, said once with a
+``worker.died_after_script`` event; a cold one stays a failure, as under torchrun. No test
+asserts on a duration: each waits for the agent's exit.
 """
 
 from __future__ import annotations
@@ -33,7 +36,14 @@ RUN = 180.0
 MODES = {"cold": "--no-warm-start", "warm": "--warm-start"}
 
 
-def _run(launch: Launch, tmp_path: Path, mode: str, *args: str, nproc: int = 2) -> Agent:
+def _run(
+    launch: Launch,
+    tmp_path: Path,
+    mode: str,
+    *args: str,
+    nproc: int = 2,
+    options: tuple[str, ...] = (),
+) -> Agent:
     return launch(
         [
             "--standalone",
@@ -44,6 +54,7 @@ def _run(launch: Launch, tmp_path: Path, mode: str, *args: str, nproc: int = 2) 
             "2",
             "--log-dir",
             str(tmp_path / "logs"),
+            *options,
             SCRIPT,
             *args,
         ]
@@ -149,3 +160,41 @@ def test_a_two_node_gloo_job_whose_workers_all_linger_ends_with_exit_0(make_job:
         assert known == {node.name == "a"}, job.report()  # a warm: the zygote said when
         assert node.output().count("LAST LINE rank=") == 2
     job.assert_no_survivors()
+
+
+def _died(tmp_path: Path) -> list[dict[str, Any]]:
+    events = read_events(only_run_dir(tmp_path / "logs"))
+    return [dict(e["fields"]) for e in events if e["kind"] == "worker.died_after_script"]
+
+
+def test_a_warm_worker_that_aborts_after_its_script_ended_counts_as_succeeded(
+    launch: Launch, tmp_path: Path
+) -> None:
+    agent = _run(launch, tmp_path, "warm", "abort", options=("--max-restarts", "1"))
+    assert agent.wait(RUN) == 0, agent.describe()
+    died = _died(tmp_path)
+    assert sorted(fields["rank"] for fields in died) == [0, 1], agent.describe()
+    for fields in died:
+        assert fields["exitcode"] == -6 and fields["counted"] == 0, agent.describe()
+        line = f"rank {fields['rank']} (pid {fields['pid']}) was killed by SIGABRT after its "
+        assert agent.stderr.count(line + "script ended with status 0") == 1, agent.describe()
+    assert "restarting" not in agent.stderr and "every local worker succeeded" in agent.stderr
+    assert no_process_left([fields["pid"] for fields in died])
+
+
+def test_a_warm_worker_that_exited_3_then_aborted_counts_as_exit_3(
+    launch: Launch, tmp_path: Path
+) -> None:
+    agent = _run(launch, tmp_path, "warm", "abort", "3", nproc=1)
+    assert agent.wait(RUN) == 1, agent.describe()
+    (fields,) = _died(tmp_path)
+    assert fields["counted"] == 3 and "exit code 3" in agent.stderr, agent.describe()
+
+
+def test_a_cold_worker_that_aborts_after_its_script_fails_as_under_torchrun(
+    launch: Launch, tmp_path: Path
+) -> None:
+    agent = _run(launch, tmp_path, "cold", "abort", nproc=1)
+    assert agent.wait(RUN) == 1, agent.describe()
+    assert "LAST LINE rank=0" in agent.stdout and "SIGABRT" in agent.stderr, agent.describe()
+    assert _died(tmp_path) == []

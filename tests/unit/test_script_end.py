@@ -9,6 +9,7 @@ from elastic_run.agent.script_end import (
     DEFAULT_SCRIPT_EXIT_TIMEOUT_S,
     IdleTrack,
     after_script,
+    counted_exit,
     overdue_s,
     parse_script_exit_timeout,
 )
@@ -128,3 +129,20 @@ def test_a_busy_reading_starts_over() -> None:
         track = track.read(1.0, second * S)
         assert not track.due(second * S)
     assert track.read(1.0, 11 * S).due(11 * S)
+
+
+@pytest.mark.parametrize(
+    ("script_code", "exitcode", "counted"),
+    [
+        (0, -6, 0),  # a native crash in the shutdown after a clean end: the script's status
+        (3, -11, 3),  # after sys.exit(3): still the script's 3, not the signal
+        (0, 5, 5),  # os._exit(5) in an atexit handler: deliberate, kept
+        (0, 0, 0),
+        (None, -6, -6),  # a cold worker: its script's end is not known, the signal stands
+        (None, 1, 1),
+    ],
+)
+def test_counted_exit_is_the_scripts_status_only_after_a_signal(
+    script_code: int | None, exitcode: int, counted: int
+) -> None:
+    assert counted_exit(script_code, exitcode) == counted

@@ -5,6 +5,8 @@
     outlive.py raise           (with @record) a non-daemon thread blocked, then an exception
     outlive.py beat [CODE]     progress beats for a few steps, then as ``thread``
     outlive.py gloo            a gloo all_reduce across the job, then as ``thread``
+    outlive.py abort [CODE]    an atexit handler that aborts the process (SIGABRT, as a native
+                               crash in the interpreter's shutdown); then ``sys.exit(CODE)``
 
 Each prints ``LAST LINE rank=R`` as its script's last act.
 """
@@ -44,6 +46,8 @@ def main() -> int:
         threading.Thread(target=never.wait, name="forgotten").start()
     elif how == "atexit":
         atexit.register(block_at_exit)
+    elif how == "abort":
+        atexit.register(os.abort)
     print(f"LAST LINE rank={os.environ['RANK']}", flush=True)
     if how == "raise":
         raise RuntimeError("the script failed at its end")
