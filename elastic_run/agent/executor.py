@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import RunResult, WorkerState
+from elastic_run.agent.exit_barrier import peers_finished
 from elastic_run.errors import AgentError
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
@@ -132,7 +133,8 @@ def _decide_turn(agent: SimpleElasticAgent, result: RunResult) -> sm.Action:
         exitcode=head.exitcode if head else None,
         counted=counted,
     )
-    return sm.decide(replace(obs, failure_counted=counted))
+    finished = peers_finished(agent)
+    return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished))
 
 
 def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, result: Any) -> None:
@@ -232,6 +234,12 @@ def _apply_end(agent: SimpleElasticAgent, action: sm.Action, result: RunResult) 
             f"worker failure and {spec.max_restarts} restart"
             f"{'' if spec.max_restarts == 1 else 's'} used up"
         )
+        if isinstance(action, sm.Fail) and action.finished:
+            reason = (
+                f"worker failure after {action.finished} node"
+                f"{' had' if action.finished == 1 else 's had'} finished the round (a finished "
+                "node does not run its workers again: no restart)"
+            )
         if isinstance(action, sm.NoProgress):
             reason = (
                 f"no progress: {action.restarts} restart{'' if action.restarts == 1 else 's'} "

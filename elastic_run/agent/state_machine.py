@@ -19,6 +19,7 @@ While the workers run (``Phase.RUNNING``), first match wins:
     workers FAILED, failure not yet reported            -> ReportFailure       FAILED
     workers FAILED, K failed attempts in a row without
       a progress beat (--max-no-progress-restarts K)    -> NoProgress          FAILED   5
+    workers FAILED after a node of the round finished   -> Fail(finished)      FAILED   1
     workers FAILED, counted, restarts used up           -> Fail                FAILED   1
     workers FAILED                                      -> Restart(counted)    STOPPED
     workers SUCCEEDED                                   -> Finish              SUCCEEDED 0
@@ -39,7 +40,9 @@ restart. The restart count is the job's: every worker of a round sees the same v
 "Hung": silent past its hang timeout (``hang.py``), checked after the rendezvous rows.
 ``StopHung`` takes the local workers' stacks and kills the hung ones; the next turn sees the
 group FAILED, so a hung worker is a failed worker from there on (reported, restarted under
-``--max-restarts``). ``NoProgress``
+``--max-restarts``). "Finished": a node whose workers all succeeded waits at the exit barrier
+and never runs them again, so a round with it cannot form again; a failure after that ends the
+job (``exit_barrier.py`` decides who came first). ``NoProgress``
 ends the job like ``Fail`` but with its own exit code, so that a scheduler can tell a crash
 loop (do not requeue) from a job that used up its restarts while making progress.
 """
@@ -124,6 +127,8 @@ class Observation:
         no_progress_restarts: failed attempts in a row without a progress beat, each after a
             restart, this one included when it failed without one.
         max_no_progress_restarts: stop at this many (0: never).
+        peers_finished: after ReportFailure: nodes of the round whose workers had all
+            succeeded before this node's failure (they wait at the exit barrier).
     """
 
     phase: Phase
@@ -142,6 +147,7 @@ class Observation:
     hung: bool = False
     no_progress_restarts: int = 0
     max_no_progress_restarts: int = 0
+    peers_finished: int = 0
 
 
 @dataclass(frozen=True)
@@ -180,8 +186,10 @@ class ReportFailure:
 
 @dataclass(frozen=True)
 class Fail:
-    """The job failed: its restarts are used up. Close the rendezvous as failed, exit 1."""
+    """The job failed: its restarts are used up, or ``finished`` nodes of the round had
+    finished before this failure (the round cannot form again). Close as failed, exit 1."""
 
+    finished: int = 0
     exit_code: int = EXIT_FAILED
     state: WorkerState = WorkerState.FAILED
 
@@ -284,6 +292,8 @@ def decide(obs: Observation) -> Action:
         limit = obs.max_no_progress_restarts
         if limit > 0 and obs.no_progress_restarts >= limit:
             return NoProgress(obs.no_progress_restarts)
+        if obs.peers_finished > 0:
+            return Fail(finished=obs.peers_finished)
         if obs.failure_counted and obs.restarts >= obs.max_restarts:
             return Fail()
         return Restart(counted=obs.failure_counted)

@@ -7,6 +7,13 @@ form a new round with the newcomer and finish there), nobody writes the old roun
 finished node waited for ``--exit-barrier-timeout`` (300 s by default) although the job had
 closed as succeeded. It leaves as soon as it sees the job closed, exit 0.
 
+A failure after a finish: a node whose workers fail after another node of the round finished
+cannot restart, since the finished node never runs its workers again. Both learn it at once:
+the failing node fails the job (exit 1, no restart, with restarts left), the finished node
+exits 0; neither waits for a timeout. (The other order, a finish that lands just after a
+peer's failure report, is a race no test here can order; ``exit_barrier.py`` decides it by one
+atomic add on each side.)
+
 Real agents on 127.0.0.1, c10d (hosted by c) and etcd; no duration is asserted.
 """
 
@@ -72,4 +79,27 @@ def test_a_finished_node_leaves_the_exit_barrier_when_the_job_closes(
         assert job.wait_exit(name) == 0, job.report()
     # The job closed as succeeded: c leaves its barrier and exits 0 as well.
     assert job.wait_exit("c") == 0, job.report()
+    job.assert_no_survivors()
+
+
+def _restarted(node: Any) -> bool:
+    return "restart" in _kinds(node)
+
+
+def test_a_failure_after_a_finished_node_ends_the_job_at_once(
+    backend: tuple[str, str], make_job: Any
+) -> None:
+    job = make_job(backend)
+    env = {"MN_DONE_NODE": "a", "MN_FAIL_AT_GO_NODE": "b"}
+    extra = (*BARRIER, "--max-restarts", "3")
+    job.start("a", nnodes="2", conf=FAST_CONF, host=True, extra=extra, env=env)
+    job.start("b", nnodes="2", conf=FAST_CONF, extra=extra, env=env)
+    # a's workers succeed at once: a waits at the barrier; then b's worker fails.
+    wait_until(lambda: _succeeded(job.nodes["a"]), START_S, message=job.report)
+    job.go()
+    assert job.wait_exit("b") == 1, job.report()
+    assert job.wait_exit("a") == 0, job.report()
+    assert not _restarted(job.nodes["b"]), job.report()
+    failed = [e for e in job.nodes["b"].events() if e["kind"] == "failed"]
+    assert "after 1 node had finished the round" in failed[0]["message"], job.report()
     job.assert_no_survivors()

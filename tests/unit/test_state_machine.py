@@ -73,6 +73,15 @@ def test_a_counted_failure_with_restarts_used_up_fails_the_job() -> None:
     assert sm.decide(obs) == sm.Fail()
 
 
+def test_a_failure_after_a_node_of_the_round_finished_fails_the_job() -> None:
+    """The finished node never runs its workers again: no round can form for a restart."""
+    for counted in (True, False):
+        obs = replace(
+            RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=counted, peers_finished=2
+        )
+        assert sm.decide(obs) == sm.Fail(finished=2)
+
+
 def test_a_failure_another_node_reported_first_restarts_without_spending() -> None:
     obs = replace(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=False, restarts=3)
     assert sm.decide(obs) == sm.Restart(counted=False)
@@ -134,6 +143,7 @@ observations = st.builds(
     member_lost=st.booleans(),
     end_cause=st.none() | st.sampled_from(["member_lost", "nodes_waiting", "rejoin"]),
     nodes_waiting=st.integers(0, 5),
+    peers_finished=st.integers(0, 3),
 )
 
 
@@ -158,8 +168,10 @@ def test_only_a_counted_failure_spends_a_restart_and_never_past_max(obs: sm.Obse
     action = sm.decide(obs)
     if isinstance(action, sm.Restart) and action.counted:
         assert obs.failure_counted is True and obs.restarts < obs.max_restarts
-    if isinstance(action, sm.Fail):
+    if isinstance(action, sm.Fail) and not action.finished:
         assert obs.failure_counted is True and obs.restarts >= obs.max_restarts
+    if isinstance(action, sm.Fail) and action.finished:
+        assert action.finished == obs.peers_finished > 0
 
 
 @given(observations)

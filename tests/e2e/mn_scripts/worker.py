@@ -3,7 +3,8 @@
 Writes ``$MN_OUT/<MN_NODE>_<pid>.json`` with its launcher environment at once. Then:
 ``MN_FAIL_NODE`` names a node whose local rank 0 exits 1 while TORCHELASTIC_RESTART_COUNT is 0;
 every other worker waits until ``$MN_OUT/go`` exists (at most ``MN_MAX_WAIT_S``, default 120 s,
-then exits 2) and exits 0; the workers of the node ``MN_DONE_NODE`` names exit 0 at once.
+then exits 2) and exits 0 (1 on the node ``MN_FAIL_AT_GO_NODE`` names, while
+TORCHELASTIC_RESTART_COUNT is 0); the workers of the node ``MN_DONE_NODE`` names exit 0 at once.
 """
 
 import json
@@ -48,3 +49,5 @@ while os.environ.get("MN_DONE_NODE") != node and not go.exists():
     if time.monotonic() > deadline:
         sys.exit(2)
     time.sleep(0.05)
+if os.environ.get("MN_FAIL_AT_GO_NODE") == node and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
+    sys.exit(1)
