@@ -10,7 +10,6 @@ Kinds (stable, documented in the README):
     rendezvous.complete  a round completed (fields: round, group_rank, group_world_size,
                          world_size, master_addr, master_port)
     workers.started      the local workers run (fields: pids, ranks, attempt)
-    worker.exited        one worker exited (fields: local_rank, rank, pid, exitcode)
     worker.failed        the local group failed (fields: local_rank, rank, exitcode, reason)
     worker.hung          a worker was silent past its hang timeout: its stacks were taken and it
                          was killed (fields: rank, local_rank, pid, silent_s, timeout_s, learned,
