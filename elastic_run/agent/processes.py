@@ -252,11 +252,11 @@ class WorkerProcesses:
             raise AgentError(
                 f"cannot start worker local_rank {launch.local_rank} ({argv0}): {exc}"
             ) from exc
-        output.after_spawn()
         worker = _Worker(launch, proc, output)
         self._workers[launch.local_rank] = worker
-        if self._guardian is not None:
+        if self._guardian is not None:  # first: the worker already runs (the token covers it)
             self._guardian.register(proc.pid)
+        output.after_spawn()
         worker.waiter = threading.Thread(
             target=self._wait_for,
             args=(worker,),
