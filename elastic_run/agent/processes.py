@@ -9,7 +9,9 @@ when the *thread* that spawned the worker exits, not the process: the agent must
 from its main loop thread (the thread that lives as long as the agent). Grandchildren are covered
 by the :class:`~elastic_run.agent.guardian.Guardian` (when given one) and by :meth:`stop`, which
 snapshots the descendants before signalling and also kills everything left in the workers'
-sessions.
+sessions. A worker's session is registered with the guardian as soon as it is spawned, before its
+output readers start; what the worker starts before even that is found by the guardian's token in
+the worker's environment (``ELASTIC_RUN_GUARDIAN``, put there by the agent).
 
 A worker that is not a program (a callable entrypoint, ``function_workers.py``) comes with a
 ``start`` in its launch: it is started by that instead of ``argv``, and supervised the same way.
