@@ -8,6 +8,9 @@ program worker stands from its first instruction:
 1. its own session (process group), so the agent stops it and its whole tree as one, and the
    agent's terminal signals do not reach it directly;
 2. a parent-death signal (SIGKILL) tied to the agent, and an exit if the agent is already gone;
+   then its session registered with the agent's guardian by the worker itself, on the
+   guardian's pipe (the agent registers it too, but may die before it does: a worker that
+   holds the pipe's write end is registered before the guardian can see its end);
 3. default signal dispositions (a forked worker inherits the agent's handlers);
 4. its stdout and stderr on the agent's pipes or log files (line-buffered, as ``python -u``
    is for a console), no stdin;
@@ -78,6 +81,8 @@ class FunctionCall:
         agent_pid: the agent's process id (the worker's parent).
         close_fds: descriptors of the agent that a forked worker must close (the guardian's
             pipe, whose end-of-file means the agent is gone).
+        guardian: the write end of the guardian's pipe, on which the worker registers its own
+            session and which it then closes; None: no guardian.
     """
 
     fn: Callable[..., Any]
@@ -88,6 +93,7 @@ class FunctionCall:
     result_path: str
     agent_pid: int
     close_fds: tuple[int, ...] = ()
+    guardian: ChildFd | None = None
 
 
 def run_call(call: FunctionCall) -> None:
@@ -101,6 +107,8 @@ def run_call(call: FunctionCall) -> None:
             exits 1, with its traceback on its stderr).
     """
     _detach(call.agent_pid)
+    if call.guardian is not None:
+        _register(call.guardian.fd)
     _default_signals()
     for fd in call.close_fds:
         try:
@@ -151,6 +159,15 @@ def _detach(agent_pid: int) -> None:
     set_parent_death_signal()
     if os.getppid() != agent_pid:  # the agent died before the signal was tied to it
         os._exit(AGENT_GONE_EXIT)
+
+
+def _register(guardian_fd: int) -> None:
+    try:
+        os.write(guardian_fd, f"+{os.getsid(0)}\n".encode("ascii"))
+    except OSError:
+        pass  # the guardian is gone: the agent reports that on its own register
+    finally:
+        os.close(guardian_fd)
 
 
 def _default_signals() -> None:

@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import IO, Any, Literal
 
 from elastic_run.agent.function_call import ChildFd, FunctionCall, read_result, run_call
+from elastic_run.agent.guardian import Guardian
 from elastic_run.agent.processes import WorkerLaunch, WorkerProcess
 from elastic_run.errors import AgentError, ConfigurationError
 
@@ -70,7 +71,9 @@ class FunctionWorkers:
         fn: the entrypoint.
         args: its arguments (``${local_rank}`` in a string argument is replaced per worker).
         start_method: ``spawn``, ``fork`` or ``forkserver`` (started as spawn).
-        close_in_fork: descriptors of the agent that a forked worker must close.
+        guardian: the agent's guardian (asked at each start): a worker registers its own session
+            on the guardian's pipe before it runs the entrypoint, and a forked worker closes the
+            guardian's pipes.
 
     Raises:
         ConfigurationError: an unknown start method (also a ValueError).
@@ -81,7 +84,7 @@ class FunctionWorkers:
         fn: Callable[..., Any],
         args: Sequence[Any],
         start_method: str,
-        close_in_fork: Callable[[], Sequence[int]] = tuple,
+        guardian: Callable[[], Guardian | None] = lambda: None,
     ) -> None:
         if start_method not in START_METHODS:
             raise ConfigurationError(
@@ -90,7 +93,7 @@ class FunctionWorkers:
         self._fn = fn
         self._args = tuple(args)
         self._method: Literal["fork", "spawn"] = "fork" if start_method == "fork" else "spawn"
-        self._close_in_fork = close_in_fork
+        self._guardian = guardian
         self._dir: Path | None = None
 
     @property
@@ -141,6 +144,8 @@ class FunctionWorkers:
             AgentError: the process cannot be started (e.g. the entrypoint or an argument
                 cannot be pickled for a spawned process).
         """
+        guardian = self._guardian()
+        guardian_fd = guardian.write_fd if guardian is not None else None
         call = FunctionCall(
             fn=self._fn,
             args=self.args_for(launch.local_rank),
@@ -149,7 +154,8 @@ class FunctionWorkers:
             stderr=_child_fd(stderr),
             result_path=self._result_path(launch.local_rank),
             agent_pid=os.getpid(),
-            close_fds=tuple(self._close_in_fork()) if self._method == "fork" else (),
+            close_fds=guardian.pipe_fds if guardian is not None and self._method == "fork" else (),
+            guardian=ChildFd(guardian_fd) if guardian_fd is not None else None,
         )
         context = (
             multiprocessing.get_context("fork")

@@ -4,12 +4,25 @@ A worker's parent-death signal kills the worker when the agent dies, but not the
 children. The agent therefore starts one guardian (``python -m elastic_run.agent.guardian``, or this
 file run by path) and tells it, over the guardian's stdin pipe, the session id of every worker it
 spawns. The guardian holds nothing else: when the pipe reaches EOF (the agent exited or was
-SIGKILLed, whichever of its threads was running), it SIGKILLs every process in those sessions, and
-every process that it saw descend from them (a grandchild that called ``setsid``), then exits.
+SIGKILLed, whichever of its threads was running), it SIGKILLs every process in those sessions,
+every process that it saw descend from them (a grandchild that called ``setsid``), and every
+process whose exec-time environment (``/proc/<pid>/environ``) carries this agent's token, then
+exits.
+
+The token closes the window between a worker's start and its registration: a worker runs its own
+code at once, and an agent SIGKILLed before its ``+<sid>`` line was written leaves a session that
+nobody guards. Every worker's environment holds ``ELASTIC_RUN_GUARDIAN=<token>`` (a random token
+per agent, given to the guardian in its argv), so a cold worker, a warm worker (forked by the
+zygote, whose exec environment carries it) and whatever either one starts, forked or exec'd, is
+found by the token alone. A function worker's own ``/proc`` environment is the agent's (a fork,
+or a spawned interpreter), so it registers its session itself, on the guardian's pipe, before it
+runs the entrypoint (``function_call.py``); the grandchildren it execs carry the token too. What
+still escapes, when the agent dies before registering: a process started with an environment
+stripped of the token, in a session of its own.
 
 Protocol (one ASCII line per command, each far below PIPE_BUF so writes are atomic)::
 
-    +<sid>    start guarding session <sid>
+    +<sid>    start guarding session <sid> (sent by the agent, or by a function worker itself)
     -<sid>    stop guarding session <sid> (its processes are gone; the id may be reused)
     =         rescan /proc for escaped descendants now, then answer "=" on stdout
 
@@ -21,23 +34,30 @@ Invariants:
   of the step, does not take it down before it has done its work.
 - While sessions are registered it rescans ``/proc`` every ``_TRACK_INTERVAL_S`` to remember
   descendants that left their session (pid plus start time, so a reused pid is never killed).
-- The pipe's write end is close-on-exec: only the agent holds it, so EOF means the agent is gone.
+- The pipe's write end is close-on-exec: only the agent holds it (and a function worker, for as
+  long as it takes to register itself), so EOF means the agent is gone.
+- The token is matched only in the final kill rounds, never to decide anything while the agent
+  lives; the guardian never kills itself.
 """
 
 from __future__ import annotations
 
 import os
+import secrets
 import select
 import signal
 import subprocess
 import sys
 import threading
 import time
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["Guardian", "main"]
+__all__ = ["GUARDIAN_ENV", "Guardian", "main"]
+
+GUARDIAN_ENV = "ELASTIC_RUN_GUARDIAN"
+"""The worker variable that holds the agent's guardian token."""
 
 _TRACK_INTERVAL_S = 0.5
 _KILL_ROUNDS = 200
@@ -74,6 +94,16 @@ def _read_proc(pid: int) -> _ProcInfo | None:
         return None
 
 
+def _has_token(pid: int, needle: bytes) -> bool:
+    """Whether the exec-time environment of ``pid`` holds the entry ``needle`` (``NAME=value``)."""
+    try:
+        with open(f"/proc/{pid}/environ", "rb") as f:
+            data = f.read()
+    except OSError:  # gone, or not ours to read
+        return False
+    return b"\0" + needle + b"\0" in b"\0" + data + b"\0"
+
+
 def _scan() -> list[_ProcInfo]:
     infos = []
     for name in os.listdir("/proc"):
@@ -85,11 +115,12 @@ def _scan() -> list[_ProcInfo]:
 
 
 class _Watch:
-    """The guardian's state: guarded sessions and escaped descendants (pid, start time)."""
+    """The guardian's state: guarded sessions, escaped descendants (pid, start time), token."""
 
-    def __init__(self) -> None:
+    def __init__(self, token: str = "") -> None:
         self.sessions: set[int] = set()
         self.escaped: set[tuple[int, int]] = set()
+        self.needle = f"{GUARDIAN_ENV}={token}".encode() if token else b""
 
     def apply(self, line: str) -> None:
         line = line.strip()
@@ -108,14 +139,21 @@ class _Watch:
         else:
             self.sessions.discard(sid)
 
-    def guarded(self, infos: Iterable[_ProcInfo]) -> list[_ProcInfo]:
-        """Return the live processes to kill: the sessions, escapees, and their descendants."""
+    def guarded(self, infos: Iterable[_ProcInfo], *, by_token: bool = False) -> list[_ProcInfo]:
+        """Return the live processes to kill: the sessions, escapees, and their descendants.
+
+        With ``by_token``, also every process whose environment carries the token, and its
+        descendants (not its session: a token carrier may live in a session that is not ours).
+        """
         by_parent: dict[int, list[_ProcInfo]] = {}
         roots: list[_ProcInfo] = []
         for info in infos:
             by_parent.setdefault(info.ppid, []).append(info)
             if info.sid in self.sessions or (info.pid, info.start_time) in self.escaped:
                 roots.append(info)
+            elif by_token and self.needle and not info.is_zombie:
+                if _has_token(info.pid, self.needle):
+                    roots.append(info)
         found: dict[int, _ProcInfo] = {}
         stack = roots
         while stack:
@@ -141,7 +179,7 @@ class _Watch:
     def kill_all(self) -> None:
         """SIGKILL every guarded process, rescanning until none is left alive."""
         for _ in range(_KILL_ROUNDS):
-            victims = [info for info in self.guarded(_scan()) if not info.is_zombie]
+            victims = [info for info in self.guarded(_scan(), by_token=True) if not info.is_zombie]
             if not victims:
                 return
             for info in victims:
@@ -154,11 +192,12 @@ class _Watch:
             time.sleep(_KILL_ROUND_PAUSE_S)
 
 
-def main(stdin_fd: int = 0) -> int:
+def main(stdin_fd: int = 0, token: str = "") -> int:
     """Run the guardian: read commands from ``stdin_fd`` until EOF, then kill what it guards.
 
     Args:
         stdin_fd: the read end of the agent's pipe.
+        token: the agent's token: processes whose environment carries it are killed too.
 
     Returns:
         The process exit status (0).
@@ -167,7 +206,7 @@ def main(stdin_fd: int = 0) -> int:
     # this one too, and their default action would end it before the agent is gone.
     for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
         signal.signal(sig, signal.SIG_IGN)
-    watch = _Watch()
+    watch = _Watch(token)
     pending = b""
     next_track = time.monotonic() + _TRACK_INTERVAL_S
     while True:
@@ -196,9 +235,10 @@ def main(stdin_fd: int = 0) -> int:
 class Guardian:
     """The agent's handle on its guardian process.
 
-    Start it once, before the first worker; :meth:`register` each worker's session id right after
-    spawning it and :meth:`unregister` it once the session is gone. :meth:`close` ends the guardian
-    (which kills whatever is still registered). Thread-safe.
+    Start it once, before the first worker; give every worker :meth:`worker_env`'s entry;
+    :meth:`register` each worker's session id right after spawning it and :meth:`unregister` it
+    once the session is gone. :meth:`close` ends the guardian (which kills whatever is still
+    registered or carries the token). Thread-safe.
     """
 
     def __init__(self, python_exec: str | None = None) -> None:
@@ -208,8 +248,31 @@ class Guardian:
             python_exec: the interpreter to run it with (default: the agent's own).
         """
         self._python = python_exec or sys.executable
+        self._token = secrets.token_hex(16)
         self._proc: subprocess.Popen[bytes] | None = None
         self._lock = threading.Lock()
+
+    @property
+    def token(self) -> str:
+        """This agent's token: a process whose environment carries it dies with the agent."""
+        return self._token
+
+    def worker_env(self, env: Mapping[str, str]) -> dict[str, str]:
+        """Return a copy of ``env`` with this guardian's entry (``ELASTIC_RUN_GUARDIAN``) set.
+
+        Args:
+            env: a worker's environment (another agent's entry in it is replaced).
+        """
+        return {**env, GUARDIAN_ENV: self._token}
+
+    @property
+    def write_fd(self) -> int | None:
+        """The write end of the guardian's input, or None when it is not running: a function
+        worker writes its own ``+<sid>`` line on it before it closes it."""
+        proc = self._proc
+        if proc is None or proc.stdin is None or proc.stdin.closed:
+            return None
+        return proc.stdin.fileno()
 
     @property
     def pid(self) -> int | None:
@@ -244,7 +307,7 @@ class Guardian:
                 return
             try:
                 self._proc = subprocess.Popen(
-                    [self._python, "-I", "-S", os.path.abspath(__file__)],
+                    [self._python, "-I", "-S", os.path.abspath(__file__), self._token],
                     stdin=subprocess.PIPE,
                     stdout=subprocess.PIPE,
                     start_new_session=True,
@@ -362,4 +425,4 @@ class Guardian:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    sys.exit(main(token=sys.argv[1] if len(sys.argv) > 1 else ""))

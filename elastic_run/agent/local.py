@@ -97,9 +97,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._functions = (  # first: an unknown start method fails before anything is open
             None
             if isinstance(entry, str) or entry is None
-            else FunctionWorkers(
-                entry, spec.args, start_method, close_in_fork=lambda: self._guardian.pipe_fds
-            )
+            else FunctionWorkers(entry, spec.args, start_method, guardian=lambda: self._guardian)
         )
         super().__init__(spec, exit_barrier_timeout, shutdown_timeout, signals=opts.signals)
         self._options = opts
@@ -290,8 +288,8 @@ class LocalElasticAgent(SimpleElasticAgent):
     # -- workers -------------------------------------------------------------------------
 
     def _base_env(self) -> dict[str, str]:
-        base = self._options.base_env
-        return dict(base) if base is not None else dict(os.environ)
+        base = self._options.base_env  # + ELASTIC_RUN_GUARDIAN: found by it if the agent dies
+        return self._guardian.worker_env(dict(base) if base is not None else os.environ)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         spec, group = self._spec, worker_group

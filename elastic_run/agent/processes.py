@@ -9,7 +9,9 @@ when the *thread* that spawned the worker exits, not the process: the agent must
 from its main loop thread (the thread that lives as long as the agent). Grandchildren are covered
 by the :class:`~elastic_run.agent.guardian.Guardian` (when given one) and by :meth:`stop`, which
 snapshots the descendants before signalling and also kills everything left in the workers'
-sessions.
+sessions. A worker's session is registered with the guardian as soon as it is spawned, before its
+output readers start; what the worker starts before even that is found by the guardian's token in
+the worker's environment (``ELASTIC_RUN_GUARDIAN``, put there by the agent).
 
 A worker that is not a program (a callable entrypoint, ``function_workers.py``) comes with a
 ``start`` in its launch: it is started by that instead of ``argv``, and supervised the same way.
@@ -252,11 +254,11 @@ class WorkerProcesses:
             raise AgentError(
                 f"cannot start worker local_rank {launch.local_rank} ({argv0}): {exc}"
             ) from exc
-        output.after_spawn()
         worker = _Worker(launch, proc, output)
         self._workers[launch.local_rank] = worker
-        if self._guardian is not None:
+        if self._guardian is not None:  # first: the worker already runs (the token covers it)
             self._guardian.register(proc.pid)
+        output.after_spawn()
         worker.waiter = threading.Thread(
             target=self._wait_for,
             args=(worker,),

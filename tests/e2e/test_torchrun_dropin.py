@@ -28,8 +28,8 @@ TORCHRUN = str(Path(sys.executable).with_name("torchrun"))
 RUN_S = 90.0
 
 # Set by elastic-run on purpose, listed in the README's table of differences: the progress
-# beat's shared-memory slot (elastic_run.worker.progress()).
-OUR_EXTRA_KEYS = {"ELASTIC_RUN_PROGRESS_FILE", "ELASTIC_RUN_PROGRESS_SLOT"}
+# beat's shared-memory slot (elastic_run.worker.progress()), and the guardian's token.
+OUR_EXTRA_KEYS = {"ELASTIC_RUN_PROGRESS_FILE", "ELASTIC_RUN_PROGRESS_SLOT", "ELASTIC_RUN_GUARDIAN"}
 # Different in any two runs of the same launcher.
 RUN_SPECIFIC = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "WHO", "_"}
 

@@ -38,6 +38,7 @@ _RUN_SPECIFIC = {
     "TORCHELASTIC_RUN_ID",
     "TORCHELASTIC_ERROR_FILE",
     "ELASTIC_RUN_PROGRESS_FILE",
+    "ELASTIC_RUN_GUARDIAN",  # a token per agent
     "OUT_DIR",  # the test's
 }
 
