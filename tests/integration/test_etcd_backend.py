@@ -301,6 +301,21 @@ def test_cluster_survives_a_killed_member(etcd_cluster3: EtcdServer) -> None:
         other.close()
 
 
+def test_a_cluster_between_leaders_is_reachable(etcd_cluster3: EtcdServer) -> None:
+    # An agent that starts while the cluster elects a leader (its leader was just killed)
+    # reaches the store: its first read is one any member answers. Two members dead leave
+    # the third without a leader for good, the longest election there is; a read that needs
+    # a leader fails there (an agent started in an election once exited 4: "leader changed").
+    etcd_cluster3.kill_member(0)
+    etcd_cluster3.kill_member(1)
+    b = create_etcd_backend(_params(",".join(etcd_cluster3.endpoints), read_timeout="10"))
+    try:
+        b.check_reachable(5.0)
+        assert b.client.endpoint == etcd_cluster3.endpoints[2]
+    finally:
+        b.close()
+
+
 # -- TLS and authentication -----------------------------------------------------------
 
 
