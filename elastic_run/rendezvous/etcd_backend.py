@@ -158,12 +158,16 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
         Returns:
             The value stored after the call (``b""`` when the key is absent) and whether
-            this call wrote it.
+            this call wrote it: whether the key holds ``desired``, as on c10d (every caller's
+            value names its writer). That also covers a compare-set whose answer was lost with
+            a killed member after the cluster applied it: the client sends it again to
+            another member, which finds the caller's own value there.
         """
         written, current = self._client.compare_and_swap(self._key(key), expected, desired)
         if written:
             return desired, True
-        return (current.value if current is not None else b""), False
+        stored = current.value if current is not None else b""
+        return stored, stored == desired and expected != desired
 
     def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
         """Block until every key exists or ``timeout_s`` passes; return whether they exist."""

@@ -87,6 +87,10 @@ def test_key_value_methods(backend: EtcdRendezvousBackend, etcd_server: EtcdServ
     assert backend.compare_set("c", None, b"y") == (b"x", False)
     assert backend.compare_set("c", b"x", b"z") == (b"z", True)
     assert backend.compare_set("c", b"x", b"w") == (b"z", False)
+    # A key that holds the desired value already was written by this caller (as on c10d):
+    # what a compare-set sent again after its first answer was lost finds.
+    assert backend.compare_set("c", b"x", b"z") == (b"z", True)
+    assert backend.compare_set("c", None, b"z") == (b"z", True)
     store = backend.round_store("r0/shared/")
     assert isinstance(store, EtcdStore)
     store.set("k", "v")
