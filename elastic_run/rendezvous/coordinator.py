@@ -1,7 +1,11 @@
 """The barrier duties of one arrival in a forming round: find the coordinator, seal the round.
 
 Each arrival in round r walks down its predecessors to the first one not judged gone: while
-there is one, that one coordinates and this arrival only watches it (O(1) reads a step). The
+there is one, that one coordinates and this arrival only watches it (O(1) reads a step). An
+arrival whose record stays unwritten for the stale window is gone too (its node died between
+its index and its record, or one node's index was taken twice: an etcd add whose answer was
+lost with a member and retried on another); without that rule its successor would watch
+it until the join timeout. The
 lowest live arrival coordinates: it reads the arrival count, the arrivals' records and
 heartbeats, and the nodes expected back from the previous round, and asks the protocol
 (``protocol.decide_barrier``) whether to seal. The arrival that brings the count to max takes
@@ -114,6 +118,8 @@ class Coordinator:
         self._beats = beats
         self._with_notices = with_notices
         self._records: dict[int, NodeRecord] = {}
+        # When this node first found an arrival below it without a record (its own time).
+        self._missing_since: dict[int, float] = {}
         self._arrivals = index + 1
         self._last_arrival_at = now
         self._expected: set[str] | None = None
@@ -171,7 +177,9 @@ class Coordinator:
             self._coordinate(now)
             return
         self._load_predecessors(now, stale)
-        pred = proto.first_live_predecessor(self._index, self._records, self._beats, now, stale)
+        pred = proto.first_live_predecessor(
+            self._index, self._records, self._beats, now, stale, self._missing_since
+        )
         if pred is not None:
             chain = [
                 self._records[j].node_id for j in range(pred, self._index) if j in self._records
@@ -179,6 +187,8 @@ class Coordinator:
             self._observe(chain, now)
             self._next_at = None
             self._look_at = now + self._watch_gap()
+            if pred in self._missing_since:  # look again when it may be judged gone
+                self._look_at = min(self._look_at, self._missing_since[pred] + stale)
             return
         self._look_at = None
         self._coordinate(now)
@@ -245,7 +255,11 @@ class Coordinator:
                 batch = 1 if j == self._index - 1 else 8
                 self._load_records(j + 1, start=max(0, j + 1 - batch))
             rec = self._records.get(j)
-            if rec is None or not self._beats.is_gone(rec.node_id, now, stale):
+            if rec is None:
+                # Taken and not written (yet): gone once it stays so for ``stale`` seconds.
+                if now - self._missing_since.setdefault(j, now) < stale:
+                    return
+            elif not self._beats.is_gone(rec.node_id, now, stale):
                 return
             j -= 1
 

@@ -26,7 +26,7 @@ import math
 import threading
 import time
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
@@ -158,12 +158,16 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
         Returns:
             The value stored after the call (``b""`` when the key is absent) and whether
-            this call wrote it.
+            this call wrote it: whether the key holds ``desired``, as on c10d (every caller's
+            value names its writer). That also covers a compare-set whose answer was lost with
+            a killed member after the cluster applied it: the client sends it again to
+            another member, which finds the caller's own value there.
         """
         written, current = self._client.compare_and_swap(self._key(key), expected, desired)
         if written:
             return desired, True
-        return (current.value if current is not None else b""), False
+        stored = current.value if current is not None else b""
+        return stored, stored == desired and expected != desired
 
     def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
         """Block until every key exists or ``timeout_s`` passes; return whether they exist."""
@@ -230,12 +234,27 @@ class EtcdRendezvousBackend(RendezvousBackend):
         )
 
     def check_reachable(self, timeout_s: float) -> None:
-        """Read one key within ``timeout_s`` (see ``RendezvousBackend.check_reachable``)."""
-        self._client.call(
-            "answer a first read",
-            lambda c: c.get_response(self._key("round"), limit=1),
-            deadline_s=time.monotonic() + timeout_s,
-        )
+        """Read one key within ``timeout_s`` (see ``RendezvousBackend.check_reachable``).
+
+        The read is serializable: any member answers it from its own copy, with or without a
+        leader. The check asks whether the store can be reached and accepts the credentials;
+        a cluster electing a new leader (its old one just died) can, and the join waits for
+        the election like for any store that does not answer yet. A linearizable read here
+        failed an agent started during such an election with exit 4 ("leader changed"),
+        under load, while two members of three lived.
+        """
+        deadline_s = time.monotonic() + timeout_s
+
+        def read(c: Any) -> Any:
+            request = c._build_get_range_request(self._key("round"), limit=1, serializable=True)
+            return c.kvstub.Range(
+                request,
+                self._client.rpc_timeout_s(deadline_s),
+                credentials=c.call_credentials,
+                metadata=c.metadata,
+            )
+
+        self._client.call("answer a first read", read, deadline_s=deadline_s)
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where its key is gone (lease expired).

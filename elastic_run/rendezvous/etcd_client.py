@@ -384,13 +384,18 @@ class EtcdClient:
     ) -> list[WatchEvent]:
         """Wait for the first changes of ``key`` (or keys under it) at or after ``start_revision``.
 
-        The watch survives a server restart or a failover (see ``etcd_watch``).
+        The watch survives a server restart or a failover (see ``etcd_watch``). It waits at
+        most the RPC deadline (``timeout_s`` of the client) at a time: a member that stops
+        answering without closing its connections (frozen, partitioned away) never breaks
+        the stream, and a watch held there would miss every change made through the other
+        members until the caller's timeout. The caller re-reads after an empty return; that
+        read fails over from such a member within its own deadline.
 
         Args:
             key: the key, or the prefix when ``prefix`` is true.
             prefix: whether to watch every key under ``key``.
             start_revision: the first revision of interest (the read's revision + 1).
-            timeout_s: how long to wait.
+            timeout_s: how long to wait (at most ``self.timeout_s`` is waited).
 
         Returns:
             The events of the first batch, or an empty list on timeout (or when the
@@ -406,5 +411,5 @@ class EtcdClient:
             key,
             prefix=prefix,
             start_revision=start_revision,
-            timeout_s=timeout_s,
+            timeout_s=min(timeout_s, self.timeout_s),
         )

@@ -6,8 +6,10 @@ in this order:
   handshake: the request was refused and a retry cannot help (``RendezvousError``);
 - NOT_FOUND: the lease the request named is gone (``EtcdLeaseNotFoundError``); etcd answers
   NOT_FOUND for a lease or a cluster member, and the adapter never names a member;
-- UNAVAILABLE, DEADLINE_EXCEEDED, or pyetcd's connection errors: the endpoint cannot be
-  reached; the caller fails over and retries (``is_unreachable``);
+- UNAVAILABLE, DEADLINE_EXCEEDED, pyetcd's connection errors, or a watch the member did not
+  create within the RPC deadline (``WatchTimedOut``: a frozen or partitioned member holds
+  its stream open and never answers): the endpoint cannot be reached; the caller fails over
+  and retries (``is_unreachable``);
 - anything else: refused (``RendezvousError``).
 
 Invariant: message text is read in exactly one place, ``message_kind``, and only for the
@@ -38,6 +40,7 @@ _UNREACHABLE_TYPES = (
     etcd_exc.ConnectionFailedError,
     etcd_exc.ConnectionTimeoutError,
     etcd_exc.NoServerAvailableError,
+    etcd_exc.WatchTimedOut,
 )
 
 

@@ -286,14 +286,24 @@ def first_live_predecessor(
     heartbeats: Heartbeats,
     now: float,
     stale_after_s: float,
+    missing_since: Mapping[int, float] | None = None,
 ) -> int | None:
     """Return the highest arrival below ``index`` not judged gone, or None (``index`` coordinates).
 
-    An arrival whose record is not yet readable counts as alive: it just took its index.
+    An arrival whose record is not yet readable counts as alive while it may just have taken
+    its index: until ``stale_after_s`` after the reader first found it without a record
+    (``missing_since[j]``, the reader's time; absent: not looked at yet). Past that it is
+    gone: its node died between its index and its record, or the index was taken twice for
+    one node (an add whose answer was lost with an etcd member, retried on another), and no
+    record will ever come. ``build_seal`` leaves such an arrival out after the same wait.
     """
+    since = missing_since or {}
     for j in range(index - 1, -1, -1):
         rec = records.get(j)
-        if rec is None or not heartbeats.is_gone(rec.node_id, now, stale_after_s):
+        if rec is None:
+            if j not in since or now - since[j] < stale_after_s:
+                return j
+        elif not heartbeats.is_gone(rec.node_id, now, stale_after_s):
             return j
     return None
 

@@ -5,9 +5,11 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import threading
 import time
+import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -85,6 +87,10 @@ def test_key_value_methods(backend: EtcdRendezvousBackend, etcd_server: EtcdServ
     assert backend.compare_set("c", None, b"y") == (b"x", False)
     assert backend.compare_set("c", b"x", b"z") == (b"z", True)
     assert backend.compare_set("c", b"x", b"w") == (b"z", False)
+    # A key that holds the desired value already was written by this caller (as on c10d):
+    # what a compare-set sent again after its first answer was lost finds.
+    assert backend.compare_set("c", b"x", b"z") == (b"z", True)
+    assert backend.compare_set("c", None, b"z") == (b"z", True)
     store = backend.round_store("r0/shared/")
     assert isinstance(store, EtcdStore)
     store.set("k", "v")
@@ -299,6 +305,89 @@ def test_cluster_survives_a_killed_member(etcd_cluster3: EtcdServer) -> None:
     finally:
         b.close()
         other.close()
+
+
+def test_a_cluster_between_leaders_is_reachable(etcd_cluster3: EtcdServer) -> None:
+    # An agent that starts while the cluster elects a leader (its leader was just killed)
+    # reaches the store: its first read is one any member answers. Two members dead leave
+    # the third without a leader for good, the longest election there is; a read that needs
+    # a leader fails there (an agent started in an election once exited 4: "leader changed").
+    etcd_cluster3.kill_member(0)
+    etcd_cluster3.kill_member(1)
+    b = create_etcd_backend(_params(",".join(etcd_cluster3.endpoints), read_timeout="10"))
+    try:
+        b.check_reachable(5.0)
+        assert b.client.endpoint == etcd_cluster3.endpoints[2]
+    finally:
+        b.close()
+
+
+def _watchers(cluster: EtcdServer, i: int) -> int:
+    """How many watches member ``i`` holds (its own /metrics)."""
+    with urllib.request.urlopen(f"http://{cluster.endpoints[i]}/metrics", timeout=10) as r:
+        for line in r.read().decode().splitlines():
+            if line.startswith("etcd_debugging_mvcc_watcher_total "):
+                return int(float(line.split()[1]))
+    raise AssertionError("etcd reports no watcher count")
+
+
+def test_a_wait_fails_over_from_a_frozen_member(etcd_cluster3: EtcdServer) -> None:
+    # A member that stops answering without closing its connections (SIGSTOP here; a paused
+    # VM, a partition that drops packets) never breaks the watch stream held on it: the key
+    # is written through the others, and the wait must see it, not wait out its timeout
+    # (300 s here; it sees it within 2 x read_timeout).
+    endpoints = etcd_cluster3.endpoints
+    b = create_etcd_backend(_params(",".join(endpoints), read_timeout="2"))
+    try:
+        b.get("round")
+        in_use = endpoints.index(b.client.endpoint)
+        others = ",".join(e for i, e in enumerate(endpoints) if i != in_use)
+        other = _peer(b, others, read_timeout="2")
+        outcome: list[bool] = []
+        thread = threading.Thread(target=lambda: outcome.append(b.wait_for(["sealed"], 300)))
+        thread.start()
+        wait_until(lambda: _watchers(etcd_cluster3, in_use) > 0, 30, "the watch on the member")
+        pid = etcd_cluster3.member_pid(in_use)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            other.set("sealed", b"1")
+            thread.join(60)
+            assert outcome == [True]
+            assert b.client.endpoint != endpoints[in_use]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            thread.join(60)
+            other.close()
+    finally:
+        b.close()
+
+
+def test_a_watch_is_made_on_a_live_member_when_the_one_in_use_froze(
+    etcd_cluster3: EtcdServer,
+) -> None:
+    # The member never answers the watch's creation: that is a member not reached (fail
+    # over), not a refusal (which would end the join).
+    endpoints = etcd_cluster3.endpoints
+    b = create_etcd_backend(_params(",".join(endpoints), read_timeout="2"))
+    try:
+        revision = b.client.status_revision()
+        in_use = endpoints.index(b.client.endpoint)
+        other = _peer(b, ",".join(e for i, e in enumerate(endpoints) if i != in_use))
+        pid = etcd_cluster3.member_pid(in_use)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            other.set("sealed", b"1")
+            events = b.client.watch(
+                b.key_base + "sealed", start_revision=revision + 1, timeout_s=60
+            )
+            assert [e.value for e in events] == [b"1"]
+        finally:
+            os.kill(pid, signal.SIGCONT)
+            other.close()
+    finally:
+        b.close()
 
 
 # -- TLS and authentication -----------------------------------------------------------

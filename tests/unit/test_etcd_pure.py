@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import grpc
+import pyetcd.exceptions as etcd_exc
 import pytest
 
 from elastic_run.errors import ConfigurationError
@@ -12,6 +13,7 @@ from elastic_run.rendezvous.etcd_counter import counter_value, encode_counter, s
 from elastic_run.rendezvous.etcd_errors import (
     EtcdLeaseNotFoundError,
     MessageKind,
+    is_unreachable,
     message_kind,
     refusal,
 )
@@ -122,6 +124,13 @@ def test_refusal_is_decided_by_code_first() -> None:
     assert "TLS handshake" in str(_refusal(grpc.StatusCode.UNAVAILABLE, ssl, secure=True))
     assert _refusal(grpc.StatusCode.UNAVAILABLE, ssl, secure=False) is None
     assert _refusal(None, "connection refused") is None
+
+
+def test_a_watch_a_member_never_created_is_a_member_not_reached() -> None:
+    # A frozen member holds the stream open and never answers the create: fail over.
+    assert is_unreachable(None, etcd_exc.WatchTimedOut())
+    assert is_unreachable(grpc.StatusCode.UNAVAILABLE, Exception("leader changed"))
+    assert not is_unreachable(None, etcd_exc.RevisionCompactedError(3))
 
 
 # -- counters -----------------------------------------------------------------------------

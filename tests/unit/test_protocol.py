@@ -195,6 +195,22 @@ def test_an_arrival_without_a_record_counts_as_a_live_predecessor() -> None:
     records = {0: _record(0)}
     beats = proto.Heartbeats().observe({"n0": None}, now=0.0)
     assert proto.first_live_predecessor(2, records, beats, 100.0, 3.0) == 1
+    # Seen without a record since 99: it may just have taken its index.
+    assert proto.first_live_predecessor(2, records, beats, 100.0, 3.0, {1: 99.0}) == 1
+
+
+def test_an_arrival_left_without_a_record_for_the_stale_window_is_gone() -> None:
+    # Index 1 was taken and never written (its node died, or an etcd add answered to
+    # nobody was retried): after the stale window the walk goes past it.
+    records = {0: _record(0), 2: _record(2)}
+    beats = proto.Heartbeats().observe({"n0": 1, "n2": 1}, now=0.0)
+    assert proto.first_live_predecessor(2, records, beats, 2.9, 3.0, {1: 0.0}) == 1
+    beats = beats.observe({"n0": 2}, now=3.0)  # n0 beats on
+    assert proto.first_live_predecessor(2, records, beats, 3.0, 3.0, {1: 0.0}) == 0
+    # The hole at 0, below the first live arrival: that arrival coordinates.
+    assert proto.first_live_predecessor(1, {1: _record(1)}, beats, 5.0, 3.0, {0: 1.0}) is None
+    # A record that came after all counts as the record (the heartbeat decides).
+    assert proto.first_live_predecessor(1, records, beats, 3.0, 3.0, {0: -10.0}) == 0
 
 
 # -- ranks ----------------------------------------------------------------------------
