@@ -135,23 +135,28 @@ class ProgressDuties:
             self.script_end.note(lr, where, seen_ns)
         for outlived in self.script_end.tick(gone):
             self._outlived[outlived.pid] = outlived
-            if self._emit is not None:
-                self._emit(
-                    "worker.outlived",
-                    outlived.report(),
-                    rank=outlived.rank,
-                    local_rank=outlived.local_rank,
-                    pid=outlived.pid,
-                    lived_s=round(outlived.lived_s, 3),
-                    timeout_s=outlived.bound_s,
-                    exitcode=outlived.code,
-                    exitcode_known=outlived.known,
-                    where=outlived.where[:_WHERE_CHARS],
-                    stacks=str(outlived.stacks_file) if outlived.stacks_file else None,
-                )
-            else:
-                log.warning("%s", outlived.sentence())
+            self._say(
+                "worker.outlived",
+                outlived.sentence(),
+                outlived.report(),
+                rank=outlived.rank,
+                local_rank=outlived.local_rank,
+                pid=outlived.pid,
+                lived_s=round(outlived.lived_s, 3),
+                timeout_s=outlived.bound_s,
+                exitcode=outlived.code,
+                exitcode_known=outlived.known,
+                where=outlived.where[:_WHERE_CHARS],
+                stacks=str(outlived.stacks_file) if outlived.stacks_file else None,
+            )
             kill(outlived.pid)
+
+    def _say(self, kind: str, sentence: str, message: str, **fields: Any) -> None:
+        """Emit event ``kind`` (``message``, ``fields``), or log ``sentence`` without a sink."""
+        if self._emit is None:
+            log.warning("%s", sentence)
+        else:
+            self._emit(kind, message, **fields)
 
     def _recent_stacks(self, local_rank: int) -> StackReport | None:
         """This worker's stacks if the hang watch took them within the last 10 s."""
@@ -167,11 +172,9 @@ class ProgressDuties:
         """
         amended = self.script_end.amend(exits)
         for died in self.script_end.died_after_script():
-            if self._emit is None:
-                log.warning("%s", died.sentence())
-                continue
-            self._emit(
+            self._say(
                 "worker.died_after_script",
+                died.sentence(),
                 died.sentence(),
                 rank=died.rank,
                 local_rank=died.local_rank,
