@@ -80,8 +80,10 @@ def with_grandchild_then_wait(out: str) -> None:
     """Start a grandchild that sleeps, write both pids to ``out/pids-<rank>``, then wait."""
     child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
     path = Path(out) / f"pids-{os.environ['RANK']}"
-    path.with_suffix(".tmp").write_text(f"{os.getpid()} {child.pid}")
-    path.with_suffix(".tmp").rename(path)
+    # The temporary name must not match the reader's ``pids-*``: it could read it half-written.
+    tmp = Path(out) / f".writing-{os.environ['RANK']}"
+    tmp.write_text(f"{os.getpid()} {child.pid}")
+    tmp.rename(path)
     signal.pause()
 
 
