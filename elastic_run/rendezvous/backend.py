@@ -126,6 +126,16 @@ class RendezvousBackend(ABC):
     def heartbeat(self, node_id: str) -> None:
         """Show that ``node_id`` is alive (a counter bump, a lease refresh)."""
 
+    def heartbeat_before_join(self, node_id: str) -> None:
+        """Show that ``node_id`` is alive as it is about to join a round (default: ``heartbeat``).
+
+        A backend whose liveness can lapse unseen (an etcd lease not refreshed within its TTL
+        expires on the server a moment later, and the key with it) makes sure here that the
+        key stands for the round being joined, rather than report the lapse: the members of
+        that round would otherwise judge the node gone right after it arrived.
+        """
+        self.heartbeat(node_id)
+
     @abstractmethod
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         """Return each node's heartbeat counter, None where the node is known gone."""

@@ -17,11 +17,15 @@ judged dead by its peers all the same, so ``heartbeat(node_id)`` tells it:
   rejoin, and then raises ``RendezvousConnectionError`` once, saying that its keys vanished;
 - it recovers by itself: the next call after a successful refresh (or after the fresh
   lease) succeeds;
+- ``heartbeat_before_join(node_id)``, the beat a node makes as it joins a round, does not
+  report a lapse: it binds the key to a fresh lease at once, so that the key stands for the
+  round being joined (a lapsed lease would expire right after the node arrived);
 - it never blocks longer than the client's RPC deadline (``read_timeout``) in all.
 """
 
 from __future__ import annotations
 
+import logging
 import math
 import threading
 import time
@@ -69,6 +73,8 @@ CONF_KEYS = frozenset(
 )
 
 DEFAULT_KEY_PREFIX = "/elastic-run/"
+log = logging.getLogger(__name__)
+
 _MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases with its default election timing
 
 
@@ -205,7 +211,6 @@ class EtcdRendezvousBackend(RendezvousBackend):
                 fresh lease first), or when etcd did not answer within the RPC deadline.
         """
         deadline_s = time.monotonic() + self._client.timeout_s
-        key = self._key(f"hb/{node_id}")
         with self._lock:
             lease = self._leases.get(node_id)
         failure = self._client.lease_failure(lease) if lease is not None else None
@@ -213,17 +218,55 @@ class EtcdRendezvousBackend(RendezvousBackend):
             raise RendezvousConnectionError(self._lapsed(node_id, failure))
         if lease is None or failure is not None:
             lease = self._fresh_lease(node_id, lease, deadline_s)
-        try:
-            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
-        except EtcdLeaseNotFoundError as exc:
-            # etcd dropped the lease before the keeper's next refresh could tell.
-            failure = LeaseFailure(f"etcd lease {lease:x} is gone ({exc})", is_expired=True)
-            lease = self._fresh_lease(node_id, lease, deadline_s)
-            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
+        lease, gone = self._bump(node_id, lease, deadline_s)
+        failure = failure or gone
         if failure is not None:
             raise RendezvousConnectionError(
                 self._lapsed(node_id, failure) + f"; it beats on with the fresh lease {lease:x}"
             )
+
+    def heartbeat_before_join(self, node_id: str) -> None:
+        """Bump ``node_id``'s heartbeat on a lease that surely lives, as it is about to join.
+
+        A lease not refreshed within its TTL (a partition that just healed) may expire on the
+        server any moment now, after the node arrived, and its key with it: the members of the
+        round would judge the node gone (stop 23's ci: an agent rejoined on its lapsed lease,
+        the lease expired a second later, and the round it had just formed ended). Such a
+        lease, like one etcd reported gone, is replaced now by a fresh one, which the key is
+        bound to by the bump; the old one, no longer refreshed, expires without it.
+
+        Raises:
+            RendezvousConnectionError: etcd did not answer within the RPC deadline.
+        """
+        deadline_s = time.monotonic() + self._client.timeout_s
+        with self._lock:
+            lease = self._leases.get(node_id)
+        failure = self._client.lease_failure(lease) if lease is not None else None
+        if lease is None or failure is not None:
+            lapsed = lease
+            lease = self._fresh_lease(node_id, lease, deadline_s)
+            if failure is not None and lapsed is not None:
+                log.warning(
+                    "%s; it joins with the fresh lease %x", self._lapsed(node_id, failure), lease
+                )
+        self._bump(node_id, lease, deadline_s)
+
+    def _bump(self, node_id: str, lease: int, deadline_s: float) -> tuple[int, LeaseFailure | None]:
+        """Bump the heartbeat counter on ``lease``; on a fresh lease when etcd says it is gone.
+
+        Returns:
+            The lease the key is bound to now, and why the one given was replaced (or None).
+        """
+        key = self._key(f"hb/{node_id}")
+        try:
+            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
+        except EtcdLeaseNotFoundError as exc:
+            # etcd dropped the lease before the keeper's next refresh could tell.
+            gone = LeaseFailure(f"etcd lease {lease:x} is gone ({exc})", is_expired=True)
+            lease = self._fresh_lease(node_id, lease, deadline_s)
+            self._client.bump_leased_counter(key, lease, deadline_s=deadline_s)
+            return lease, gone
+        return lease, None
 
     def _lapsed(self, node_id: str, failure: LeaseFailure) -> str:
         return (

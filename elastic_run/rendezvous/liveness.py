@@ -101,9 +101,10 @@ class LivenessThread:
 
         Called before each join: when already running, it beats once more now, so that this
         node's key stands when it arrives. After a partition its etcd lease may have expired
-        and its key vanished: the members of the round it joins would judge it gone at their
-        first read, before its next turn wrote the key again (a failure here is left to the
-        turns to report and to the join to meet).
+        and its key vanished, or have lapsed and be about to: the members of the round it
+        joins would judge it gone at their first read, before its next turn wrote the key
+        again. ``heartbeat_before_join`` binds the key to a fresh lease then (a failure here is
+        left to the turns to report and to the join to meet).
 
         Raises:
             RendezvousConnectionError: the store cannot be reached (first start only).
@@ -150,7 +151,7 @@ class LivenessThread:
     def _beat(self) -> None:
         # One beat at a time: a join's beat and a turn's must not both renew an etcd lease.
         with self._beat_lock:
-            self._backend.heartbeat(self._node_id)
+            self._backend.heartbeat_before_join(self._node_id)
         with self._lock:
             self._last_ok = self._clock()
 

@@ -113,6 +113,49 @@ def test_heartbeat_raises_when_the_lease_lapses_and_recovers(
         peer.close()
 
 
+def test_a_node_joining_on_a_lapsed_lease_binds_its_key_to_a_fresh_one(
+    lone_etcd: EtcdServer,
+) -> None:
+    # Stop 23's ci: after a partition healed, an agent rejoined while its lease was lapsed
+    # (etcd had not expired it yet); etcd expired it right after, the key went with it, and
+    # the members of the round it had just joined judged it gone.
+    run_id = f"job-{uuid.uuid4().hex[:8]}"
+    node = _backend(lone_etcd.endpoint, run_id)
+    peer = _backend(lone_etcd.endpoint, run_id)
+    try:
+        node.heartbeat_before_join("a")
+        kv = peer.client.get(f"{peer.key_base}hb/a")
+        assert kv is not None and kv.lease_id
+        pid = lone_etcd.member_pid(0)
+        assert pid is not None
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            wait_until(
+                lambda: node.client.lease_failure(kv.lease_id) is not None,
+                30,
+                "the keeper to see the lease lapse",
+            )
+            failure = node.client.lease_failure(kv.lease_id)
+            assert failure is not None and not failure.is_expired
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        # A turn's heartbeat reports the lapse and writes nothing ...
+        error = _beat(node, "a")
+        assert error is not None and "lapsed" in str(error)
+        # ... the beat of a join binds the key to a fresh lease, and says nothing to the join.
+        node.heartbeat_before_join("a")
+        again = peer.client.get(f"{peer.key_base}hb/a")
+        assert again is not None and again.lease_id not in (0, kv.lease_id)
+        # The old lease's end (etcd expires it: it is not refreshed) no longer takes the key.
+        beats = peer.read_heartbeats(["a"])
+        peer.client.revoke_lease(kv.lease_id)
+        assert peer.read_heartbeats(["a"]) == beats != [None]
+        assert _beat(node, "a") is None
+    finally:
+        node.close()
+        peer.close()
+
+
 def test_an_expired_lease_is_reported_once_and_replaced(etcd_server: EtcdServer) -> None:
     run_id = f"job-{uuid.uuid4().hex[:8]}"
     node = _backend(etcd_server.endpoint, run_id)
