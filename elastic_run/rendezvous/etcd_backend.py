@@ -231,8 +231,9 @@ class EtcdRendezvousBackend(RendezvousBackend):
         A lease not refreshed within its TTL (a partition that just healed) may expire on the
         server any moment now, after the node arrived, and its key with it: the members of the
         round would judge the node gone (stop 23's ci: an agent rejoined on its lapsed lease,
-        the lease expired a second later, and the round it had just formed ended). Such a
-        lease, like one etcd reported gone, is replaced now by a fresh one, which the key is
+        the lease expired a second later, and the round it had just formed ended). A lease
+        that is not sound (``etcd_lease.lease_is_sound``: lapsed, its latest refresh failed or
+        overdue), like one etcd reported gone, is replaced now by a fresh one, which the key is
         bound to by the bump; the old one, no longer refreshed, expires without it.
 
         Raises:
@@ -241,14 +242,17 @@ class EtcdRendezvousBackend(RendezvousBackend):
         deadline_s = time.monotonic() + self._client.timeout_s
         with self._lock:
             lease = self._leases.get(node_id)
-        failure = self._client.lease_failure(lease) if lease is not None else None
-        if lease is None or failure is not None:
-            lapsed = lease
+        if lease is None or not self._client.lease_is_sound(lease):
+            failure = self._client.lease_failure(lease) if lease is not None else None
+            doubtful = lease
             lease = self._fresh_lease(node_id, lease, deadline_s)
-            if failure is not None and lapsed is not None:
-                log.warning(
-                    "%s; it joins with the fresh lease %x", self._lapsed(node_id, failure), lease
+            if doubtful is not None:
+                why = (
+                    self._lapsed(node_id, failure)
+                    if failure is not None
+                    else f"the latest refresh of etcd lease {doubtful:x} failed or is overdue"
                 )
+                log.warning("%s; node '%s' joins with the fresh lease %x", why, node_id, lease)
         self._bump(node_id, lease, deadline_s)
 
     def _bump(self, node_id: str, lease: int, deadline_s: float) -> tuple[int, LeaseFailure | None]:

@@ -27,7 +27,12 @@ from elastic_run.rendezvous.etcd_connection import ConnectionOptions, EtcdConnec
 from elastic_run.rendezvous.etcd_counter import add_by_swap, add_one, add_one_leased, counter_value
 from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd_kv import KeyValue, WatchEvent, kv_from_meta, kv_from_proto
-from elastic_run.rendezvous.etcd_lease import LeaseFailure, LeaseKeeper, lease_failure
+from elastic_run.rendezvous.etcd_lease import (
+    LeaseFailure,
+    LeaseKeeper,
+    lease_failure,
+    lease_is_sound,
+)
 from elastic_run.rendezvous.etcd_watch import watch_first_events
 
 __all__ = ["MAX_TXN_OPS", "EtcdClient"]
@@ -376,6 +381,12 @@ class EtcdClient:
         """
         record = self._keeper.record(lease_id) if self._keeper is not None else None
         return lease_failure(record, time.monotonic()) if record is not None else None
+
+    def lease_is_sound(self, lease_id: int) -> bool:
+        """Whether a kept lease will surely outlive its next refresh (``etcd_lease``); False too
+        for a lease this client does not keep."""
+        record = self._keeper.record(lease_id) if self._keeper is not None else None
+        return record is not None and lease_is_sound(record, time.monotonic())
 
     # -- watches -----------------------------------------------------------------------
 

@@ -26,7 +26,14 @@ from typing import Protocol
 
 from elastic_run.rendezvous.errors import RendezvousError
 
-__all__ = ["LeaseFailure", "LeaseKeeper", "LeaseRecord", "LeaseRefresher", "lease_failure"]
+__all__ = [
+    "LeaseFailure",
+    "LeaseKeeper",
+    "LeaseRecord",
+    "LeaseRefresher",
+    "lease_failure",
+    "lease_is_sound",
+]
 
 log = logging.getLogger(__name__)
 
@@ -104,6 +111,25 @@ def lease_failure(record: LeaseRecord, now_s: float) -> LeaseFailure | None:
         f"{lease} was last refreshed {age_s:.1f} s ago, past its TTL of {record.ttl_s} s ({why})",
         is_expired=False,
     )
+
+
+def lease_is_sound(record: LeaseRecord, now_s: float) -> bool:
+    """Whether a lease will surely outlive the next refresh due: for a node about to join.
+
+    ``lease_failure`` says when a lease's keys may be gone already. A lease it does not judge
+    failed can still be doomed: its latest refresh failed, or was sent during a partition and
+    waits for its RPC deadline while the keeper can send no other. etcd expires it at its TTL
+    after the last refresh it handled, even if the network came back meanwhile. Sound: the
+    latest refresh succeeded (or is pending less than a third of the TTL, the keeper's period)
+    and the last successful one was sent less than the TTL ago.
+
+    Args:
+        record: what the keeper recorded for the lease.
+        now_s: the current monotonic time.
+    """
+    if lease_failure(record, now_s) is not None or record.last_error is not None:
+        return False
+    return not record.is_pending or now_s - record.attempted_at_s < max(record.ttl_s, 1) / 3.0
 
 
 class LeaseKeeper:

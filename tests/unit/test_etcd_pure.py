@@ -18,7 +18,7 @@ from elastic_run.rendezvous.etcd_errors import (
     refusal,
 )
 from elastic_run.rendezvous.etcd_kv import KeyValue
-from elastic_run.rendezvous.etcd_lease import LeaseRecord, lease_failure
+from elastic_run.rendezvous.etcd_lease import LeaseRecord, lease_failure, lease_is_sound
 
 # -- endpoints ------------------------------------------------------------------------
 
@@ -181,6 +181,25 @@ def test_a_lease_past_its_ttl_says_why() -> None:
     idle = LeaseRecord(0xAB, 3, 100.0, 100.0)
     verdict = lease_failure(idle, 103.0)
     assert verdict is not None and "no refresh was attempted" in verdict.reason
+
+
+def test_a_lease_is_sound_for_a_join_only_while_its_refreshes_go_through() -> None:
+    # TTL 3 s, last refresh sent at 100 and answered: sound until 103.
+    ok = LeaseRecord(0xAB, 3, refreshed_at_s=100.0, attempted_at_s=100.0)
+    assert lease_is_sound(ok, 101.0) and lease_is_sound(ok, 102.9)
+    assert not lease_is_sound(ok, 103.0)
+    # A refresh in flight for less than the keeper's period (TTL/3) is the normal case ...
+    pending = LeaseRecord(0xAB, 3, refreshed_at_s=100.0, attempted_at_s=101.0, is_pending=True)
+    assert lease_is_sound(pending, 101.5)
+    # ... one that waits longer (sent into a partition) may be answered after etcd expired it.
+    assert not lease_is_sound(pending, 102.0)
+    assert lease_failure(pending, 102.0) is None  # not lapsed, yet doubtful
+    failed = LeaseRecord(
+        0xAB, 3, 100.0, 101.0, last_error=RendezvousError("etcd cannot be reached")
+    )
+    assert lease_failure(failed, 101.5) is None and not lease_is_sound(failed, 101.5)
+    expired = LeaseRecord(0xAB, 3, 100.0, 100.5, is_expired=True)
+    assert not lease_is_sound(expired, 100.6)
 
 
 def test_an_expired_lease_is_expired_at_once() -> None:
