@@ -8,9 +8,9 @@ called only through the names and arguments torch documents.
         log_event as a JSON line {"event": name, "request": {...} | null}, stops at stdin EOF.
     python timer_roles.py worker torch|ours FIFO expire|release
         expire: configure(FileTimerClient(FIFO, signal=SIGTERM)), then hangs in
-            ``expires(after=0.5, scope="hang")``.
-        release: leaves ``expires(after=1, scope="released")`` with a SIGKILL client, then hangs
-            in ``expires(after=1.2, scope="fires")`` with a SIGTERM client. Requests are handled
+            ``expires(after=2, scope="hang")``.
+        release: leaves ``expires(after=2, scope="released")`` with a SIGKILL client, then hangs
+            in ``expires(after=4, scope="fires")`` with a SIGTERM client. Requests are handled
             in order, so had the release been lost, "released" would fire first, with SIGKILL.
         Prints "armed" once it hangs.
 """
@@ -45,15 +45,17 @@ def serve(timer: ModuleType, fifo: str) -> None:
 def work(timer: ModuleType, fifo: str, scenario: str) -> None:
     if scenario == "expire":
         timer.configure(timer.FileTimerClient(fifo, signal=signal.SIGTERM))
-        with timer.expires(after=0.5, scope="hang"):
+        with timer.expires(after=2, scope="hang"):  # time to say "armed" first
             print("armed", flush=True)
             signal.pause()
     elif scenario == "release":
         killer = timer.FileTimerClient(fifo)  # SIGKILL, torch's default
-        with timer.expires(after=1, scope="released", client=killer):
+        # Released long before its 2 s; were it not, its SIGKILL would come before the next
+        # timer's SIGTERM (4 s, time to say "armed" first).
+        with timer.expires(after=2, scope="released", client=killer):
             pass
         terminator = timer.FileTimerClient(fifo, signal=signal.SIGTERM)
-        with timer.expires(after=1.2, scope="fires", client=terminator):
+        with timer.expires(after=4, scope="fires", client=terminator):
             print("armed", flush=True)
             signal.pause()
     else:

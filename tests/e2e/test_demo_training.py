@@ -64,7 +64,9 @@ def test_training_survives_a_killed_worker(tmp_path: Path, start: str) -> None:
     expected = json.loads((tmp_path / "calm" / "final.json").read_text())
     assert expected["steps"] == STEPS and expected["restarts"] == 0, calm_log.read_text()
 
-    agent, log = _launch(tmp_path, "killed", "--sleep-per-step", "0.05", start=start)
+    # 0.1 s a step: the kill after step 15 lands with 4.5 s of training left, even when this
+    # process is slow to see the line and find the worker.
+    agent, log = _launch(tmp_path, "killed", "--sleep-per-step", "0.1", start=start)
     seen: list[int] = []
     try:
         # After the checkpoint of step 10, kill rank 1 outright (no error file, no cleanup).

@@ -55,19 +55,20 @@ def test_a_finished_node_leaves_the_exit_barrier_when_the_job_closes(
     job = make_job(backend)
     env = {"MN_DONE_NODE": "c"}
     # c hosts the c10d store: the others leaving does not take the store from under it (with
-    # another host, c's wait ended when that host left; etcd stays, as here).
-    job.start("c", nnodes="2:4", conf=FAST_CONF, host=True, extra=BARRIER, env=env)
+    # another host, c's wait ended when that host left; etcd stays, as here). At least 3 nodes:
+    # with 2, a and c could seal a round before b came, and c finish in it.
+    job.start("c", nnodes="3:4", conf=FAST_CONF, host=True, extra=BARRIER, env=env)
     if job.backend == "c10d":
         wait_until(lambda: "rendezvous.joining" in _kinds(job.nodes["c"]), START_S)
-    job.start("a", nnodes="2:4", conf=FAST_CONF, extra=BARRIER, env=env)
-    job.start("b", nnodes="2:4", conf=FAST_CONF, extra=BARRIER, env=env)
+    job.start("a", nnodes="3:4", conf=FAST_CONF, extra=BARRIER, env=env)
+    job.start("b", nnodes="3:4", conf=FAST_CONF, extra=BARRIER, env=env)
     # c's workers succeed at once: c waits at the exit barrier of the round of a, b and c.
     job.wait_running(["a", "b"], 3)
     wait_until(lambda: _succeeded(job.nodes["c"]), START_S, message=job.report)
     assert job.nodes["c"].proc.poll() is None, job.report()
     # A newcomer: a and b re-rendezvous and form a round with d (c waits at its barrier).
     old_port = job.newest("a")["MASTER_PORT"]
-    job.start("d", nnodes="2:4", conf=FAST_CONF, extra=BARRIER, env=env)
+    job.start("d", nnodes="3:4", conf=FAST_CONF, extra=BARRIER, env=env)
     wait_until(
         lambda: job.running_with(["a", "b", "d"], 3) and job.newest("a")["MASTER_PORT"] != old_port,
         START_S,

@@ -64,8 +64,10 @@ class Node:
 
     def events(self) -> list[dict[str, Any]]:
         (run_dir,) = self.log_dir.glob(f"{self.run_id}_*")
-        path = run_dir / "events.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+        text = (run_dir / "events.jsonl").read_text()
+        # The agent may be writing its last line now: only whole lines count.
+        whole = text if text.endswith("\n") else text[: text.rfind("\n") + 1]
+        return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def kinds(self) -> list[str]:
         return [e["kind"] for e in self.events()]
@@ -173,8 +175,10 @@ class Job:
         for node in self.nodes.values():
             node.remember_descendants()
         for name in names:
-            recs = [r for r in self.records(name) if r["WORLD_SIZE"] == str(world_size)]
-            if not recs:
+            recs = self.records(name)
+            # The newest round must have the size: an older round of that size (formed before
+            # a late node came) must not pass for the one after a node left.
+            if not recs or recs[-1]["WORLD_SIZE"] != str(world_size):
                 return False
             port = recs[-1]["MASTER_PORT"]
             ranks = {r["LOCAL_RANK"] for r in recs if r["MASTER_PORT"] == port}

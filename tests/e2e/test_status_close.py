@@ -168,7 +168,8 @@ def test_status_of_an_unreachable_endpoint_is_exit_4(backend: str) -> None:
 
 def test_plain_event_lines_when_not_a_terminal(tmp_path: Path) -> None:
     worker = tmp_path / "ok.py"
-    worker.write_text("print('hello')\n")
+    # One write per line (under -u print writes the newline apart; see scripts/talk.py).
+    worker.write_text("import sys\nsys.stdout.write('hello\\n')\n")
     done = subprocess.run(
         [*CLI, "--standalone", "--nproc-per-node", "2", str(worker)],
         capture_output=True,

@@ -11,6 +11,7 @@ import sys
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -100,13 +101,32 @@ def test_a_beat_file_that_cannot_be_used_is_one_line_and_training_goes_on(
     assert len(lines) == 1 and "beats are off" in lines[0] and "missing.beats" in lines[0]
 
 
+def _capture_at(pid: int, line: int) -> Any:
+    """Stacks of ``pid`` once its user frame is at ``line`` (the last capture after 30 s).
+
+    "beaten" is written one line before the block: a capture right after it may find the
+    worker still finishing that write.
+    """
+    reports: list[Any] = []
+
+    def there() -> bool:
+        reports.append(stacks.capture_stacks({0: pid})[0])
+        where = reports[-1].where()
+        return where is not None and where.user_frame is not None and where.user_frame.line == line
+
+    try:
+        wait_until(there, 30, interval_s=0.2, message="the worker did not reach its blocking line")
+    except AssertionError:
+        pass  # the asserts on the last capture say what it showed
+    return reports[-1]
+
+
 def test_stacks_of_a_blocked_process_name_its_line(
     tmp_path: Path, procs: list[subprocess.Popen[bytes]]
 ) -> None:
     proc = _spawn(procs, BEATER, [str(tmp_path), "1"], {})
     wait_until(lambda: (tmp_path / "beaten").exists(), 60, message="the worker did not start")
-    reports = stacks.capture_stacks({0: proc.pid})
-    report = reports[0]
+    report = _capture_at(proc.pid, BLOCKING_LINE)
     assert report.error is None, report.error
     where = report.where()
     assert where is not None and not where.in_collective

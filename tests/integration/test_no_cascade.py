@@ -85,7 +85,7 @@ class Node:
         for line in self.proc.stdout:
             self.lines.append(line.strip())
 
-    def line(self, prefix: str, timeout_s: float = 30.0) -> list[str]:
+    def line(self, prefix: str, timeout_s: float = 60.0) -> list[str]:
         wait_until(
             lambda: any(x.startswith(prefix) for x in self.lines),
             timeout_s,

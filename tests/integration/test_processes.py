@@ -441,11 +441,14 @@ def test_guardian_kills_registered_sessions_on_close(tmp_path: Path) -> None:
         guardian.register(1)
 
 
+# Each line is one write (``print`` makes two under ``-u``: the text, then the newline). A
+# worker descheduled between the two for longer than the console's partial-line wait has its
+# text shown as a partial line, and another worker's line glued to it, as on a terminal.
 PRINTER = """
     import sys
     for i in range({n}):
-        print(f"out {{i}}")
-        print(f"err {{i}}", file=sys.stderr)
+        sys.stdout.write(f"out {{i}}\\n")
+        sys.stderr.write(f"err {{i}}\\n")
 """
 
 
@@ -523,9 +526,9 @@ def test_local_ranks_filter_hides_console_keeps_files(
 
 
 FLOOD = """
-    import os, signal
+    import os, signal, sys
     for i in range(10000):
-        print(f"line {i}")
+        sys.stdout.write(f"line {i}\\n")  # one write per line, as PRINTER
     mark = os.path.join(os.environ["MARK_DIR"], f"done_{os.environ['LOCAL_RANK']}")
     open(mark, "w").close()
     signal.pause()

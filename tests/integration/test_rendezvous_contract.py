@@ -217,7 +217,7 @@ def start_node(job: Job, min_nodes: int, max_nodes: int, **conf: str) -> subproc
     )
 
 
-def read_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 30.0) -> str:
+def read_line(proc: subprocess.Popen[str], prefix: str, timeout_s: float = 50.0) -> str:
     """The first stdout line of ``proc`` starting with ``prefix`` (raises after ``timeout_s``)."""
     found: list[str] = []
 

@@ -302,7 +302,7 @@ def test_custom_signal_is_sent(harness: Harness) -> None:
         import os, signal
         from elastic_run.worker import FileTimerClient, expires
         client = FileTimerClient(os.environ["TORCHELASTIC_TIMER_FILE"], signal=signal.SIGTERM)
-        with expires(after=0.2, scope="term", client=client):
+        with expires(after=2, scope="term", client=client):  # time to say "armed" first
             print("armed", flush=True)
             signal.pause()
         """

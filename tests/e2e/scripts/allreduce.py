@@ -18,10 +18,11 @@ def main() -> int:
     value = torch.tensor([float(rank + 1)])
     dist.all_reduce(value)
     restart = int(os.environ["TORCHELASTIC_RESTART_COUNT"])
-    print(
-        "RESULT " + json.dumps({"rank": rank, "sum": value.item(), "restart": restart}),
-        flush=True,
+    # One write for the line (print makes two under -u; another rank's line could land between).
+    sys.stdout.write(
+        "RESULT " + json.dumps({"rank": rank, "sum": value.item(), "restart": restart}) + "\n"
     )
+    sys.stdout.flush()
     fail_attempts = int(os.environ.get("FAIL_ATTEMPTS", "0"))
     dist.destroy_process_group()
     if rank == 1 and restart < fail_attempts:

@@ -12,9 +12,10 @@ if "--fork" in sys.argv:
     if child == 0:
         while True:
             time.sleep(1)
-    (out / f"grandchild_{rank}.tmp").write_text(str(child))
-    os.replace(out / f"grandchild_{rank}.tmp", out / f"grandchild_{rank}")
-(out / f"worker_{rank}.tmp").write_text(str(os.getpid()))
-os.replace(out / f"worker_{rank}.tmp", out / f"worker_{rank}")
+    (out / f".grandchild_{rank}.tmp").write_text(str(child))
+    os.replace(out / f".grandchild_{rank}.tmp", out / f"grandchild_{rank}")
+# A temporary name the readers' "worker_*" does not match.
+(out / f".worker_{rank}.tmp").write_text(str(os.getpid()))
+os.replace(out / f".worker_{rank}.tmp", out / f"worker_{rank}")
 while True:
     time.sleep(1)

@@ -66,6 +66,7 @@ out = Path(os.environ["OUT_DIR"])
 tmp = out / f".probe_{restart}_{local_rank}.json"
 tmp.write_text(json.dumps(probe))
 tmp.rename(out / f"probe_{restart}_{local_rank}.json")
-print(f"probed rank {os.environ['RANK']} warm={probe['warm']}", flush=True)
+sys.stdout.write(f"probed rank {os.environ['RANK']} warm={probe['warm']}\n")  # one write
+sys.stdout.flush()
 if int(restart) < int(os.environ.get("HANG_ATTEMPTS", "0")):
     threading.Event().wait()

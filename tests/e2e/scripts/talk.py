@@ -4,5 +4,9 @@ import os
 import sys
 
 rank = os.environ["LOCAL_RANK"]
-print(f"out-line from local rank {rank}", flush=True)
-print(f"err-line from local rank {rank}", file=sys.stderr, flush=True)
+# One write per line: under -u, print writes the text and the newline apart, and another
+# worker's line can land between them on a shared console.
+sys.stdout.write(f"out-line from local rank {rank}\n")
+sys.stdout.flush()
+sys.stderr.write(f"err-line from local rank {rank}\n")
+sys.stderr.flush()
