@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import RunResult, WorkerState
-from elastic_run.agent.exit_barrier import peers_finished
+from elastic_run.agent.exit_barrier import finished_so_far, peers_finished
 from elastic_run.errors import AgentError
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
@@ -180,6 +180,8 @@ def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, resu
         )
         agent._publish_event("membership.changed", text, fields)
     agent._attempt_ended(failed=isinstance(action, sm.Restart))
+    if isinstance(action, sm.Rejoin) and action.reason != "liveness_lost":
+        _say_finished(agent)
     if isinstance(action, sm.Rejoin) and agent._rdzv is not None:
         if action.reason in ("nodes_waiting", "liveness_lost"):
             # This node ends the round: record why, so the others tell the same story.
@@ -187,6 +189,21 @@ def _apply_again(agent: SimpleElasticAgent, action: sm.Restart | sm.Rejoin, resu
                 agent._rdzv.leave_round(action.reason)
             except RendezvousError as exc:
                 log.warning("could not record why this node left the round: %s", exc)
+
+
+def _say_finished(agent: SimpleElasticAgent) -> None:
+    """Warn when nodes of the round being left finished: they wait at the exit barrier and never
+    rejoin, so the next round forms without them, or (below the minimum) waits for the join
+    timeout. Read once the workers are stopped: the store may be slow to answer now."""
+    finished = finished_so_far(agent)
+    if finished:
+        log.warning(
+            "%d node%s of the round this node leaves finished and will not rejoin: the next "
+            "round forms without %s, or waits for the join timeout if too few nodes remain",
+            finished,
+            "s" if finished != 1 else "",
+            "them" if finished != 1 else "it",
+        )
 
 
 def _REJOIN_TEXT(reason: sm.RejoinReason, waiting: int) -> str:  # noqa: N802 - a table

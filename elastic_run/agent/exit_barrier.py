@@ -39,6 +39,7 @@ __all__ = [
     "LEFT_KEY",
     "OUTCOME_KEY",
     "exit_barrier",
+    "finished_so_far",
     "leave_last",
     "peers_finished",
 ]
@@ -105,11 +106,20 @@ def peers_finished(agent: SimpleElasticAgent) -> int:
     Called once per failure of this node's workers, after it was reported. 0 when the store
     cannot say (the restart then goes on as before).
     """
+    return _add_outcome(agent, FAILED_UNIT) % FAILED_UNIT
+
+
+def finished_so_far(agent: SimpleElasticAgent) -> int:
+    """How many nodes of the round have finished (read only; 0 when the store cannot say)."""
+    return _add_outcome(agent, 0) % FAILED_UNIT
+
+
+def _add_outcome(agent: SimpleElasticAgent, amount: int) -> int:
     store = agent._worker_group.store
     if store is None:
         return 0
     try:
-        return int(store.add(OUTCOME_KEY, FAILED_UNIT)) % FAILED_UNIT
+        return int(store.add(OUTCOME_KEY, amount))
     except (RuntimeError, RendezvousError) as exc:
         log.info("exit barrier: cannot read the round's finished nodes: %s", exc)
         return 0

@@ -78,6 +78,11 @@ def test_a_finished_node_leaves_the_exit_barrier_when_the_job_closes(
     job.go()
     for name in ("a", "b", "d"):
         assert job.wait_exit(name) == 0, job.report()
+    # a and b said, as they left the round for d, that c would not come back.
+    for name in ("a", "b"):
+        assert "1 node of the round this node leaves finished and will not rejoin" in (
+            job.nodes[name].output()
+        ), job.report()
     # The job closed as succeeded: c leaves its barrier and exits 0 as well.
     assert job.wait_exit("c") == 0, job.report()
     job.assert_no_survivors()
