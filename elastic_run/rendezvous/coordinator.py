@@ -254,12 +254,12 @@ class Coordinator:
                 # The next one first; past a gone one, a few at once (gone ones come in runs).
                 batch = 1 if j == self._index - 1 else 8
                 self._load_records(j + 1, start=max(0, j + 1 - batch))
-            rec = self._records.get(j)
-            if rec is None:
-                # Taken and not written (yet): gone once it stays so for ``stale`` seconds.
-                if now - self._missing_since.setdefault(j, now) < stale:
-                    return
-            elif not self._beats.is_gone(rec.node_id, now, stale):
+            if j not in self._records:
+                self._missing_since.setdefault(j, now)  # taken and not written (yet)
+            gone = proto.arrival_is_gone(
+                j, self._records, self._beats, now, stale, self._missing_since
+            )
+            if not gone:
                 return
             j -= 1
 

@@ -69,6 +69,7 @@ __all__ = [
     "build_seal",
     "decide_barrier",
     "expected_pending",
+    "arrival_is_gone",
     "first_live_predecessor",
     "judge_ring",
     "judge_watched",
@@ -290,22 +291,37 @@ def first_live_predecessor(
 ) -> int | None:
     """Return the highest arrival below ``index`` not judged gone, or None (``index`` coordinates).
 
-    An arrival whose record is not yet readable counts as alive while it may just have taken
-    its index: until ``stale_after_s`` after the reader first found it without a record
-    (``missing_since[j]``, the reader's time; absent: not looked at yet). Past that it is
-    gone: its node died between its index and its record, or the index was taken twice for
-    one node (an add whose answer was lost with an etcd member, retried on another), and no
-    record will ever come. ``build_seal`` leaves such an arrival out after the same wait.
+    Each arrival is judged by ``arrival_is_gone``.
     """
-    since = missing_since or {}
     for j in range(index - 1, -1, -1):
-        rec = records.get(j)
-        if rec is None:
-            if j not in since or now - since[j] < stale_after_s:
-                return j
-        elif not heartbeats.is_gone(rec.node_id, now, stale_after_s):
+        if not arrival_is_gone(j, records, heartbeats, now, stale_after_s, missing_since):
             return j
     return None
+
+
+def arrival_is_gone(
+    j: int,
+    records: Mapping[int, NodeRecord],
+    heartbeats: Heartbeats,
+    now: float,
+    stale_after_s: float,
+    missing_since: Mapping[int, float] | None = None,
+) -> bool:
+    """Whether arrival ``j`` of a forming round is judged gone.
+
+    With a record: its node's heartbeat stood still past ``stale_after_s``. Without one it
+    counts as alive while it may just have taken its index: until ``stale_after_s`` after the
+    reader first found it without a record (``missing_since[j]``, the reader's time; absent:
+    not looked at yet). Past that it is gone: its node died between its index and its record,
+    or the index was taken twice for one node (an add whose answer was lost with an etcd
+    member, retried on another), and no record will ever come. ``build_seal`` leaves such an
+    arrival out after the same wait.
+    """
+    rec = records.get(j)
+    if rec is not None:
+        return heartbeats.is_gone(rec.node_id, now, stale_after_s)
+    since = (missing_since or {}).get(j)
+    return since is not None and now - since >= stale_after_s
 
 
 def with_round(record: NodeRecord, prev_round: int) -> NodeRecord:
