@@ -10,7 +10,7 @@ Names and signatures are torch's: ``record(fn, error_handler=None)``, ``ErrorHan
 (``initialize``, ``record_exception``, ``dump_error_file``), ``get_error_handler()``,
 ``ChildFailedError(name, failures)`` (``get_first_failure``, ``format_msg``), ``ProcessFailure``.
 The file format has one home: :func:`elastic_run.worker.write_error_file` writes it and
-:mod:`elastic_run.agent.failures` reads it.
+:mod:`elastic_run.agent.workers.failures` reads it.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import warnings
 from collections.abc import Callable, Mapping
 from typing import Any, ParamSpec, TypeVar
 
-from elastic_run.agent.failures import NOT_AVAILABLE, ProcessFailure
+from elastic_run.agent.workers.failures import NOT_AVAILABLE, ProcessFailure
 from elastic_run.worker import ERROR_FILE_ENV, write_error_data, write_error_file
 
 __all__ = [

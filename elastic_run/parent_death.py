@@ -6,7 +6,7 @@ SIGKILLed. Linux's ``PR_SET_PDEATHSIG`` does that, but it must be set in the chi
 - ``death_signal_prefix()``: util-linux's ``setpriv --pdeathsig KILL --`` in front of the
   command sets it and execs; subprocess then spawns by vfork-and-exec (0.4 ms for a worker
   with torch loaded, where a fork of this whole process takes about 12 ms, and where a fork
-  while gRPC threads run can abort or hang the child, see ``rendezvous/grpc_fork.py``).
+  while gRPC threads run can abort or hang the child, see ``rendezvous/etcd/grpc_fork.py``).
 - ``set_parent_death_signal``: a ``preexec_fn`` for hosts without setpriv (it forks).
 
 Note that Linux fires the signal when the *thread* that spawned the child exits.

@@ -16,7 +16,7 @@ uses ``TORCHELASTIC_TIMER_FILE`` (torch raises), and errors are
 :class:`~elastic_run.worker.TimerClientError`.
 
 The worker-side names come from :mod:`elastic_run.worker`, which stays cheap to import. The
-server is the agent's (:mod:`elastic_run.agent.watchdog`) and is imported only when asked for.
+server is the agent's (:mod:`elastic_run.agent.watchdog.server`) and is imported only when asked for.
 """
 
 from __future__ import annotations
@@ -28,7 +28,7 @@ from elastic_run.timer_wire import FileTimerRequest
 from elastic_run.worker import FileTimerClient, TimerClient, TimerClientError, configure, expires
 
 if TYPE_CHECKING:
-    from elastic_run.agent.watchdog import ArmedTimer, FileTimerServer, TimerExpiry
+    from elastic_run.agent.watchdog.server import ArmedTimer, FileTimerServer, TimerExpiry
 
 __all__ = [
     "ArmedTimer",
@@ -52,11 +52,11 @@ def __getattr__(name: str) -> object:
         name: the attribute asked for.
 
     Returns:
-        The attribute of :mod:`elastic_run.agent.watchdog`.
+        The attribute of :mod:`elastic_run.agent.watchdog.server`.
 
     Raises:
         AttributeError: ``name`` is not a name of this module.
     """
     if name in _SERVER_SIDE:
-        return getattr(importlib.import_module("elastic_run.agent.watchdog"), name)
+        return getattr(importlib.import_module("elastic_run.agent.watchdog.server"), name)
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

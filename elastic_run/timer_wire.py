@@ -19,7 +19,7 @@ Invariants:
   of the reads; it never raises, and reports each dropped line or fragment as a problem.
 
 This module imports only the standard library and :mod:`elastic_run.errors`: the worker side
-(:mod:`elastic_run.worker`) and the agent side (:mod:`elastic_run.agent.watchdog`) share it.
+(:mod:`elastic_run.worker`) and the agent side (:mod:`elastic_run.agent.watchdog.server`) share it.
 """
 
 from __future__ import annotations

@@ -168,7 +168,7 @@ class Job:
 
     def where_workers_are(self) -> str:
         """Where the running workers are, from their stacks (py-spy), e.g. ``3 in all_reduce``."""
-        from elastic_run.agent.stacks import capture_stacks
+        from elastic_run.agent.progress.stacks import capture_stacks
 
         pids = {}
         for agent in self.agents.values():

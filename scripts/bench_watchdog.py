@@ -54,7 +54,7 @@ WORKER = textwrap.dedent(
 def serve(kind: str, fifo: str) -> None:
     """Run one server until stdin closes (the --serve mode of this script)."""
     if kind == "ours":
-        from elastic_run.agent.watchdog import FileTimerServer
+        from elastic_run.agent.watchdog.server import FileTimerServer
 
         ours = FileTimerServer(
             fifo,

@@ -325,7 +325,7 @@ def main() -> None:
         print(f"c10d trial {i}: {fault}: completed={o.completed} to_training={o.to_training_s} "
               f"orphans={o.orphans} hangs={o.hangs} {o.failures}", flush=True)  # fmt: skip
     if args.etcd_trials and shutil.which("etcd"):
-        from elastic_run.rendezvous.etcd_server import EtcdServer
+        from elastic_run.rendezvous.etcd.server import EtcdServer
 
         with EtcdServer(members=3) as etcd:  # started on entry, stopped on exit
             for i in range(args.etcd_trials):

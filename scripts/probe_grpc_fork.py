@@ -46,8 +46,8 @@ def _kill_unexeced_children(spawned: threading.Event, stuck: list[int]) -> None:
 
 def _one_run(children: int) -> dict[str, object]:
     from elastic_run.rendezvous.api import RendezvousParameters
-    from elastic_run.rendezvous.etcd_backend import create_etcd_backend
-    from elastic_run.rendezvous.etcd_server import EtcdServer
+    from elastic_run.rendezvous.etcd.backend import create_etcd_backend
+    from elastic_run.rendezvous.etcd.server import EtcdServer
 
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
 

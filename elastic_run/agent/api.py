@@ -21,7 +21,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
-from elastic_run.agent.failures import FailureRecord
+from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.rendezvous.api import RendezvousHandler
 
 if TYPE_CHECKING:

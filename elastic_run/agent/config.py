@@ -7,7 +7,7 @@ import signal
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from elastic_run.agent.progress_config import ProgressOptions
+from elastic_run.agent.progress.config import ProgressOptions
 
 __all__ = [
     "DEFAULT_SIGNALS",

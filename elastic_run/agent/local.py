@@ -25,32 +25,32 @@ from typing import Any
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import AgentEvent, EventLog
-from elastic_run.agent.failures import (
-    NOT_AVAILABLE,
-    FailureRecord,
-    WorkerErrorInfo,
-    read_error_file,
-)
-from elastic_run.agent.function_workers import FunctionWorkers
-from elastic_run.agent.gloo_check import GlooLoopbackCheck
-from elastic_run.agent.guardian import Guardian
-from elastic_run.agent.health import AgentHealthServer, Liveness
-from elastic_run.agent.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
-from elastic_run.agent.numa import numa_wrapped
-from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
-from elastic_run.agent.progress_duties import ProgressDuties
-from elastic_run.agent.simple import SimpleElasticAgent
-from elastic_run.agent.snapshot import JobProgress, WorkerProgress
-from elastic_run.agent.state_machine import Observation
-from elastic_run.agent.warm_start import WarmStarts
-from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
-from elastic_run.agent.worker_console import duplicate_filters, tee_prefix
-from elastic_run.agent.worker_env import (
+from elastic_run.agent.health.server import AgentHealthServer, Liveness
+from elastic_run.agent.loop.simple import SimpleElasticAgent
+from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
+from elastic_run.agent.loop.state_machine import Observation
+from elastic_run.agent.progress.duties import ProgressDuties
+from elastic_run.agent.warm.policy import WarmStarts
+from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
+from elastic_run.agent.workers.console import duplicate_filters, tee_prefix
+from elastic_run.agent.workers.env import (
     build_worker_env,
     python_command,
     shared_worker_env,
     worker_argv,
 )
+from elastic_run.agent.workers.failures import (
+    NOT_AVAILABLE,
+    FailureRecord,
+    WorkerErrorInfo,
+    read_error_file,
+)
+from elastic_run.agent.workers.function_workers import FunctionWorkers
+from elastic_run.agent.workers.gloo_check import GlooLoopbackCheck
+from elastic_run.agent.workers.guardian import Guardian
+from elastic_run.agent.workers.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
+from elastic_run.agent.workers.numa import numa_wrapped
+from elastic_run.agent.workers.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.errors import AgentError, ConfigurationError
 
 __all__ = ["LocalElasticAgent"]

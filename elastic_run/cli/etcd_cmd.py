@@ -23,6 +23,6 @@ __all__ = ["etcd_command"]
 )
 def etcd_command(data_dir: str | None, port: int, host: str, members: int) -> None:
     """Run etcd in the foreground until Ctrl-C, printing the --rdzv-endpoint to use."""
-    from elastic_run.rendezvous.etcd_server import main_foreground
+    from elastic_run.rendezvous.etcd.server import main_foreground
 
     sys.exit(main_foreground(data_dir=data_dir, port=port, host=host, members=members))

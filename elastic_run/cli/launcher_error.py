@@ -15,7 +15,7 @@ import logging
 import os
 from collections.abc import Iterable
 
-from elastic_run.agent.failures import NOT_AVAILABLE, FailureRecord, root_cause
+from elastic_run.agent.workers.failures import NOT_AVAILABLE, FailureRecord, root_cause
 
 __all__ = ["write_launcher_error_file"]
 

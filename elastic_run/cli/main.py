@@ -3,8 +3,8 @@
 
 ``elastic-run [OPTIONS] SCRIPT [ARGS...]`` is ``elastic-run run ...``: torchrun's flags with
 torchrun's spelling and defaults (dashes or underscores), each also read from ``PET_<NAME>``
-(the table: :mod:`elastic_run.cli.run_options`). Everything the user typed is checked by
-:func:`~elastic_run.cli.launch_config.parse_launch_config` before any process starts; here,
+(the table: :mod:`elastic_run.cli.options.run_options`). Everything the user typed is checked by
+:func:`~elastic_run.cli.options.launch_config.parse_launch_config` before any process starts; here,
 :func:`main` turns every expected error into one line ``Error: ...`` on stderr and its exit
 code (2 for bad usage). torch is imported only once a job really starts, so ``--help`` answers
 at once.
@@ -20,8 +20,8 @@ from typing import Any, NoReturn
 import click
 
 from elastic_run import __version__
-from elastic_run.cli.launch_config import ParsedRun, parse_launch_config
-from elastic_run.cli.run_options import run_options
+from elastic_run.cli.options.launch_config import ParsedRun, parse_launch_config
+from elastic_run.cli.options.run_options import run_options
 from elastic_run.errors import ConfigurationError, ElasticRunError
 
 # parse_launch_config and ParsedRun live in cli.launch_config; named here too for old imports.
@@ -66,7 +66,7 @@ class _DefaultRunGroup(click.Group):
 
 def _spelled_out(args: list[str]) -> list[str]:
     """The run command's arguments with argparse-style abbreviations spelled out."""
-    from elastic_run.cli.torchrun_flags import expand_prefixes
+    from elastic_run.cli.options.torchrun_flags import expand_prefixes
 
     long_flags: list[str] = ["--help"]
     valued: list[str] = []
@@ -111,7 +111,7 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
     os.environ["TORCH_CPP_LOG_LEVEL"] = "FATAL"
     # gRPC's C core (etcd) logs each failed TLS handshake and connect the same way.
     os.environ["GRPC_VERBOSITY"] = "NONE"
-    from elastic_run.cli.slurm import format_print_config, should_exit_as_extra_task
+    from elastic_run.cli.slurm.allocation import format_print_config, should_exit_as_extra_task
 
     notice = should_exit_as_extra_task(os.environ)
     if notice is not None:
@@ -180,7 +180,7 @@ def _fail(message: str, code: int) -> NoReturn:
 
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the CLI, turning every expected error into one line."""
-    from elastic_run.rendezvous.grpc_fork import disable_grpc_fork_handlers
+    from elastic_run.rendezvous.etcd.grpc_fork import disable_grpc_fork_handlers
 
     global _user_env
     _user_env = tuple(os.environ.items())

@@ -14,8 +14,8 @@ import sys
 from collections.abc import Iterable
 
 from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
-from elastic_run.agent.failures import FailureRecord
-from elastic_run.agent.logs_specs import LogsSpecs
+from elastic_run.agent.workers.failures import FailureRecord
+from elastic_run.agent.workers.logs_specs import LogsSpecs
 from elastic_run.errors import ElasticRunError
 
 __all__ = ["run_job"]
@@ -29,7 +29,7 @@ def _std(spec: StdSpec) -> Std | dict[int, Std]:
 
 def _logs_specs(config: LaunchConfig) -> LogsSpecs:
     """torch's DefaultLogsSpecs layout, or the --logs-specs plugin's class (torch's kwargs)."""
-    from elastic_run.agent.logs_specs import DefaultLogsSpecs, TorchLogsSpecs
+    from elastic_run.agent.workers.logs_specs import DefaultLogsSpecs, TorchLogsSpecs
 
     ranks = set(config.local_ranks_filter) if config.local_ranks_filter is not None else None
     log_dir = str(config.log_dir) if config.log_dir is not None else None
@@ -40,7 +40,7 @@ def _logs_specs(config: LaunchConfig) -> LogsSpecs:
             tee=_std(config.tee),
             local_ranks_filter=ranks,
         )
-    from elastic_run.cli.torchrun_flags import load_logs_specs_class
+    from elastic_run.cli.options.torchrun_flags import load_logs_specs_class
 
     cls = load_logs_specs_class(config.logs_specs)
     if issubclass(cls, LogsSpecs):
@@ -57,7 +57,7 @@ def _argv(config: LaunchConfig) -> tuple[str, tuple[str, ...]]:
     """The worker command as torchrun builds it: (entrypoint, args)."""
     if config.no_python:
         return config.entrypoint, config.args
-    from elastic_run.agent.worker_env import python_command
+    from elastic_run.agent.workers.env import python_command
 
     python = config.python_exec or python_command()
     if config.module:
@@ -68,7 +68,7 @@ def _argv(config: LaunchConfig) -> tuple[str, tuple[str, ...]]:
 def _report_failures(run_id: str, failures: Iterable[FailureRecord]) -> None:
     from rich.console import Console
 
-    from elastic_run.cli.views import render_failure_summary
+    from elastic_run.cli.views.lines import render_failure_summary
 
     render_failure_summary(run_id, list(failures), Console(stderr=True))
 
@@ -78,8 +78,8 @@ def run_job(config: LaunchConfig) -> int:
     from elastic_run.agent.api import WorkerSpec
     from elastic_run.agent.local import LocalElasticAgent
     from elastic_run.cli.launcher_error import write_launcher_error_file
-    from elastic_run.cli.torchrun_flags import check_event_log_handler, torch_event_sink
-    from elastic_run.cli.views import LiveView, make_view
+    from elastic_run.cli.options.torchrun_flags import check_event_log_handler, torch_event_sink
+    from elastic_run.cli.views.lines import LiveView, make_view
     from elastic_run.rendezvous.api import AgentRendezvous, RendezvousParameters
     from elastic_run.rendezvous.registry import rendezvous_handler_registry
 
@@ -179,14 +179,14 @@ _REACH_TIMEOUT_S = 5.0
 
 
 def _check_reachable(handler: object) -> None:
-    from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
+    from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
 
     if isinstance(handler, DynamicRendezvousHandler):
         handler.backend.check_reachable(_REACH_TIMEOUT_S)
 
 
 def _close_backend(handler: object) -> None:
-    from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
+    from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
 
     if isinstance(handler, DynamicRendezvousHandler):
         handler.backend.close()

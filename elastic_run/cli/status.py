@@ -22,7 +22,7 @@ from typing import Any
 
 import click
 
-from elastic_run.cli.rdzv_options import explicit_options, rdzv_options, resolve_target
+from elastic_run.cli.options.rdzv_options import explicit_options, rdzv_options, resolve_target
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 
@@ -102,7 +102,7 @@ def _unreachable(target: Any, exc: Exception) -> _Exit:
 
 
 def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
-    from elastic_run.rendezvous.status_reader import read_snapshot
+    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 
     snap = read_snapshot(backend, target.run_id, target.min_nodes or 0, target.max_nodes or 0)
     if snap is None:
@@ -114,8 +114,8 @@ def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, An
 
 def _progress(backend: Any, snap: Any) -> dict[str, Any] | None:
     """The members' published progress (one batch read), or None when none was published."""
-    from elastic_run.cli.progress_view import progress_picture
-    from elastic_run.rendezvous.telemetry import read_progress
+    from elastic_run.cli.views.progress_view import progress_picture
+    from elastic_run.rendezvous.dynamic.telemetry import read_progress
 
     records, job, _ = read_progress(backend, [m.node_id for m in snap.members])
     return progress_picture(records, job, snap.round) if records else None
@@ -160,7 +160,7 @@ def status_command(
         from rich.console import Console
         from rich.live import Live
 
-        from elastic_run.cli.views import render_status, status_to_json
+        from elastic_run.cli.views.lines import render_status, status_to_json
 
         target, backend = _open(ctx, values)
         try:
@@ -206,8 +206,8 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
     """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
 
     def close() -> None:
-        from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
-        from elastic_run.rendezvous.keys import ROUND
+        from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
+        from elastic_run.rendezvous.protocol.keys import ROUND
 
         target, backend = _open(ctx, values)
         try:
@@ -243,7 +243,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
 
 def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
     """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s)."""
-    from elastic_run.rendezvous.status_reader import read_snapshot
+    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:

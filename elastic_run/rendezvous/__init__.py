@@ -1,7 +1,19 @@
 """The rendezvous: API, registry, the dynamic handler, its backends and stores.
 
-Names follow torch.distributed.elastic.rendezvous. Submodules that need torch or the etcd
-client are imported on first use of their names, so importing this package stays cheap.
+Read the layout as the design:
+
+- ``api.py`` (the handler interface, parameters, what a round hands out), ``errors.py``,
+  ``registry.py`` (backend name -> handler), ``settings.py`` (``--rdzv-conf`` parsed once),
+  ``endpoints.py``, ``backend.py`` (the key-value seam every backend implements),
+  ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun);
+- ``protocol/``: the pure O(N) protocol, its records and keys;
+- ``dynamic/``: the dynamic handler and its rounds, the status reader, telemetry;
+- ``liveness/``: heartbeats, death notices, the ring;
+- ``c10d/``, ``etcd/``: the backends.
+
+The rendezvous knows nothing of processes. Names follow torch.distributed.elastic.rendezvous.
+Submodules that need torch or the etcd client are imported on first use of their names, so
+importing this package stays cheap.
 """
 
 from __future__ import annotations
@@ -30,13 +42,13 @@ _LAZY = {
     "get_rendezvous_handler": "elastic_run.rendezvous.registry",
     "rendezvous_handler_registry": "elastic_run.rendezvous.registry",
     "create_rendezvous_handler": "elastic_run.rendezvous.registry",
-    "DynamicRendezvousHandler": "elastic_run.rendezvous.dynamic",
-    "create_handler": "elastic_run.rendezvous.dynamic",
+    "DynamicRendezvousHandler": "elastic_run.rendezvous.dynamic.handler",
+    "create_handler": "elastic_run.rendezvous.dynamic.handler",
     "RendezvousBackend": "elastic_run.rendezvous.backend",
-    "C10dRendezvousBackend": "elastic_run.rendezvous.c10d",
-    "EtcdRendezvousBackend": "elastic_run.rendezvous.etcd_backend",
-    "EtcdStore": "elastic_run.rendezvous.etcd_store",
-    "EtcdServer": "elastic_run.rendezvous.etcd_server",
+    "C10dRendezvousBackend": "elastic_run.rendezvous.c10d.backend",
+    "EtcdRendezvousBackend": "elastic_run.rendezvous.etcd.backend",
+    "EtcdStore": "elastic_run.rendezvous.etcd.store",
+    "EtcdServer": "elastic_run.rendezvous.etcd.server",
     "StaticRendezvousHandler": "elastic_run.rendezvous.static",
 }
 

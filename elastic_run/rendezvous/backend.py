@@ -33,8 +33,8 @@ from abc import ABC, abstractmethod
 from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
-from elastic_run.rendezvous import keys
-from elastic_run.rendezvous.records import read_heartbeat
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import read_heartbeat
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -173,7 +173,7 @@ class RendezvousBackend(ABC):
         Raises:
             RendezvousStateError: the value is not an integer.
         """
-        from elastic_run.rendezvous.records import decode_int
+        from elastic_run.rendezvous.protocol.records import decode_int
 
         raw = self.get(key)
         return decode_int(key, raw) if raw is not None else 0

@@ -56,11 +56,11 @@ def create_backend(
     """
     name = params.backend
     if name == "c10d":
-        from elastic_run.rendezvous.c10d import create_c10d_backend
+        from elastic_run.rendezvous.c10d.backend import create_c10d_backend
 
         return create_c10d_backend(params, allow_hosting=allow_hosting)
     if name in ("etcd", "etcd-v2"):
-        from elastic_run.rendezvous.etcd_backend import create_etcd_backend
+        from elastic_run.rendezvous.etcd.backend import create_etcd_backend
 
         return create_etcd_backend(params)
     raise ConfigurationError(
@@ -69,7 +69,7 @@ def create_backend(
 
 
 def _dynamic(params: RendezvousParameters) -> RendezvousHandler:
-    from elastic_run.rendezvous.dynamic import create_handler
+    from elastic_run.rendezvous.dynamic.handler import create_handler
     from elastic_run.rendezvous.settings import RendezvousSettings
 
     RendezvousSettings.from_params(params)  # reject bad values before touching the network

@@ -19,7 +19,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from elastic_run.agent.api import WorkerSpec  # noqa: E402
 from elastic_run.agent.local import LocalElasticAgent  # noqa: E402
-from elastic_run.agent.logs_specs import DefaultLogsSpecs  # noqa: E402
+from elastic_run.agent.workers.logs_specs import DefaultLogsSpecs  # noqa: E402
 from elastic_run.rendezvous.api import RendezvousParameters  # noqa: E402
 from elastic_run.rendezvous.registry import get_rendezvous_handler  # noqa: E402
 from tests.compat import agent_targets  # noqa: E402

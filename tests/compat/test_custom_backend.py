@@ -16,7 +16,7 @@ from torch.distributed import HashStore, PrefixStore, Store
 
 from elastic_run.rendezvous.api import RendezvousInfo, RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.dynamic import create_handler
+from elastic_run.rendezvous.dynamic.handler import create_handler
 from elastic_run.rendezvous.registry import RendezvousHandlerRegistry
 
 pytestmark = pytest.mark.timeout(120)

@@ -17,11 +17,11 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.rendezvous import etcd_backend
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend
-from elastic_run.rendezvous.etcd_server import EtcdServer
-from elastic_run.rendezvous.etcd_store import EtcdStore
+from elastic_run.rendezvous.etcd import backend as etcd_backend
+from elastic_run.rendezvous.etcd.backend import EtcdRendezvousBackend
+from elastic_run.rendezvous.etcd.server import EtcdServer
+from elastic_run.rendezvous.etcd.store import EtcdStore
 from elastic_run.rendezvous.registry import get_rendezvous_handler
 from tests.helpers import is_alive
 

@@ -19,8 +19,8 @@ from collections.abc import Iterator
 
 import pytest
 
-from elastic_run.agent import health
-from elastic_run.agent.health import HealthCheckServer, create_healthcheck_server
+from elastic_run.agent.health import server as health
+from elastic_run.agent.health.server import HealthCheckServer, create_healthcheck_server
 from elastic_run.errors import ConfigurationError
 
 pytestmark = pytest.mark.timeout(60)

@@ -25,15 +25,15 @@ from typing import Any
 import pytest
 from torch.distributed import FileStore, TCPStore
 
-from elastic_run.rendezvous import c10d
 from elastic_run.rendezvous.api import (
     RendezvousHandler,
     RendezvousInfo,
     RendezvousParameters,
     RendezvousStoreInfo,
 )
-from elastic_run.rendezvous.c10d import C10dRendezvousBackend
-from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler, create_handler
+from elastic_run.rendezvous.c10d import backend as c10d
+from elastic_run.rendezvous.c10d.backend import C10dRendezvousBackend
+from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler, create_handler
 from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.registry import RendezvousHandlerRegistry, get_rendezvous_handler
 from elastic_run.rendezvous.settings import RendezvousTimeout

@@ -25,13 +25,13 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     ),
     (
         "torch.distributed.elastic.agent.server.api:SimpleElasticAgent.__init__",
-        "elastic_run.agent.simple:SimpleElasticAgent.__init__",
+        "elastic_run.agent.loop.simple:SimpleElasticAgent.__init__",
         frozenset(),
     ),
     *[
         (
             f"torch.distributed.elastic.agent.server.api:SimpleElasticAgent.{name}",
-            f"elastic_run.agent.simple:SimpleElasticAgent.{name}",
+            f"elastic_run.agent.loop.simple:SimpleElasticAgent.{name}",
             frozenset(),
         )
         for name in (
@@ -57,7 +57,7 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     *[
         (
             f"torch.distributed.elastic.multiprocessing:{name}",
-            f"elastic_run.agent.logs_specs:{name}",
+            f"elastic_run.agent.workers.logs_specs:{name}",
             frozenset({"filtered_stdout", "filtered_stderr"}),  # "" where torch's factory gives ""
         )
         for name in ("DefaultLogsSpecs", "LogsSpecs", "LogsDest")
@@ -124,12 +124,12 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     (
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous:"
         "DynamicRendezvousHandler.from_backend",
-        "elastic_run.rendezvous.dynamic:DynamicRendezvousHandler.from_backend",
+        "elastic_run.rendezvous.dynamic.handler:DynamicRendezvousHandler.from_backend",
         frozenset({"keep_alive_interval"}),  # 1 s here, 5 s in torch (see the README)
     ),
     (
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous:create_handler",
-        "elastic_run.rendezvous.dynamic:create_handler",
+        "elastic_run.rendezvous.dynamic.handler:create_handler",
         frozenset(),
     ),
     (
@@ -140,18 +140,18 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     (
         "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend:"
         "C10dRendezvousBackend.__init__",
-        "elastic_run.rendezvous.c10d:C10dRendezvousBackend.__init__",
+        "elastic_run.rendezvous.c10d.backend:C10dRendezvousBackend.__init__",
         frozenset(),
     ),
     (
         "torch.distributed.elastic.rendezvous.c10d_rendezvous_backend:create_backend",
-        "elastic_run.rendezvous.c10d:create_backend",
+        "elastic_run.rendezvous.c10d.backend:create_backend",
         frozenset(),
     ),
     *[
         (
             f"torch.distributed.elastic.rendezvous.etcd_server:EtcdServer.{name}",
-            f"elastic_run.rendezvous.etcd_server:EtcdServer.{name}",
+            f"elastic_run.rendezvous.etcd.server:EtcdServer.{name}",
             frozenset(),
         )
         for name in (

@@ -244,4 +244,4 @@ def test_importing_the_timer_api_imports_no_torch_and_no_agent() -> None:
         [sys.executable, "-c", code], capture_output=True, text=True, check=True, cwd=REPO_ROOT
     ).stdout
     assert out.strip() == "[]"
-    assert ours.FileTimerServer.__module__ == "elastic_run.agent.watchdog"
+    assert ours.FileTimerServer.__module__ == "elastic_run.agent.watchdog.server"

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.rendezvous.etcd_server import EtcdServer
+from elastic_run.rendezvous.etcd.server import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import Job, start_job, stop_job  # noqa: E402

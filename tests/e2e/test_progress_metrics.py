@@ -11,7 +11,7 @@ import cli_harness
 import pytest
 from cli_harness import Launch
 
-from elastic_run.agent.health import render_metrics
+from elastic_run.agent.health.server import render_metrics
 from tests.helpers import free_port, wait_until
 
 launch = cli_harness.launch

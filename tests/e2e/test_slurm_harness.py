@@ -13,7 +13,7 @@ import pytest
 from slurm_cluster import SlurmCluster, slurm_unavailable_reason, wait_until
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the fixture)
 
-from elastic_run.cli.slurm import rdzv_from_slurm_job
+from elastic_run.cli.slurm.allocation import rdzv_from_slurm_job
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -110,7 +110,7 @@ def test_slurm_awareness_inside_a_real_step(
     probe = tmp_path / "probe.py"
     probe.write_text(
         "import json, os\n"
-        "from elastic_run.cli.slurm import should_exit_as_extra_task, slurm_defaults\n"
+        "from elastic_run.cli.slurm.allocation import should_exit_as_extra_task, slurm_defaults\n"
         "notice = should_exit_as_extra_task(os.environ)\n"
         "chosen = slurm_defaults(os.environ, given={}, elastic_min=None)\n"
         "print('PROBE ' + json.dumps({'node': os.environ['SLURMD_NODENAME'],\n"

@@ -20,7 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elastic_run.rendezvous.etcd_server import EtcdServer
+from elastic_run.rendezvous.etcd.server import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402

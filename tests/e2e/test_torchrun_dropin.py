@@ -330,7 +330,7 @@ def test_event_log_handler_console_and_unknown(run_launcher: object) -> None:
     assert bad.code == 2
     assert [s for s in bad.stderr.splitlines() if s.startswith("Error:")] == [
         "Error: --event-log-handler 'nope' is not a handler of torch's event logging "
-        "(known: console, dynamic_rendezvous, null)"
+        "(torch's own: console, dynamic_rendezvous, null)"
     ]
 
 

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.rendezvous.etcd_server import EtcdServer
+from elastic_run.rendezvous.etcd.server import EtcdServer
 from tests.helpers import REPO_ROOT, free_port
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 

@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from elastic_run.rendezvous.etcd_server import EtcdServer
+from elastic_run.rendezvous.etcd.server import EtcdServer
 
 __all__ = ["etcd_cluster3_fixture", "etcd_server_fixture", "requires_etcd", "wait_until"]
 

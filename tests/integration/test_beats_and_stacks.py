@@ -15,9 +15,9 @@ from typing import Any
 
 import pytest
 
-from elastic_run.agent import hang, stacks
-from elastic_run.agent.hang_watch import HangWatch
-from elastic_run.agent.watchdog import FileTimerServer
+from elastic_run.agent.progress import hang, stacks
+from elastic_run.agent.progress.hang_watch import HangWatch
+from elastic_run.agent.watchdog.server import FileTimerServer
 from elastic_run.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,

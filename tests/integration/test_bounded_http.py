@@ -17,7 +17,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from elastic_run.agent.bounded_http import BoundedHTTPServer
+from elastic_run.agent.health.bounded_http import BoundedHTTPServer
 from tests.helpers import REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(90)
@@ -168,7 +168,7 @@ def test_stop_frees_the_port_with_a_client_still_sending(
 
 _PRESSURED_SCRIPT = """
 import json, logging, os, resource, sys
-from elastic_run.agent.health import AgentHealthServer
+from elastic_run.agent.health.server import AgentHealthServer
 from elastic_run.descriptors import free_descriptors
 
 records = []

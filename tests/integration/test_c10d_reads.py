@@ -14,7 +14,7 @@ from typing import Any, cast
 
 import pytest
 
-from elastic_run.rendezvous.c10d_store import (
+from elastic_run.rendezvous.c10d.store import (
     KeyValueStore,
     _descriptors,
     connect_client,

@@ -26,12 +26,12 @@ from concurrent.futures import ThreadPoolExecutor
 import pytest
 from etcd_fixtures import etcd_cluster3_fixture, requires_etcd  # noqa: F401 - fixtures
 
-from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousInfo, RendezvousParameters
-from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
-from elastic_run.rendezvous.etcd_backend import create_etcd_backend
-from elastic_run.rendezvous.etcd_server import EtcdServer
-from elastic_run.rendezvous.records import SealRecord, decode
+from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
+from elastic_run.rendezvous.etcd.backend import create_etcd_backend
+from elastic_run.rendezvous.etcd.server import EtcdServer
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import SealRecord, decode
 from elastic_run.rendezvous.registry import rendezvous_handler_registry
 
 pytestmark = [pytest.mark.etcd, requires_etcd, pytest.mark.timeout(120)]

@@ -29,9 +29,9 @@ from elastic_run.rendezvous.errors import (
     RendezvousConnectionError,
     RendezvousError,
 )
-from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend, create_etcd_backend
-from elastic_run.rendezvous.etcd_server import EtcdServer, EtcdServerTLS
-from elastic_run.rendezvous.etcd_store import EtcdStore
+from elastic_run.rendezvous.etcd.backend import EtcdRendezvousBackend, create_etcd_backend
+from elastic_run.rendezvous.etcd.server import EtcdServer, EtcdServerTLS
+from elastic_run.rendezvous.etcd.store import EtcdStore
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 

@@ -25,11 +25,11 @@ from etcd_fixtures import (  # noqa: F401 - fixtures
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.endpoints import parse_endpoints
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
-from elastic_run.rendezvous.etcd_backend import EtcdRendezvousBackend, create_etcd_backend
-from elastic_run.rendezvous.etcd_client import EtcdClient
-from elastic_run.rendezvous.etcd_connection import EtcdConnection
-from elastic_run.rendezvous.etcd_errors import EtcdLeaseNotFoundError
-from elastic_run.rendezvous.etcd_server import EtcdServer
+from elastic_run.rendezvous.etcd.backend import EtcdRendezvousBackend, create_etcd_backend
+from elastic_run.rendezvous.etcd.client import EtcdClient
+from elastic_run.rendezvous.etcd.connection import EtcdConnection
+from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
+from elastic_run.rendezvous.etcd.server import EtcdServer
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 

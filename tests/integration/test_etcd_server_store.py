@@ -16,12 +16,12 @@ from pathlib import Path
 import pytest
 from etcd_fixtures import etcd_server_fixture, requires_etcd, wait_until  # noqa: F401
 
-from elastic_run.agent.simple import wait_keys
+from elastic_run.agent.loop.simple import wait_keys
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousTimeoutError
-from elastic_run.rendezvous.etcd_client import EtcdClient
-from elastic_run.rendezvous.etcd_server import EtcdServer
-from elastic_run.rendezvous.etcd_store import EtcdStore, EtcdStoreTimeoutError
+from elastic_run.rendezvous.etcd.client import EtcdClient
+from elastic_run.rendezvous.etcd.server import EtcdServer
+from elastic_run.rendezvous.etcd.store import EtcdStore, EtcdStoreTimeoutError
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -166,7 +166,7 @@ _WORKER = textwrap.dedent(
     from datetime import timedelta
     import torch
     import torch.distributed as dist
-    from elastic_run.rendezvous.etcd_store import EtcdStore
+    from elastic_run.rendezvous.etcd.store import EtcdStore
 
     endpoint, prefix, rank, world = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
     store = EtcdStore.connect([endpoint], prefix, timeout=timedelta(seconds=60))

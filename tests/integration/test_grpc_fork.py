@@ -20,12 +20,12 @@ REPO = Path(__file__).resolve().parents[2]
 _SPAWNER = textwrap.dedent(
     """
     import ctypes, signal, subprocess, sys, threading
-    from elastic_run.rendezvous.grpc_fork import disable_grpc_fork_handlers
+    from elastic_run.rendezvous.etcd.grpc_fork import disable_grpc_fork_handlers
 
     assert disable_grpc_fork_handlers()
     from elastic_run.rendezvous.api import RendezvousParameters
-    from elastic_run.rendezvous.etcd_backend import create_etcd_backend
-    from elastic_run.rendezvous.etcd_server import EtcdServer
+    from elastic_run.rendezvous.etcd.backend import create_etcd_backend
+    from elastic_run.rendezvous.etcd.server import EtcdServer
 
     libc = ctypes.CDLL("libc.so.6", use_errno=True)
     server = EtcdServer()
@@ -85,7 +85,7 @@ def test_children_forked_while_grpc_is_busy_all_start() -> None:
 
 
 def test_the_switch_must_come_before_grpc_loads() -> None:
-    check = "from elastic_run.rendezvous.grpc_fork import disable_grpc_fork_handlers as off\n"
+    check = "from elastic_run.rendezvous.etcd.grpc_fork import disable_grpc_fork_handlers as off\n"
     first = _python(
         check + "import os, sys\n"
         "print(off(), off(), 'grpc' in sys.modules, os.environ['GRPC_ENABLE_FORK_SUPPORT'])"

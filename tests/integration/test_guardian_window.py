@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.agent.guardian import GUARDIAN_ENV, Guardian
+from elastic_run.agent.workers.guardian import GUARDIAN_ENV, Guardian
 from tests.helpers import REPO_ROOT, is_alive, no_process_left, wait_until
 
 pytestmark = pytest.mark.timeout(240)
@@ -89,10 +89,10 @@ FROZEN_AGENT = """
     import os, signal, sys, threading
     from pathlib import Path
     from elastic_run.agent.config import Std
-    from elastic_run.agent.function_workers import FunctionWorkers
-    from elastic_run.agent.guardian import Guardian
-    from elastic_run.agent.processes import WorkerLaunch, WorkerProcesses, start_program
-    from elastic_run.agent.warm_start import WarmStarts
+    from elastic_run.agent.workers.function_workers import FunctionWorkers
+    from elastic_run.agent.workers.guardian import Guardian
+    from elastic_run.agent.workers.processes import WorkerLaunch, WorkerProcesses, start_program
+    from elastic_run.agent.warm.policy import WarmStarts
     from tests.integration.guardian_targets import start_grandchildren_then_wait
 
     def freeze(sid):

@@ -15,7 +15,7 @@ from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from elastic_run.agent.health import AgentHealthServer, Liveness, render_metrics
+from elastic_run.agent.health.server import AgentHealthServer, Liveness, render_metrics
 from elastic_run.errors import ConfigurationError
 from tests.helpers import wait_until
 

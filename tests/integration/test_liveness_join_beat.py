@@ -19,9 +19,9 @@ from torch.distributed import TCPStore
 
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.c10d import C10dRendezvousBackend
-from elastic_run.rendezvous.etcd_backend import create_etcd_backend
-from elastic_run.rendezvous.liveness import LivenessThread
+from elastic_run.rendezvous.c10d.backend import C10dRendezvousBackend
+from elastic_run.rendezvous.etcd.backend import create_etcd_backend
+from elastic_run.rendezvous.liveness.turns import LivenessThread
 from elastic_run.rendezvous.settings import RendezvousSettings
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 

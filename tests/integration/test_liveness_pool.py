@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from elastic_run.rendezvous.liveness_pool import MAX_WORKERS, Turns, liveness_pool
+from elastic_run.rendezvous.liveness.pool import MAX_WORKERS, Turns, liveness_pool
 from tests.helpers import wait_until
 
 pytestmark = pytest.mark.timeout(60)

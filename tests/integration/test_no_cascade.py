@@ -23,10 +23,10 @@ from typing import Any
 
 import pytest
 
-from elastic_run.rendezvous import keys
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler
-from elastic_run.rendezvous.records import SealRecord, decode
+from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import SealRecord, decode
 from elastic_run.rendezvous.registry import create_backend, rendezvous_handler_registry
 from tests.helpers import REPO_ROOT, wait_until
 from tests.thread_freeze import frozen_thread

@@ -22,7 +22,12 @@ from collections.abc import Callable, Iterator
 
 import pytest
 
-from elastic_run.rendezvous.peerwatch import MAX_CONNECTIONS, AliveListener, PeerWatch, greeting
+from elastic_run.rendezvous.liveness.peerwatch import (
+    MAX_CONNECTIONS,
+    AliveListener,
+    PeerWatch,
+    greeting,
+)
 from tests.helpers import REPO_ROOT, free_port, wait_until
 
 pytestmark = pytest.mark.timeout(60)
@@ -31,7 +36,7 @@ WAIT_S = 30.0
 
 _LISTENER_SCRIPT = """
 import sys
-from elastic_run.rendezvous.peerwatch import AliveListener
+from elastic_run.rendezvous.liveness.peerwatch import AliveListener
 listener = AliveListener(sys.argv[1], "127.0.0.1")
 print(listener.port, flush=True)
 for line in sys.stdin:
@@ -275,7 +280,7 @@ def test_clients_that_reset_at_once_do_not_end_the_listener() -> None:
 
 _PRESSURED_LISTENER_SCRIPT = """
 import json, logging, os, resource, sys
-from elastic_run.rendezvous.peerwatch import AliveListener
+from elastic_run.rendezvous.liveness.peerwatch import AliveListener
 
 records = []
 class Keep(logging.Handler):

@@ -17,9 +17,9 @@ import psutil
 import pytest
 
 from elastic_run.agent.config import Std
-from elastic_run.agent.guardian import Guardian
-from elastic_run.agent.output import StreamName, set_console_sink
-from elastic_run.agent.processes import WorkerExit, WorkerLaunch, WorkerProcesses
+from elastic_run.agent.workers.guardian import Guardian
+from elastic_run.agent.workers.output import StreamName, set_console_sink
+from elastic_run.agent.workers.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.errors import AgentError
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
@@ -251,8 +251,8 @@ FAKE_AGENT = """
     import os, signal, sys, threading
     from pathlib import Path
     from elastic_run.agent.config import Std
-    from elastic_run.agent.guardian import Guardian
-    from elastic_run.agent.processes import WorkerLaunch, WorkerProcesses
+    from elastic_run.agent.workers.guardian import Guardian
+    from elastic_run.agent.workers.processes import WorkerLaunch, WorkerProcesses
 
     mark_dir = Path(sys.argv[1])
     guardian = Guardian()
@@ -316,9 +316,9 @@ def test_sigkilled_agent_leaves_no_worker_nor_grandchild(tmp_path: Path, setsid:
 LONE_AGENT = """
     import os, signal, sys
     from pathlib import Path
-    from elastic_run.agent import processes
+    from elastic_run.agent.workers import processes
     from elastic_run.agent.config import Std
-    from elastic_run.agent.processes import WorkerLaunch, WorkerProcesses
+    from elastic_run.agent.workers.processes import WorkerLaunch, WorkerProcesses
 
     mark_dir, how = Path(sys.argv[1]), sys.argv[2]
     if how == "preexec":
@@ -375,7 +375,7 @@ SUBREAPER_AGENT = """
     from pathlib import Path
     import psutil
     from elastic_run.agent.config import Std
-    from elastic_run.agent.processes import WorkerLaunch, WorkerProcesses
+    from elastic_run.agent.workers.processes import WorkerLaunch, WorkerProcesses
 
     PR_SET_CHILD_SUBREAPER = 36
     assert ctypes.CDLL(None).prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0

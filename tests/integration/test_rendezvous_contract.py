@@ -27,15 +27,15 @@ from etcd_fixtures import etcd_server_fixture, requires_etcd  # noqa: F401 - fix
 
 from elastic_run.rendezvous.api import RendezvousInfo, RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.c10d import create_c10d_backend
-from elastic_run.rendezvous.dynamic import DynamicRendezvousHandler, read_snapshot
+from elastic_run.rendezvous.c10d.backend import create_c10d_backend
+from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler, read_snapshot
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousStateError,
     RendezvousTimeoutError,
 )
-from elastic_run.rendezvous.records import LostRecord, SealRecord, decode
+from elastic_run.rendezvous.protocol.records import LostRecord, SealRecord, decode
 from elastic_run.rendezvous.registry import create_backend, rendezvous_handler_registry
 from tests.helpers import REPO_ROOT, free_port, wait_until
 

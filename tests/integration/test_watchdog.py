@@ -16,7 +16,7 @@ from pathlib import Path
 import psutil
 import pytest
 
-from elastic_run.agent.watchdog import FileTimerServer, TimerExpiry
+from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.errors import ConfigurationError
 from elastic_run.timer_wire import FileTimerRequest
 from tests.helpers import REPO_ROOT, wait_until

@@ -13,9 +13,9 @@ from pathlib import Path
 import click
 import pytest
 
-from elastic_run.cli.entrypoint import check_entrypoint, find_module
-from elastic_run.cli.launch_config import ParsedRun, parse_launch_config
 from elastic_run.cli.main import cli
+from elastic_run.cli.options.entrypoint import check_entrypoint, find_module
+from elastic_run.cli.options.launch_config import ParsedRun, parse_launch_config
 from elastic_run.errors import ConfigurationError
 
 

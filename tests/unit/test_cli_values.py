@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elastic_run.agent.config import Std, StdSpec
-from elastic_run.cli.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
-from elastic_run.cli.values import (
+from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
+from elastic_run.cli.options.values import (
     MAX_NODES,
     MAX_NPROC_PER_NODE,
     MAX_RUN_ID_CHARS,

@@ -9,16 +9,16 @@ import pytest
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.endpoints import format_endpoint, parse_endpoint, parse_endpoints
 from elastic_run.rendezvous.errors import RendezvousError
-from elastic_run.rendezvous.etcd_counter import counter_value, encode_counter, stored_count
-from elastic_run.rendezvous.etcd_errors import (
+from elastic_run.rendezvous.etcd.counter import counter_value, encode_counter, stored_count
+from elastic_run.rendezvous.etcd.errors import (
     EtcdLeaseNotFoundError,
     MessageKind,
     is_unreachable,
     message_kind,
     refusal,
 )
-from elastic_run.rendezvous.etcd_kv import KeyValue
-from elastic_run.rendezvous.etcd_lease import LeaseRecord, lease_failure, lease_is_sound
+from elastic_run.rendezvous.etcd.kv import KeyValue
+from elastic_run.rendezvous.etcd.lease import LeaseRecord, lease_failure, lease_is_sound
 
 # -- endpoints ------------------------------------------------------------------------
 

@@ -9,14 +9,14 @@ from pathlib import Path
 
 from rich.console import Console
 
-from elastic_run.agent.failures import (
+from elastic_run.agent.workers.failures import (
     FailureRecord,
     WorkerErrorInfo,
     format_failure_summary,
     read_error_file,
     root_cause,
 )
-from elastic_run.cli.views import render_failure_summary
+from elastic_run.cli.views.lines import render_failure_summary
 
 TRACEBACK = 'Traceback (most recent call last):\n  File "train.py", line 3\nValueError: bad lr\n'
 

@@ -3,7 +3,7 @@ advertises another address; silent with GLOO_SOCKET_IFNAME or on a single host."
 
 from __future__ import annotations
 
-from elastic_run.agent.gloo_check import gloo_loopback_warning
+from elastic_run.agent.workers.gloo_check import gloo_loopback_warning
 
 _NAMES = {
     "vm": ["127.0.1.1"],

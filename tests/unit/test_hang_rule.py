@@ -1,4 +1,4 @@
-"""The hang verdict's pure rule (``agent/hang.py``): parsing, folding beats, the learned
+"""The hang verdict's pure rule (``agent/progress/hang.py``): parsing, folding beats, the learned
 timeout, the verdict, who is stopped, and the no-progress streak. Times are nanoseconds
 passed in; nothing sleeps."""
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_run.agent import hang
+from elastic_run.agent.progress import hang
 
 S = 1_000_000_000
 

@@ -7,8 +7,8 @@ A node is judged gone only when its counter stood still for the budget of the re
 
 from __future__ import annotations
 
-from elastic_run.rendezvous import protocol as proto
-from elastic_run.rendezvous.records import NodeRecord
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol.records import NodeRecord
 from elastic_run.rendezvous.settings import RendezvousSettings
 
 DEFAULTS = RendezvousSettings()

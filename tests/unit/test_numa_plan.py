@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.agent.numa import (
+from elastic_run.agent.workers.numa import (
     Topology,
     cpus_for_gpu,
     format_ranges,

@@ -1,4 +1,4 @@
-"""The progress views (``cli/progress_view.py``, ``cli/live_panel.py``, ``status --json``): what
+"""The progress views (``cli/views/progress_view.py``, ``cli/views/live_panel.py``, ``status --json``): what
 the published records become, and a live frame that always fits its terminal."""
 
 from __future__ import annotations
@@ -9,10 +9,15 @@ from typing import Any
 from rich.console import Console
 
 from elastic_run.agent.events import AgentEvent
-from elastic_run.agent.snapshot import AgentSnapshot, JobProgress, WorkerProgress, WorkerSnapshot
-from elastic_run.cli.live_panel import LiveView, narrow_text
-from elastic_run.cli.progress_view import progress_picture, render_progress
-from elastic_run.cli.views import status_to_json
+from elastic_run.agent.loop.snapshot import (
+    AgentSnapshot,
+    JobProgress,
+    WorkerProgress,
+    WorkerSnapshot,
+)
+from elastic_run.cli.views.lines import status_to_json
+from elastic_run.cli.views.live_panel import LiveView, narrow_text
+from elastic_run.cli.views.progress_view import progress_picture, render_progress
 from elastic_run.rendezvous.api import RendezvousSnapshot
 
 

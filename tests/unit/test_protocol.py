@@ -15,9 +15,9 @@ from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from elastic_run.rendezvous import protocol as proto
 from elastic_run.rendezvous.errors import RendezvousStateError
-from elastic_run.rendezvous.records import (
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol.records import (
     HEARTBEAT_GONE,
     NodeRecord,
     SealRecord,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_run.rendezvous.records import SealRecord
+from elastic_run.rendezvous.protocol.records import SealRecord
 
 
 def _seal(admitted: tuple[tuple[int, int], ...]) -> SealRecord:

@@ -6,8 +6,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_run.cli.hostlist import expand_hostlist, first_host
-from elastic_run.cli.slurm import (
+from elastic_run.cli.slurm.allocation import (
     SlurmDefault,
     format_print_config,
     parse_scontrol_nodelist,
@@ -15,6 +14,7 @@ from elastic_run.cli.slurm import (
     should_exit_as_extra_task,
     slurm_defaults,
 )
+from elastic_run.cli.slurm.hostlist import expand_hostlist, first_host
 from elastic_run.errors import ConfigurationError
 
 # ---- hostlists --------------------------------------------------------------------

@@ -14,9 +14,9 @@ import itertools
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_run.rendezvous import protocol as proto
-from elastic_run.rendezvous.records import NodeRecord
-from elastic_run.rendezvous.stable_ranks import NO_CLAIM, RankClaim, stable_order
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol.records import NodeRecord
+from elastic_run.rendezvous.protocol.stable_ranks import NO_CLAIM, RankClaim, stable_order
 
 
 def _claims(old_ranks: dict[int, int], r: int = 5) -> dict[int, RankClaim]:

@@ -1,4 +1,4 @@
-"""Reading py-spy's stacks (``agent/stack_report.py``): where a worker is, what is user code,
+"""Reading py-spy's stacks (``agent/progress/stack_report.py``): where a worker is, what is user code,
 and the text of ``stacks.txt``."""
 
 from __future__ import annotations
@@ -7,7 +7,7 @@ import json
 
 import pytest
 
-from elastic_run.agent.stack_report import (
+from elastic_run.agent.progress.stack_report import (
     StackReport,
     format_stacks,
     is_library_file,

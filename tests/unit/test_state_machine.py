@@ -1,4 +1,4 @@
-"""The agent's pure decisions (``agent/state_machine.py``): each row of its tables, then
+"""The agent's pure decisions (``agent/loop/state_machine.py``): each row of its tables, then
 properties over every observation hypothesis can build."""
 
 from __future__ import annotations
@@ -9,8 +9,8 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import WorkerState
+from elastic_run.agent.loop import state_machine as sm
 
 RUNNING = sm.Observation(sm.Phase.RUNNING, max_restarts=3)
 JOINING = sm.Observation(sm.Phase.JOINING)

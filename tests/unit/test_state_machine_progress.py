@@ -1,4 +1,4 @@
-"""The state machine's progress rows (``agent/state_machine.py``): a hung worker and a crash
+"""The state machine's progress rows (``agent/loop/state_machine.py``): a hung worker and a crash
 loop without progress, row by row, then properties over every observation."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ from dataclasses import replace
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_run.agent import state_machine as sm
 from elastic_run.agent.api import WorkerState
+from elastic_run.agent.loop import state_machine as sm
 
 RUNNING = sm.Observation(sm.Phase.RUNNING, max_restarts=3)
 FAILED = replace(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=True)

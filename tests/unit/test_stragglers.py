@@ -1,11 +1,11 @@
-"""Step times and stragglers (``agent/stragglers.py``): windows over counters, the job's
+"""Step times and stragglers (``agent/progress/stragglers.py``): windows over counters, the job's
 median, and who is reported, when, and only once."""
 
 from __future__ import annotations
 
 import pytest
 
-from elastic_run.agent.stragglers import (
+from elastic_run.agent.progress.stragglers import (
     RankTime,
     StepSample,
     StepWindow,

@@ -14,8 +14,8 @@ from hypothesis import settings
 from hypothesis import strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
-from elastic_run.agent import timer_table
-from elastic_run.agent.timer_table import ArmedTimer, TimerTable
+from elastic_run.agent.watchdog import timer_table
+from elastic_run.agent.watchdog.timer_table import ArmedTimer, TimerTable
 from elastic_run.timer_wire import RELEASE_EXPIRATION, FileTimerRequest
 
 

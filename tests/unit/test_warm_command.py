@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from elastic_run.agent.zygote import WarmCommand, env_mismatch, warm_command
+from elastic_run.agent.warm.zygote import WarmCommand, env_mismatch, warm_command
 
 PY = "/usr/bin/python3"
 

@@ -1,4 +1,4 @@
-"""The default warm-start mode, decided from the training script's imports (cli/warm_default.py)."""
+"""The default warm-start mode, decided from the training script's imports (cli/options/warm_default.py)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.cli.warm_default import default_warm_start, imported_modules
+from elastic_run.cli.options.warm_default import default_warm_start, imported_modules
 
 
 def _decide(tmp_path: Path, source: str, **kwargs: object) -> tuple[bool, str]:

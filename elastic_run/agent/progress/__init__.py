@@ -1,0 +1,13 @@
+"""Progress beats and what the agent judges from them: hangs, stragglers, a script's end.
+
+Pure rules beside their watchers: ``hang.py`` (the hang verdict) with ``hang_watch.py`` (beats
+in, verdicts and stacks out), ``script_end.py`` (when a script is over) with
+``script_end_watch.py``, ``stragglers.py`` (step times, the slow ranks), ``stack_report.py``
+(py-spy's stacks read) with ``stacks.py`` (taking them). ``config.py`` holds the run's fixed
+settings, ``duties.py`` what the local agent does with beats each tick, ``publisher.py`` the
+thread that publishes progress for ``status``.
+
+The pure modules import no clock, thread, process or store. May import: ``agent.loop``'s state
+machine (the decisions the duties feed), ``agent.workers``, ``elastic_run.rendezvous``'s public
+telemetry, the top-level ``beat_file``. Never the CLI.
+"""

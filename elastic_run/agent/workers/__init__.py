@@ -1,0 +1,13 @@
+"""Worker processes: what one worker is given, how it is started, watched, stopped and heard.
+
+Owns the worker's command and environment (``env.py``), process supervision with sessions,
+reaping and the process-tree kill (``processes.py``), the guardian that outlives a SIGKILLed
+agent (``guardian.py``), callable entrypoints (``function_workers.py`` in the agent,
+``function_call.py`` in the worker), stdout/stderr plumbing (``output.py``, ``console.py``,
+``logs_specs.py``), error files and the failure summary (``failures.py``), NUMA binding
+(``numa.py``) and the gloo loopback check (``gloo_check.py``).
+
+May import: ``elastic_run.agent`` (api, config, events) and the top-level helpers
+(``parent_death``, ``descriptors``, ``multiprocessing_errors``). Nothing of the run loop, the
+rendezvous or the CLI.
+"""

@@ -1,0 +1,6 @@
+"""The c10d backend: the rendezvous seam on a TCPStore (or FileStore), the embedded default.
+
+Owns ``C10dRendezvousBackend`` (``backend.py``), the link to the store host with its read
+deadlines (``link.py``) and the typed store calls (``store.py``). May import: the seam, the
+API, errors, ``rendezvous.protocol``'s keys, and torch's public store classes.
+"""

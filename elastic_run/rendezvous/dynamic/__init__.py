@@ -1,0 +1,10 @@
+"""The dynamic rendezvous handler: one node's place in the job's rounds.
+
+Owns ``DynamicRendezvousHandler`` (``handler.py``), joining rounds on the store (``rounds.py``),
+a forming round's coordinator duties (``coordinator.py``), what a member knows of its round
+(``round_state.py``), and the read-only and best-effort sides used by ``status`` and the
+agent's telemetry (``status_reader.py``, ``telemetry.py``).
+
+May import: ``rendezvous.protocol``, ``rendezvous.liveness``, the seam (``rendezvous.backend``),
+the API, errors and settings. Never a concrete backend, never the agent.
+"""

@@ -1,0 +1,500 @@
+"""The dynamic rendezvous handler: the O(N) protocol of ``protocol.py`` applied to a backend.
+
+The handler owns one node's place in the job: it joins rounds (``next_rendezvous``), waits at
+the door of a completed round, ends a round when its workers fail or it re-rendezvouses, and
+answers the agent's questions (``AgentRendezvous``). What it delegates, one concept each:
+
+    keys.py           the key schema
+    settings.py       --rdzv-conf, parsed once
+    protocol.py       every decision (barrier, seal, ring verdicts, ranks), pure
+    rounds.py         the blocking joins: arrive, be admitted or wait at the door, end a round
+    coordinator.py    the barrier duties of an arrival (reads, asks the protocol, seals)
+    liveness.py       the heartbeat and ring-watch thread (verdicts tagged with their round)
+    peerwatch.py      death notices between agents, in milliseconds
+    notice_loop.py    the one select loop (thread) per process serving every death-notice socket
+    telemetry.py      published agent state and the job's event ring
+    status_reader.py  the read-only picture for ``elastic-run status``
+
+Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import socket
+import threading
+import time
+from collections.abc import Callable, Mapping
+from typing import TYPE_CHECKING, Any, cast, get_args
+
+from elastic_run.rendezvous.api import (
+    AgentRendezvous,
+    Assignment,
+    LivenessReport,
+    RendezvousHandler,
+    RendezvousInfo,
+    RendezvousParameters,
+    RendezvousSnapshot,
+    RoundEnd,
+    RoundPoll,
+)
+from elastic_run.rendezvous.backend import RendezvousBackend, require_backend
+from elastic_run.rendezvous.dynamic.coordinator import read_lost
+from elastic_run.rendezvous.dynamic.round_state import RoundState
+from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, end_round
+from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
+from elastic_run.rendezvous.dynamic.telemetry import Telemetry
+from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.liveness.notices import DeathNotices
+from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import (
+    ClosedReason,
+    ClosedRecord,
+    LostReason,
+    LostRecord,
+    NodeRecord,
+    decode,
+    decode_int,
+    encode,
+)
+from elastic_run.rendezvous.settings import RendezvousSettings, RendezvousTimeout
+
+if TYPE_CHECKING:
+    from torch.distributed import Store
+
+__all__ = ["DynamicRendezvousHandler", "create_handler"]
+
+log = logging.getLogger(__name__)
+
+
+class DynamicRendezvousHandler(RendezvousHandler):
+    """A rendezvous handler running the O(N) protocol on any ``RendezvousBackend``.
+
+    Args:
+        run_id: the job id.
+        backend: the store the protocol runs on.
+        min_nodes: the fewest nodes a round completes with.
+        max_nodes: the most nodes a round admits.
+        local_addr: the address this node advertises (default: its FQDN).
+        settings: the timing.
+        clock: the monotonic clock (seconds); injectable for tests.
+    """
+
+    def __init__(
+        self,
+        run_id: str,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        settings: RendezvousSettings | None = None,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
+        backend = require_backend(backend)  # a torch-style get_state/set_state one: TypeError
+        self._run_id = run_id
+        self._backend = backend
+        self._settings = settings or RendezvousSettings()
+        self._round_settings = proto.RoundSettings(
+            min_nodes=min_nodes,
+            max_nodes=max_nodes,
+            last_call_timeout_s=self._settings.last_call_timeout_s,
+            stale_after_s=self._settings.stale_after_s,
+        )
+        self._clock = clock
+        self._host = socket.gethostname()
+        self._addr = local_addr or socket.getfqdn()
+        self.node_id = f"{self._host}-{os.getpid()}-{secrets.token_hex(4)}"
+        self._local_world_size = 1
+        self._role = "default"
+        self._lock = threading.Lock()
+        self._member: Membership | None = None
+        self._notices = DeathNotices(
+            run_id, self.node_id, self._addr, lambda _: self._liveness.poke()
+        )
+        self._state = RoundState(
+            backend,
+            run_id,
+            self.node_id,
+            self._notify_change,
+            lambda n: n in self._notices.closed_peers,
+        )
+        self._shut_down = False
+        self._telemetry = Telemetry(backend, run_id, self.node_id, self._host)
+        self._liveness = LivenessThread(
+            backend,
+            self.node_id,
+            self._settings,
+            clock,
+            self._ring_position,
+            self._with_notices,
+            self._state.apply_verdict,
+            self._state.refresh,
+        )
+        self._on_change: Callable[[], None] | None = None
+        self._is_interrupted: Callable[[], bool] | None = None
+        self._rounds = Rounds(
+            backend,
+            run_id,
+            self.node_id,
+            self._settings,
+            self._round_settings,
+            clock,
+            self._my_record,
+            lambda: self._is_interrupted is not None and self._is_interrupted(),
+            self._liveness.successor_beats,
+            self._with_notices,
+            lambda: self._is_interrupted is not None,
+        )
+
+    # -- construction, as torch's -------------------------------------------------
+
+    @classmethod
+    def from_backend(
+        cls,
+        run_id: str,
+        store: Any,
+        backend: RendezvousBackend,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None = None,
+        timeout: RendezvousTimeout | None = None,
+        keep_alive_interval: float = 1.0,
+        keep_alive_max_attempt: int = 3,
+    ) -> DynamicRendezvousHandler:
+        """Build a handler as torch's ``from_backend`` does (``store`` is kept for shape only).
+
+        Args:
+            timeout: the join, last call, close and heartbeat timeouts (None: the defaults).
+            keep_alive_interval: seconds between heartbeats (torch's default is 5; ours 1).
+            keep_alive_max_attempt: intervals without a heartbeat before a node is gone.
+        """
+        settings = RendezvousSettings.from_timeout(
+            timeout, keep_alive_interval, keep_alive_max_attempt
+        )
+        return cls(run_id, backend, min_nodes, max_nodes, local_addr, settings)
+
+    # -- what the agent tells us --------------------------------------------------
+
+    def set_local_info(self, local_world_size: int, role: str = "default") -> None:
+        """Tell the handler how many workers this node runs and their role (before joining)."""
+        self._local_world_size = local_world_size
+        self._role = role
+
+    def set_change_callback(self, callback: Callable[[], None] | None) -> None:
+        """Have ``callback`` called (from a rendezvous thread) when this node's round ends.
+
+        The agent passes its loop's wake-up, so it reacts to a lost member at once rather
+        than at its next poll. The callback must be quick and must not raise.
+        """
+        self._on_change = callback
+
+    def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
+        """Make ``next_rendezvous`` give up with RendezvousInterruptedError once this is True.
+
+        Checked between the slices of every blocking wait (at most ``keep_alive_interval``).
+        """
+        self._is_interrupted = is_interrupted
+
+    # -- what the agent reads ------------------------------------------------------
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        """The timing in force."""
+        return self._settings
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        """The backend the protocol runs on."""
+        return self._backend
+
+    @property
+    def endpoint(self) -> str:
+        """Where the backend is, for messages."""
+        return self._backend.endpoint
+
+    @property
+    def advertised_addr(self) -> str:
+        """The address this node advertises (``--local-addr`` or its FQDN)."""
+        return self._addr
+
+    @property
+    def is_hosting(self) -> bool:
+        """Whether this process hosts the store (it must leave the job last)."""
+        return self._backend.is_hosting
+
+    @property
+    def assignment(self) -> Assignment | None:
+        """This node's place in its current round (worker rank offsets), or None."""
+        member = self._member
+        return member.assign if member is not None else None
+
+    @property
+    def round(self) -> int | None:
+        """This node's current round, or None before the first."""
+        member = self._member
+        return member.round if member is not None else None
+
+    @property
+    def successor_watch(self) -> str:
+        """What the death-notice watch on this node's ring successor is doing, for people.
+
+        ``watching <node id>``, ``no verdict <node id>: <why>``, ``dead <node id>``, ``idle``.
+        """
+        return self._notices.state
+
+    def closed_peers(self) -> frozenset[str]:
+        """The node ids whose agents this node saw end (see ``peerwatch.py``). No I/O."""
+        return self._notices.closed_peers
+
+    def liveness(self) -> LivenessReport:
+        """This node's own heartbeat standing (no I/O)."""
+        return self._liveness.report()
+
+    def poll(self) -> RoundPoll:
+        """What this node knows of its round now (no I/O; see ``round_state.py``).
+
+        The liveness thread keeps it current: each tick it reads the job's epoch counter (one
+        request) and, when it moved, the round, the closed record and the arrival count; its
+        verdicts and the death notices update it at once. A change wakes the agent through the
+        change callback.
+        """
+        return self._state.poll()
+
+    def round_end(self) -> RoundEnd | None:
+        """Who ended this node's round and why (one store read), or None while it runs."""
+        member = self._member
+        if member is None:
+            return None
+        record = read_lost(self._backend, member.round)
+        if record is None:
+            return None
+        return RoundEnd(cause=record.reason, ended_by=record.by, lost=record.node_ids)
+
+    def report_failure(self) -> bool:
+        """End the current round because this node's workers failed.
+
+        Returns:
+            True when this node ended the round first (its failure is the cause and
+            counts against its restarts), False when the round had already ended.
+        """
+        member = self._member
+        if member is None:
+            return True
+        return end_round(
+            self._backend,
+            member.round,
+            LostRecord(member.round, "worker_failure", (), self.node_id),
+        )
+
+    def leave_round(self, reason: str) -> None:
+        """End this node's round for ``reason`` (first writer wins), before re-rendezvousing.
+
+        Raises:
+            ValueError: ``reason`` is not a LostReason.
+        """
+        if reason not in get_args(LostReason):
+            raise ValueError(f"leave_round: {reason!r} is not one of {get_args(LostReason)}")
+        member = self._member
+        if member is None:
+            return
+        why = LostRecord(member.round, cast(LostReason, reason), (), self.node_id)
+        end_round(self._backend, member.round, why)
+
+    def publish_state(self, state: str, restarts: int, message: str = "") -> None:
+        """Publish this agent's state for ``elastic-run status`` (best-effort)."""
+        member = self._member
+        self._telemetry.publish_state(
+            state,
+            restarts,
+            member.round if member is not None else self._rounds.last_round,
+            message,
+        )
+
+    def publish_event(
+        self, kind: str, message: str, fields: Mapping[str, Any] | None = None
+    ) -> None:
+        """Publish an event into the job's ring of the last 64 (best-effort)."""
+        self._telemetry.publish_event(kind, message, fields)
+
+    def snapshot(self) -> RendezvousSnapshot | None:
+        """A read-only picture of the rendezvous (see ``status_reader.read_snapshot``)."""
+        return read_snapshot(
+            self._backend,
+            self._run_id,
+            self._round_settings.min_nodes,
+            self._round_settings.max_nodes,
+        )
+
+    # -- RendezvousHandler ----------------------------------------------------------
+
+    def get_backend(self) -> str:
+        """Return the backend name."""
+        return self._backend.name
+
+    def get_run_id(self) -> str:
+        """Return the run id."""
+        return self._run_id
+
+    @property
+    def use_agent_store(self) -> bool:
+        """Workers connect to a store their agents host."""
+        return True
+
+    def is_closed(self) -> bool:
+        """Return whether the job's rendezvous is closed."""
+        return self._backend.get_unwaited([keys.CLOSED])[0] is not None
+
+    def closed_reason(self) -> ClosedReason | None:
+        """Return why the job is closed, or None while it is open."""
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
+        return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
+
+    def set_closed(self, reason: ClosedReason = "closed") -> None:
+        """Close the rendezvous: no round forms any more, every node sees it.
+
+        The first close wins; closing a closed rendezvous again changes nothing.
+
+        Args:
+            reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
+
+        Raises:
+            ValueError: ``reason`` is none of those.
+            RendezvousConnectionError: the backend cannot be reached.
+        """
+        record = ClosedRecord(reason, self.node_id)
+        encoded = encode(record)
+        decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
+        self._backend.compare_set(keys.CLOSED, None, encoded)
+        self._backend.add(keys.EPOCH, 1)
+
+    def num_nodes_waiting(self) -> int:
+        """Return how many nodes wait at the door of this node's round (one store trip)."""
+        member = self._member
+        if member is None:
+            return 0
+        (raw,) = self._backend.get_unwaited([keys.arrivals(member.round)])
+        arrivals = decode_int(keys.arrivals(member.round), raw) if raw is not None else 0
+        return max(0, arrivals - member.seal.sealed_arrivals)
+
+    def next_rendezvous(self) -> RendezvousInfo:
+        """Join the next round and block until it completes. See RendezvousHandler.
+
+        Raises:
+            RendezvousInterruptedError: the agent's interrupt check turned true.
+        """
+        self._start_liveness()
+        deadline = self._clock() + self._settings.join_timeout_s
+        previous = self._member
+        with self._lock:
+            self._member = None
+        self._state.begin(None)
+        if previous is not None:
+            self._rounds.end_before_rejoin(previous.round)
+        member = self._rounds.join(deadline)
+        self._notices.watch(member.successor)
+        with self._lock:
+            self._member = member
+        self._state.begin(member)
+        return RendezvousInfo(
+            store=self._backend.round_store(keys.shared_prefix(member.round)),
+            rank=member.assign.rank,
+            world_size=member.assign.world_size,
+            bootstrap_store_info=None,
+            round=member.round,
+        )
+
+    def shutdown(self) -> bool:
+        """Leave without closing the job: stop heartbeating and drop this node's liveness key.
+
+        Idempotent: a second call does nothing and returns True.
+
+        Returns:
+            True when this node's liveness key was dropped (or already was), False when
+            the backend could not be reached (a warning is logged).
+        """
+        with self._lock:
+            if self._shut_down:
+                return True
+            self._shut_down = True
+        if not self._liveness.stop():
+            log.warning("the rendezvous liveness thread did not end in time")
+        self._notices.close()
+        try:
+            self._backend.forget_node(self.node_id)
+        except RendezvousError as exc:
+            log.warning("could not drop this node's heartbeat: %s", exc)
+            return False
+        return True
+
+    def _my_record(self) -> NodeRecord:
+        return NodeRecord(
+            node_id=self.node_id,
+            addr=self._addr,
+            host=self._host,
+            pid=os.getpid(),
+            local_world_size=self._local_world_size,
+            role=self._role,
+            prev_round=self._rounds.last_round,
+            alive_port=self._notices.port,
+            min_nodes=self._round_settings.min_nodes,
+            max_nodes=self._round_settings.max_nodes,
+            prev_rank=self._rounds.last_rank,
+            rank_round=self._rounds.rank_round,
+        )
+
+    # -- liveness -------------------------------------------------------------------------
+
+    def _start_liveness(self) -> None:
+        self._notices.start()
+        self._liveness.start()
+
+    def _ring_position(self) -> RingPosition | None:
+        member = self._member
+        if member is None:
+            return None
+        is_member = self._state.is_member(member.round)
+        successor = member.successor.node_id if member.successor is not None else ""
+        return RingPosition(member.round, successor, is_member)
+
+    def _with_notices(self, beats: proto.Heartbeats) -> proto.Heartbeats:
+        """``beats`` with this node's death notices applied."""
+        return self._notices.apply(beats, self._clock())
+
+    def _notify_change(self) -> None:
+        callback = self._on_change
+        if callback is not None:
+            callback()
+
+
+def _conforms(handler: DynamicRendezvousHandler) -> AgentRendezvous:
+    return handler  # mypy checks the handler against the agent's contract here
+
+
+def create_handler(
+    store: Store | None,
+    backend: RendezvousBackend,
+    params: RendezvousParameters,
+) -> DynamicRendezvousHandler:
+    """Build a dynamic handler over ``backend`` from ``params`` (torch's ``create_handler``).
+
+    Args:
+        store: kept for torch's signature (the backend carries its own store).
+        backend: the backend the protocol runs on.
+        params: the rendezvous parameters (``--rdzv-conf`` keys included).
+
+    Raises:
+        ConfigurationError: a bad --rdzv-conf value (also a ValueError).
+        TypeError: ``backend`` is not a ``RendezvousBackend`` (e.g. torch-style).
+    """
+    return DynamicRendezvousHandler(
+        run_id=params.run_id,
+        backend=backend,
+        min_nodes=params.min_nodes,
+        max_nodes=params.max_nodes,
+        local_addr=params.local_addr,
+        settings=RendezvousSettings.from_params(params, require_backend(backend).CONF_KEYS),
+    )

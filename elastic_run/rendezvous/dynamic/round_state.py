@@ -1,0 +1,167 @@
+"""What one node knows of the round it is a member of, kept current by its liveness thread.
+
+The agent asks (``RoundState.poll``, no I/O); the liveness thread writes: its ring verdicts
+(``apply_verdict``) and, each tick, the safety-net read (``refresh``: the job's epoch counter,
+one request; the round, the closed record and the arrival count only when the epoch moved).
+
+Invariants:
+- Every update names the round it is about and is dropped unless that round is the one this
+  node is a member of now: an observation about round r never lands on round r+1.
+- The state of a round is one frozen record, replaced whole under a lock; flags only ever go
+  from unknown to known (over, lost, closed stay set until the next round).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, replace
+
+from elastic_run.rendezvous.api import RoundPoll
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.dynamic.coordinator import read_lost
+from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import ClosedRecord, LostRecord, decode, decode_int
+
+__all__ = ["RoundState"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class _Flags:
+    round: int
+    sealed_arrivals: int
+    over: bool = False
+    lost: bool = False
+    cause: str | None = None
+    closed: str | None = None
+    waiting: int = 0
+
+
+class RoundState:
+    """One node's view of its current round.
+
+    Args:
+        backend: the job's backend.
+        run_id: the job id (for messages).
+        node_id: this node's id.
+        on_change: called (from the liveness thread) when something the agent acts on changed.
+        is_notice: whether a node id was seen dead by a death notice (for the log line).
+    """
+
+    def __init__(
+        self,
+        backend: RendezvousBackend,
+        run_id: str,
+        node_id: str,
+        on_change: Callable[[], None],
+        is_notice: Callable[[str], bool],
+    ) -> None:
+        self._backend = backend
+        self._run_id = run_id
+        self._node_id = node_id
+        self._on_change = on_change
+        self._is_notice = is_notice
+        self._lock = threading.Lock()
+        self._flags: _Flags | None = None
+        self._epoch_seen = (-1, -1)
+
+    def begin(self, member: Membership | None) -> None:
+        """This node is now a member of ``member.round`` (None: between rounds)."""
+        with self._lock:
+            self._flags = (
+                _Flags(member.round, member.seal.sealed_arrivals) if member is not None else None
+            )
+
+    def is_member(self, r: int) -> bool:
+        """Whether this node is a member of round ``r`` and has not seen it end."""
+        flags = self._flags
+        return flags is not None and flags.round == r and not (flags.over or flags.lost)
+
+    def poll(self) -> RoundPoll:
+        """What this node knows of its round now (no I/O)."""
+        flags = self._flags
+        if flags is None:
+            return RoundPoll()
+        return RoundPoll(
+            closed=flags.closed,
+            round_over=flags.over or flags.lost,
+            member_lost=flags.lost,
+            nodes_waiting=flags.waiting,
+            end_cause=flags.cause,
+        )
+
+    def refresh(self) -> None:
+        """The safety-net read: the epoch; the round's keys when it moved (liveness thread)."""
+        flags = self._flags
+        if flags is None:
+            return
+        r = flags.round
+        epoch = self._backend.read_counter(keys.EPOCH)
+        if (epoch, r) == self._epoch_seen:
+            return
+        raw_round, raw_closed, raw_arrivals = self._backend.get_unwaited(
+            [keys.ROUND, keys.CLOSED, keys.arrivals(r)]
+        )
+        closed = decode(ClosedRecord, keys.CLOSED, raw_closed) if raw_closed is not None else None
+        arrivals = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
+        self._epoch_seen = (epoch, r)
+        changed = self._update(
+            r,
+            closed=closed.reason if closed is not None else None,
+            waiting=max(0, arrivals - flags.sealed_arrivals),
+        )
+        if raw_round is not None and decode_int(keys.ROUND, raw_round) != r:
+            self.note_round_end(r)
+            changed = True
+        if changed:
+            self._on_change()
+
+    def apply_verdict(self, r: int, verdict: proto.RingVerdict) -> None:
+        """The liveness thread's verdict about round ``r``; dropped unless ``r`` is current."""
+        if not self.is_member(r):
+            return
+        if isinstance(verdict, proto.MemberLost):
+            successor = verdict.node_ids[0] if verdict.node_ids else "?"
+            log.warning(
+                "rendezvous '%s': member %s is gone (%s); ending round %d",
+                self._run_id,
+                successor,
+                "its agent ended" if self._is_notice(successor) else "it stopped heartbeating",
+                r,
+            )
+            why = LostRecord(r, "member_lost", verdict.node_ids, self._node_id)
+            end_round(self._backend, r, why)
+            self._set_over(r, lost=True, cause="member_lost")
+        elif isinstance(verdict, proto.RoundEnded):
+            self.note_round_end(r)
+        else:
+            return
+        self._on_change()
+
+    def note_round_end(self, r: int) -> None:
+        """Mark round r over; a member lost (by whoever saw it) counts as lost here too."""
+        why = read_lost(self._backend, r)
+        cause = why.reason if why is not None else None
+        self._set_over(r, lost=cause == "member_lost", cause=cause)
+
+    def _set_over(self, r: int, *, lost: bool, cause: str | None) -> None:
+        with self._lock:
+            flags = self._flags
+            if flags is not None and flags.round == r:
+                self._flags = replace(
+                    flags, over=True, lost=flags.lost or lost, cause=flags.cause or cause
+                )
+
+    def _update(self, r: int, *, closed: str | None, waiting: int) -> bool:
+        """Record what the epoch read saw of round ``r``; return whether it is news."""
+        with self._lock:
+            flags = self._flags
+            if flags is None or flags.round != r:
+                return False
+            self._flags = replace(flags, closed=flags.closed or closed, waiting=waiting)
+            return self._flags.closed != flags.closed or waiting > flags.waiting

@@ -1,0 +1,338 @@
+"""Joining rounds on the store: arrive, be admitted or wait at the door, end a round.
+
+One node's blocking side of the protocol. ``join`` loops until this node is a member of a
+completed round:
+
+    closed                         -> RendezvousClosedError
+    the current round is sealed    -> arrive as a waiting node, block until that round ends
+                                      (watching two members, so a job whose members all died
+                                      does not keep the door shut), then look again
+    the current round is forming   -> arrive, take the barrier duties (coordinator.py) until
+                                      the seal is written; admitted: done; too late: wait at
+                                      the door of this round
+
+Every blocking wait is sliced (at most ``keep_alive_interval``); between slices the agent's
+interrupt check and the join deadline are looked at. In a forming round an arrival that only
+watches its predecessor reads the store (the closed record, its predecessor) every 1 to 4
+slices by its arrival index (``Coordinator.is_due``), not every slice: such an arrival sees a
+closed job within 4 intervals, and one far down takes over coordination later when every
+arrival before it died. Ending a round is two compare-sets (``r<r>/lost`` from absent, then
+``round`` r -> r+1) and an epoch bump, so a member's agent notices it at its next poll even
+without a liveness verdict.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic_run.rendezvous.api import Assignment
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.dynamic.coordinator import Coordinator
+from elastic_run.rendezvous.errors import (
+    RendezvousClosedError,
+    RendezvousInterruptedError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+    RendezvousUnreachableError,
+)
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import (
+    ClosedRecord,
+    LostRecord,
+    NodeRecord,
+    SealRecord,
+    decode,
+    decode_int,
+    encode,
+)
+from elastic_run.rendezvous.settings import RendezvousSettings
+
+__all__ = ["Membership", "Rounds", "end_round"]
+
+log = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class Membership:
+    """This node's place in a completed round.
+
+    Attributes:
+        round: the round.
+        index: this node's arrival index in it.
+        seal: the round's seal.
+        assign: this node's ranks.
+        successor: the record of the member this node watches (None when alone).
+    """
+
+    round: int
+    index: int
+    seal: SealRecord
+    assign: Assignment
+    successor: NodeRecord | None
+
+
+def end_round(backend: RendezvousBackend, r: int, why: LostRecord) -> bool:
+    """Record why round ``r`` ended (first writer wins) and advance the round past it.
+
+    When this node's worker failure ended the round first, the job's restart count is bumped
+    before the round advances, so every member of the next round reads the new count.
+
+    Returns:
+        Whether this call's record is the one that stands (this node ended the round first).
+    """
+    _, first = backend.compare_set(keys.lost(r), None, encode(why))
+    if first and why.reason == "worker_failure":
+        backend.add(keys.RESTARTS, 1)
+    backend.compare_set(keys.ROUND, str(r).encode(), str(r + 1).encode())
+    backend.add(keys.EPOCH, 1)
+    return first
+
+
+class Rounds:
+    """The blocking part of one node's rendezvous.
+
+    Args:
+        backend: the job's backend.
+        run_id: the job id (for messages).
+        node_id: this node's id.
+        settings: the timing.
+        round_settings: min, max, last call and staleness for the barrier.
+        clock: the monotonic clock.
+        record: builds this node's arrival record (called at each arrival).
+        is_interrupted: the agent's interrupt check.
+        seed_beats: what this node's liveness thread has seen (seeds each coordinator).
+        with_notices: applies this node's death notices to a heartbeat view.
+        slices_needed: whether anything must be looked at between store reads (an interrupt
+            check is installed); when not, a watcher waits for the seal until its next look.
+    """
+
+    def __init__(
+        self,
+        backend: RendezvousBackend,
+        run_id: str,
+        node_id: str,
+        settings: RendezvousSettings,
+        round_settings: proto.RoundSettings,
+        clock: Callable[[], float],
+        record: Callable[[], NodeRecord],
+        is_interrupted: Callable[[], bool],
+        seed_beats: Callable[[], proto.Heartbeats],
+        with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        slices_needed: Callable[[], bool] = lambda: True,
+    ) -> None:
+        self._backend = backend
+        self._run_id = run_id
+        self._node_id = node_id
+        self._settings = settings
+        self._round = round_settings
+        self._clock = clock
+        self._record = record
+        self._is_interrupted = is_interrupted
+        self._seed_beats = seed_beats
+        self._with_notices = with_notices
+        self._slices_needed = slices_needed
+        self.last_round = -1
+        self.last_rank = -1
+        self.rank_round = -1
+        self._arrived: tuple[int, int] | None = None  # (round, index) of the last arrival
+        self._pause = threading.Event()  # never set: an interruptible pause between attempts
+
+    def join(self, deadline: float) -> Membership:
+        """Block until this node is a member of a completed round.
+
+        Raises:
+            RendezvousClosedError: the job is closed.
+            RendezvousTimeoutError: ``deadline`` (monotonic) passed.
+            RendezvousInterruptedError: the agent's interrupt check turned true.
+        """
+        said = False
+        while True:
+            try:
+                member = self._join_once(deadline)
+            except RendezvousUnreachableError as exc:
+                # A store that does not answer may come back (a healed partition): try again
+                # until the join timeout. One that refuses raises at once (exit 4).
+                if self._clock() >= deadline or self._is_interrupted():
+                    raise
+                if not said:
+                    log.warning(
+                        "rendezvous '%s': %s; trying until the join timeout", self._run_id, exc
+                    )
+                    said = True
+                self._pause.wait(min(0.5, max(0.0, deadline - self._clock())))
+                continue
+            if member is not None:
+                self.last_round = member.round
+                self.last_rank, self.rank_round = member.assign.rank, member.round
+                return member
+
+    def end_before_rejoin(self, r: int) -> None:
+        """End round ``r``, which this node leaves to rejoin; a store that does not answer is
+        left to the join's retries (the others end the round when they see this node gone)."""
+        try:
+            end_round(self._backend, r, LostRecord(r, "rejoin", (), self._node_id))
+        except RendezvousUnreachableError as exc:
+            log.warning("rendezvous '%s': could not end round %d: %s", self._run_id, r, exc)
+
+    def _join_once(self, deadline: float) -> Membership | None:
+        """One attempt: join the forming round, or wait at the door of a completed one."""
+        self.check_closed()
+        r = self.current_round()
+        seal_raw = self._backend.get(keys.seal(r))
+        if seal_raw is not None:
+            # The round is complete without us: wait at the door for the next one.
+            self._wait_at_door(r, decode(SealRecord, keys.seal(r), seal_raw), deadline)
+            return None
+        return self._join_round(r, deadline)
+
+    def check_closed(self) -> None:
+        """Raise when interrupted or when the job is closed (one store read)."""
+        if self._is_interrupted():
+            raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
+        (raw,) = self._backend.get_unwaited([keys.CLOSED])
+        if raw is not None:
+            reason = decode(ClosedRecord, keys.CLOSED, raw).reason
+            raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({reason})")
+
+    def current_round(self) -> int:
+        """The store's current round (created at 0 by the job's first arrival)."""
+        (raw,) = self._backend.get_unwaited([keys.ROUND])
+        if raw is None:
+            raw, _ = self._backend.compare_set(keys.ROUND, None, b"0")
+        return decode_int(keys.ROUND, raw)
+
+    def _arrive(self, r: int, *, forming: bool = False) -> int:
+        """Take an arrival index in round ``r`` and write this node's record under it.
+
+        In a forming round, once: an attempt retried after the store stopped answering keeps
+        the index it took (a second one would put this node twice in the round). At the door of
+        a sealed round, always a fresh one: the members count it as a node waiting.
+        """
+        if forming and self._arrived is not None and self._arrived[0] == r:
+            index = self._arrived[1]
+        else:
+            index = self._backend.add(keys.arrivals(r), 1) - 1
+            self._arrived = (r, index)
+        self._backend.set(keys.node(r, index), encode(self._record()))
+        return index
+
+    def _arrivals_of(self, r: int) -> int:
+        raw = self._backend.get(keys.arrivals(r))
+        return decode_int(keys.arrivals(r), raw) if raw is not None else 0
+
+    def _timeout_error(self, present: int) -> RendezvousTimeoutError:
+        rs = self._round
+        needed = rs.min_nodes if rs.min_nodes == rs.max_nodes else f"{rs.min_nodes}..{rs.max_nodes}"
+        return RendezvousTimeoutError(
+            f"rendezvous '{self._run_id}' timed out after {self._settings.join_timeout_s:g} s "
+            f"with {present} of {needed} nodes ({self._backend.name} {self._backend.endpoint})"
+        )
+
+    def _wait_at_door(
+        self, r: int, seal: SealRecord, deadline: float, index: int | None = None
+    ) -> None:
+        """Be counted as waiting on round r; return once round r ended (or was ended by us).
+
+        Args:
+            index: this node's arrival index in round r when it arrived already (it came
+                too late for the seal); None to arrive now.
+        """
+        if index is None:
+            index = self._arrive(r)
+            self._backend.add(keys.EPOCH, 1)  # the members' agents notice a node waiting
+        self.last_round = r
+        members = seal.admitted_indices()
+        watch_idx = (
+            sorted({members[(index + k) % len(members)] for k in range(2)}) if members else []
+        )
+        node_keys = [keys.node(r, i) for i in watch_idx]
+        watched = [
+            decode(NodeRecord, k, raw).node_id
+            for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
+            if raw is not None
+        ]
+        beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
+        tick = self._settings.keep_alive_interval_s
+        while True:
+            if self._backend.wait_for([keys.arrivals(r + 1)], tick):
+                return
+            self.check_closed()
+            if self.current_round() != r:
+                return
+            now = self._clock()
+            if now >= deadline:
+                raise self._timeout_error(self._arrivals_of(r) - seal.sealed_arrivals)
+            read = self._backend.read_heartbeats(watched)
+            beats = self._with_notices(beats.observe(dict(zip(watched, read, strict=True)), now))
+            verdict = proto.judge_watched(watched, beats, now, self._settings.stale_after_s)
+            if isinstance(verdict, proto.MemberLost):
+                why = LostRecord(r, "member_lost", verdict.node_ids, self._node_id)
+                end_round(self._backend, r, why)
+                return
+
+    def _join_round(self, r: int, deadline: float) -> Membership | None:
+        """Arrive in the forming round r and block until it is sealed.
+
+        Returns:
+            The membership, or None when this node was left out (it then waits at the door).
+        """
+        index = self._arrive(r, forming=True)
+        coordinator = Coordinator(
+            self._backend,
+            self._node_id,
+            r,
+            index,
+            self._settings,
+            self._round,
+            self._seed_beats(),
+            self._with_notices,
+            self._clock(),
+        )
+        if index == 0 or index + 1 == self._round.max_nodes:
+            # The first arrival decides now (a re-forming round whose other nodes are all known
+            # lost completes at once); the arrival that brings the count to max seals at once
+            # if the protocol finds the max arrivals alive.
+            coordinator.step(self._clock(), coordinate=index + 1 == self._round.max_nodes)
+        seal_key = keys.seal(r)
+        while True:
+            now = self._clock()
+            wait_s = coordinator.next_wait(now)
+            if not self._slices_needed():  # nothing to look at before the next look
+                wait_s = max(wait_s, min(coordinator.look_in(now), deadline - now))
+            if self._backend.wait_for([seal_key], wait_s):
+                break
+            now = self._clock()
+            if not coordinator.is_due(now) and now < deadline:
+                if self._is_interrupted():
+                    self.check_closed()  # raises
+                continue  # a watcher between its looks: no store request
+            self.check_closed()
+            if now >= deadline:
+                if self._backend.wait_for([seal_key], 0.001):
+                    break  # sealed while this node was slow to look: not a timeout
+                raise self._timeout_error(self._arrivals_of(r))
+            coordinator.step(now)
+        (raw,) = self._backend.get_unwaited([seal_key])  # it exists: the wait returned
+        if raw is None:
+            raise RendezvousStateError(f"rendezvous key '{seal_key}' vanished after it was written")
+        seal = decode(SealRecord, seal_key, raw)
+        assign = proto.assignment_for(seal, index)
+        if assign is None:
+            # Not admitted. Came after the seal's count: already a waiting node. Left out of it
+            # (judged gone while slow, or its record came too late): arrive again past the
+            # count, so the members see one node waiting and admit it in their next round;
+            # the round itself goes on (a slow node costs only its own admission).
+            self._wait_at_door(r, seal, deadline, index if index >= seal.sealed_arrivals else None)
+            return None
+        successor: NodeRecord | None = None
+        if assign.successor_index >= 0:
+            succ_key = keys.node(r, assign.successor_index)
+            (raw_succ,) = self._backend.get_unwaited([succ_key])  # the seal names it
+            if raw_succ is None:
+                raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
+            successor = decode(NodeRecord, succ_key, raw_succ)
+        return Membership(r, index, seal, assign, successor)

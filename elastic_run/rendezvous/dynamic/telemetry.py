@@ -1,0 +1,203 @@
+"""Telemetry in the store: each agent's published state and the job's ring of recent events.
+
+What ``elastic-run status`` shows beyond membership. Writes are best-effort: a backend error
+is logged as a warning and never raised, so telemetry can never stop a job. Reads raise
+``RendezvousStateError`` naming the key when a value is not ours.
+
+Keys (see ``keys.py``): ``st/<node id>`` holds a JSON object ``{"v": 1, "state", "restarts",
+"round", "message", "ts"}``; events go to a ring of ``EVENT_RING_SIZE`` slots: one atomic add on
+``ev/count`` gives the event its sequence number ``seq``, one write puts it in slot
+``(seq - 1) % EVENT_RING_SIZE``. Two O(1) operations per event, whatever the job's size.
+
+Progress (the agent's hang and straggler picture): ``pg/<node id>`` holds one node's ranks
+(step, step time, beats, verdicts; written at most once a second, its size bounded by the
+node's local world size, not by the job's), and ``pg/job`` the job's median step time and
+slowest ranks, written by the node of group rank 0 every few seconds. Both are JSON objects of
+version 1 whose fields the agent defines; :func:`read_progress` reads them in one batch.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any, Protocol, runtime_checkable
+
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.protocol.records import SCHEMA_VERSION, decode_int, load_versioned
+
+__all__ = [
+    "PROGRESS_JOB_KEY",
+    "SNAPSHOT_EVENTS",
+    "Telemetry",
+    "TelemetryHost",
+    "decode_json_record",
+    "progress_key",
+    "read_events",
+    "read_progress",
+]
+
+log = logging.getLogger(__name__)
+
+SNAPSHOT_EVENTS = 20
+PROGRESS_JOB_KEY = "pg/job"
+
+
+def progress_key(node_id: str) -> str:
+    """The key of one node's progress record."""
+    return f"pg/{node_id}"
+
+
+@runtime_checkable
+class TelemetryHost(Protocol):
+    """A rendezvous handler that can lend its backend and node id to a telemetry writer."""
+
+    node_id: str
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        """The job's backend."""
+
+
+def _json_bytes(body: Mapping[str, Any]) -> bytes:
+    # default=str: a field the caller could not serialise is shown, not lost or raised.
+    return json.dumps(body, separators=(",", ":"), default=str).encode()
+
+
+def decode_json_record(key: str, raw: bytes) -> dict[str, Any]:
+    """Decode a free-form JSON record (state, event) of schema version 1.
+
+    Raises:
+        RendezvousStateError: the value is not a JSON object of version 1.
+    """
+    return load_versioned(key, raw)
+
+
+class Telemetry:
+    """One node's writer of its published state and of job events.
+
+    Args:
+        backend: the job's backend.
+        run_id: the job id (for warnings).
+        node_id: this node's id.
+        host: this node's host name (shown with each event).
+    """
+
+    def __init__(self, backend: RendezvousBackend, run_id: str, node_id: str, host: str) -> None:
+        self._backend = backend
+        self._run_id = run_id
+        self._node_id = node_id
+        self._host = host
+
+    def publish_state(self, state: str, restarts: int, round_: int, message: str = "") -> None:
+        """Write this agent's state (one O(1) write). Never raises."""
+        body = {
+            "v": SCHEMA_VERSION,
+            "state": state,
+            "restarts": restarts,
+            "round": round_,
+            "message": message,
+            "ts": time.time(),
+        }
+        try:
+            self._backend.set(keys.state(self._node_id), _json_bytes(body))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish the agent state: %s", self._run_id, exc)
+
+    def publish_event(
+        self, kind: str, message: str, fields: Mapping[str, Any] | None = None
+    ) -> None:
+        """Add an event to the job's ring (two O(1) operations). Never raises."""
+        try:
+            seq = self._backend.add(keys.EVENT_COUNT, 1)
+            body = {
+                "v": SCHEMA_VERSION,
+                "seq": seq,
+                "ts": time.time(),
+                "node": self._node_id,
+                "host": self._host,
+                "kind": kind,
+                "message": message,
+                "fields": dict(fields or {}),
+            }
+            self._backend.set(keys.event_slot(seq), _json_bytes(body))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish an event: %s", self._run_id, exc)
+
+    def publish_progress(self, body: Mapping[str, Any]) -> None:
+        """Write this node's progress record (one O(1) write). Never raises."""
+        self._write(progress_key(self._node_id), body, "the progress record")
+
+    def publish_job_progress(self, body: Mapping[str, Any]) -> None:
+        """Write the job's progress summary (one O(1) write). Never raises."""
+        self._write(PROGRESS_JOB_KEY, body, "the job's progress summary")
+
+    def _write(self, key: str, body: Mapping[str, Any], what: str) -> None:
+        record = {"v": SCHEMA_VERSION, "ts": time.time(), "node": self._node_id, **body}
+        try:
+            self._backend.set(key, _json_bytes(record))
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': could not publish %s: %s", self._run_id, what, exc)
+
+
+def read_progress(
+    backend: RendezvousBackend, node_ids: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None, tuple[str, ...]]:
+    """Read the nodes' progress records and the job's summary in one batch.
+
+    Args:
+        backend: the job's backend.
+        node_ids: whose records.
+
+    Returns:
+        (node id -> record for those that have one, the job summary or None, the problems: a
+        sentence for each value that is not ours, which is left out).
+    """
+    wanted = [progress_key(n) for n in node_ids]
+    values = backend.get_many([*wanted, PROGRESS_JOB_KEY])
+    records: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    job: dict[str, Any] | None = None
+    for key, node_id, raw in zip([*wanted, PROGRESS_JOB_KEY], [*node_ids, ""], values, strict=True):
+        if raw is None:
+            continue
+        try:
+            body = decode_json_record(key, raw)
+        except RendezvousError as exc:
+            problems.append(str(exc))
+            continue
+        if node_id:
+            records[node_id] = body
+        else:
+            job = body
+    return records, job, tuple(problems)
+
+
+def read_events(
+    backend: RendezvousBackend, limit: int = SNAPSHOT_EVENTS
+) -> tuple[dict[str, Any], ...]:
+    """Return the last up to ``limit`` events of the job's ring, oldest first (two reads).
+
+    A slot whose event is being written (counted, not yet set) or was overwritten by a
+    newer one is skipped.
+
+    Raises:
+        RendezvousStateError: a ring key holds something that is not ours.
+    """
+    raw_count = backend.get(keys.EVENT_COUNT)
+    if raw_count is None:
+        return ()
+    count = decode_int(keys.EVENT_COUNT, raw_count)
+    seqs = list(range(max(1, count - min(limit, keys.EVENT_RING_SIZE) + 1), count + 1))
+    slots = [keys.event_slot(seq) for seq in seqs]
+    events: dict[int, dict[str, Any]] = {}
+    for seq, key, raw in zip(seqs, slots, backend.get_many(slots), strict=True):
+        if raw is None:
+            continue
+        body = decode_json_record(key, raw)
+        if body.get("seq") == seq:
+            events[seq] = body
+    return tuple(events[seq] for seq in sorted(events))

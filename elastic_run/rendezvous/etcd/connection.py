@@ -1,0 +1,347 @@
+"""One logical connection to an etcd cluster: failover, re-authentication, error translation.
+
+``EtcdConnection.call(what, fn)`` runs ``fn`` on the raw pyetcd client of the endpoint in
+use and turns every failure into a typed error (see ``etcd_errors``):
+- the endpoint cannot be reached: drop its client, move to the next endpoint and retry, until
+  the retry window (or the caller's deadline) has passed;
+- the auth token expired (UNAUTHENTICATED after an idle spell): log in again, once;
+- the call ran on a raw client that is no longer the current one: retry on the current one.
+
+That last rule is decided from state, not from the error: each raw client carries the
+*generation* it was built in, and dropping or closing it starts a new generation. A client
+dropped by another thread (after its own failure) or by ``close()`` fails the calls still
+using it (a ValueError before they start, CANCELLED in flight); such a failure says nothing
+about the cluster, so it is retried, or, after ``close()``, reported as closed.
+
+Invariants: no ``grpc`` or ``pyetcd`` error escapes ``call``; an unreachable store raises
+``RendezvousConnectionError`` naming the endpoints and the reason; a refused request raises
+``RendezvousError`` (``EtcdLeaseNotFoundError`` for a lease that is gone); a bad local TLS
+file raises ``ConfigurationError``; with a deadline, ``call`` returns or raises by then (its
+``fn`` bounds each RPC with ``rpc_timeout_s(deadline_s)``).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Sequence
+from typing import Any, TypedDict, TypeVar
+
+import grpc
+import pyetcd
+import pyetcd.exceptions as etcd_exc
+
+from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.endpoints import format_endpoint
+from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
+
+__all__ = ["ConnectionOptions", "EtcdConnection"]
+
+log = logging.getLogger(__name__)
+
+T = TypeVar("T")
+
+# Keep gRPC from backing off for minutes after a server restart.
+_GRPC_OPTIONS = [
+    ("grpc.initial_reconnect_backoff_ms", 100),
+    ("grpc.min_reconnect_backoff_ms", 100),
+    ("grpc.max_reconnect_backoff_ms", 1000),
+]
+# The shortest deadline given to an RPC: gRPC fails one of 0 s at once, which is what a
+# caller whose deadline has passed gets.
+_MIN_RPC_TIMEOUT_S = 0.001
+
+
+class ConnectionOptions(TypedDict, total=False):
+    """The keyword arguments of :class:`EtcdConnection` (also taken by ``EtcdClient``)."""
+
+    protocol: str
+    ca_cert: str | None
+    cert: str | None
+    key: str | None
+    user: str | None
+    password: str | None
+    timeout_s: float
+    retry_window_s: float
+
+
+class EtcdConnection:
+    """The raw pyetcd client of the endpoint in use, with failover and error translation.
+
+    Args:
+        endpoints: ``(host, port)`` of each member of one cluster (at least one).
+        protocol: ``http`` or ``https``.
+        ca_cert: path of the CA certificate (implies TLS).
+        cert: path of the client certificate (with ``key``).
+        key: path of the client key.
+        user: etcd user name (with ``password``).
+        password: the user's password.
+        timeout_s: the deadline of one RPC.
+        retry_window_s: how long a call keeps retrying over the endpoints while none answers.
+
+    Raises:
+        ConfigurationError: when the protocol, the TLS or the credential settings are wrong.
+    """
+
+    def __init__(
+        self,
+        endpoints: Sequence[tuple[str, int]],
+        *,
+        protocol: str = "http",
+        ca_cert: str | None = None,
+        cert: str | None = None,
+        key: str | None = None,
+        user: str | None = None,
+        password: str | None = None,
+        timeout_s: float = 60.0,
+        retry_window_s: float = 10.0,
+    ) -> None:
+        if not endpoints:
+            raise ConfigurationError("no etcd endpoint given")
+        if protocol not in ("http", "https"):
+            raise ConfigurationError(f"the etcd protocol must be http or https, got '{protocol}'")
+        if (cert is None) != (key is None):
+            raise ConfigurationError("the etcd client certificate and key must be given together")
+        if (user is None) != (password is None):
+            raise ConfigurationError("the etcd user and password must be given together")
+        self._endpoints = list(endpoints)
+        self._secure = protocol == "https" or ca_cert is not None
+        self._ca_cert = ca_cert
+        self._cert = cert
+        self._key = key
+        self._user = user
+        self._password = password
+        self._timeout_s = timeout_s
+        self._retry_window_s = retry_window_s
+        self._lock = threading.Lock()
+        self._index = 0
+        self._raw: Any = None
+        self._generation = 0
+        self._closed = threading.Event()
+
+    @property
+    def endpoint(self) -> str:
+        """The endpoint in use (``host:port``)."""
+        return format_endpoint(*self._endpoints[self._index])
+
+    @property
+    def endpoints(self) -> list[str]:
+        """All configured endpoints (``host:port``)."""
+        return [format_endpoint(h, p) for h, p in self._endpoints]
+
+    @property
+    def timeout_s(self) -> float:
+        """The deadline of one RPC."""
+        return self._timeout_s
+
+    def rpc_timeout_s(self, deadline_s: float | None) -> float:
+        """The deadline to give one RPC: the client's, cut to what is left until ``deadline_s``."""
+        if deadline_s is None:
+            return self._timeout_s
+        return max(_MIN_RPC_TIMEOUT_S, min(self._timeout_s, deadline_s - time.monotonic()))
+
+    # -- the raw client ----------------------------------------------------------------
+
+    def _credentials(self) -> Any:
+        if not self._secure:
+            return None
+        try:
+            ca = open(self._ca_cert, "rb").read() if self._ca_cert else None
+            cert = open(self._cert, "rb").read() if self._cert else None
+            key = open(self._key, "rb").read() if self._key else None
+        except OSError as exc:
+            raise ConfigurationError(
+                f"cannot read an etcd TLS file: {exc.filename}: {exc.strerror}"
+            ) from exc
+        # gRPC takes any bytes here and fails each handshake later, as an unreachable server
+        # would: a file that is not PEM is bad input, said before anything starts.
+        for path, data, marker in (
+            (self._ca_cert, ca, b"-----BEGIN CERTIFICATE-----"),
+            (self._cert, cert, b"-----BEGIN CERTIFICATE-----"),
+            (self._key, key, b"PRIVATE KEY-----"),
+        ):
+            if data is not None and marker not in data:
+                raise ConfigurationError(
+                    f"the etcd TLS file {path} is not PEM (no '{marker.decode()}' line)"
+                )
+        return grpc.ssl_channel_credentials(ca, key, cert)
+
+    def _build(self, host: str, port: int) -> Any:
+        # pyetcd joins host and port as the gRPC target: an IPv6 host needs its brackets.
+        ep = pyetcd.Endpoint(
+            f"[{host}]" if ":" in host else host,
+            port,
+            secure=self._secure,
+            creds=self._credentials(),
+            time_retry=0.0,
+            opts=_GRPC_OPTIONS,
+        )
+        try:
+            raw = pyetcd.MultiEndpointEtcd3Client(
+                endpoints=[ep],
+                timeout=self._timeout_s,
+                user=self._user,
+                password=self._password,
+                failover=False,
+            )
+            if not self._secure:
+                # gRPC refuses call credentials on a plain channel; the token still
+                # travels in the metadata, which is all etcd reads.
+                raw.call_credentials = None
+            _fix_stubs(raw)
+            return raw
+        except BaseException:
+            ep.close()
+            raise
+
+    def _current(self) -> tuple[Any, str, int]:
+        """The raw client in use (built on first use), its endpoint and its generation."""
+        with self._lock:
+            if self._closed.is_set():
+                raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
+            endpoint = self.endpoint
+            if self._raw is None:
+                try:
+                    self._raw = self._build(*self._endpoints[self._index])
+                except BaseException:
+                    # The login reached no server (or was refused): a retry takes the next.
+                    self._index = (self._index + 1) % len(self._endpoints)
+                    raise
+            return self._raw, endpoint, self._generation
+
+    def drop(self, raw: Any, rotate: bool = False) -> None:
+        """Forget ``raw`` if it is still the one in use (a new generation starts).
+
+        Args:
+            raw: the raw client a call failed on.
+            rotate: move to the next endpoint too (the endpoint failed).
+        """
+        with self._lock:
+            if raw is None or self._raw is not raw:
+                return
+            self._raw = None
+            self._generation += 1
+            if rotate:
+                self._index = (self._index + 1) % len(self._endpoints)
+        _close_quietly(raw)
+
+    def close(self) -> None:
+        """Close the connection; calls in flight fail as closed. Idempotent."""
+        with self._lock:
+            self._closed.set()
+            raw, self._raw = self._raw, None
+            self._generation += 1
+        if raw is not None:
+            _close_quietly(raw)
+
+    @property
+    def is_closed(self) -> bool:
+        """Whether ``close()`` was called."""
+        return self._closed.is_set()
+
+    # -- calls -------------------------------------------------------------------------
+
+    def call(self, what: str, fn: Callable[[Any], T], *, deadline_s: float | None = None) -> T:
+        """Run ``fn(raw_client)`` with failover, re-authentication and error translation.
+
+        Args:
+            what: a few words for error messages (``get 'round'``).
+            fn: the operation on the raw pyetcd client; it may be retried.
+            deadline_s: a monotonic time by which to give up (default: the retry window
+                from now, after every endpoint was tried).
+
+        Returns:
+            What ``fn`` returned.
+
+        Raises:
+            RendezvousConnectionError: when no endpoint answered in time, or the connection
+                was closed.
+            EtcdLeaseNotFoundError: when the lease the request named is gone.
+            RendezvousError: when etcd refused the request (credentials, TLS, permission).
+        """
+        give_up_at_s = (
+            deadline_s if deadline_s is not None else time.monotonic() + self._retry_window_s
+        )
+        reauthenticated = False
+        delay_s = 0.05
+        tried = 0
+        while True:
+            raw: Any = None
+            generation = -1
+            endpoint = self.endpoint
+            try:
+                raw, endpoint, generation = self._current()
+                return fn(raw)
+            except (ConfigurationError, RendezvousError):
+                raise
+            except (grpc.RpcError, etcd_exc.Etcd3Exception, ValueError) as exc:
+                code, reason = status_of(exc)
+                stale = raw is not None and generation != self._generation
+                if stale and self._closed.is_set():
+                    raise RendezvousConnectionError(
+                        f"the etcd client of {endpoint} was closed during {what}"
+                    ) from exc
+                if not stale:
+                    if code == grpc.StatusCode.UNAUTHENTICATED and not reauthenticated:
+                        # The auth token expired after an idle spell: log in again, once.
+                        reauthenticated = True
+                        self.drop(raw)
+                        continue
+                    refused = refusal(
+                        code,
+                        reason,
+                        endpoint=endpoint,
+                        what=what,
+                        user=self._user,
+                        secure=self._secure,
+                        ca_cert=self._ca_cert,
+                    )
+                    if refused is not None:
+                        raise refused from exc
+                    if not is_unreachable(code, exc):
+                        raise RendezvousError(
+                            f"etcd {endpoint} refused to {what}: {reason}"
+                        ) from exc
+                    self.drop(raw, rotate=True)
+                tried += 1
+                now_s = time.monotonic()
+                if now_s >= give_up_at_s and (
+                    deadline_s is not None or tried >= len(self._endpoints)
+                ):
+                    raise RendezvousConnectionError(
+                        f"etcd {', '.join(self.endpoints)} cannot be reached to {what}: {reason}"
+                    ) from exc
+                if tried % len(self._endpoints) == 0:
+                    pause_s = min(delay_s, max(0.0, give_up_at_s - now_s))
+                    if self._closed.wait(pause_s):
+                        raise RendezvousConnectionError(
+                            f"the etcd client of {endpoint} was closed during {what}"
+                        ) from exc
+                    delay_s = min(delay_s * 2, 0.5)
+
+
+def _fix_stubs(raw: Any) -> None:
+    """Make the raw client's gRPC stubs now, and keep them for its whole life.
+
+    Another thread may close a raw client (``drop``, ``close``) while a call still holds it.
+    A call on a closed channel fails with a ValueError, which ``call`` retries, but making a
+    stub on a closed channel crashes the process (SIGSEGV, grpcio 1.85). pyetcd makes its
+    stubs on first use and throws them away after a failed call, to make them again; this
+    adapter drops the whole raw client after a failure instead, so it needs neither.
+    """
+    for stub in ("kvstub", "leasestub", "watcher"):
+        getattr(raw, stub)
+    raw._clear_old_stubs = _keep_stubs
+
+
+def _keep_stubs() -> None:
+    """Replaces pyetcd's ``_clear_old_stubs`` (see ``_fix_stubs``)."""
+
+
+def _close_quietly(raw: Any) -> None:
+    try:
+        raw.close()
+    except Exception as exc:  # a broken channel may fail to close; it is gone either way
+        log.debug("closing the etcd channel failed: %s", exc)

@@ -1,0 +1,8 @@
+"""Liveness: heartbeats, death notices and the ring each member watches.
+
+Owns one node's liveness turns (``turns.py``), the threads that run them (``pool.py``), death
+notices in milliseconds (``peerwatch.py``, ``notices.py``, ``notice_loop.py``).
+
+May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), errors, and the
+top-level ``descriptors``. Never the handler, a concrete backend or the agent.
+"""

@@ -1,0 +1,213 @@
+"""One node's liveness turns: bump its own heartbeat, watch its ring successor, report verdicts.
+
+Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) one turn, run by
+the process's liveness workers (``liveness_pool.py``: one thread for an agent's one node, at
+most ``MAX_WORKERS`` for a process holding many), does:
+
+1. bumps this node's heartbeat counter (one O(1) write that the store answers: a write sent
+   and forgotten would "succeed" while the node is cut off) and records when that last
+   succeeded, or the error when it failed. The agent reads that record (``report()``, no
+   I/O) and stops its workers once this node's own heartbeat has failed for the budget after which its peers
+   judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
+2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict
+   (``protocol.judge_ring``: the successor is gone; a round that ended elsewhere is seen by
+   the epoch read of step 4);
+3. hands the verdict to ``on_verdict(round, verdict)``, tagged with the round it is about, so a
+   verdict on round r can never be applied to round r+1 (the handler drops stale ones);
+4. calls ``refresh()``: the handler's safety-net read (one epoch counter; the round's keys only
+   when it moved), so the agent's loop itself never waits on the store.
+
+Between rounds it keeps watching the last successor, so the next round's coordinator judges a
+successor that died meanwhile from when it died, not from when the next round began.
+
+Invariants: a node's turns never overlap, ``stop()`` is bounded; nothing here decides
+(protocol.py does) or raises into the caller (errors are recorded and reported).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from elastic_run.rendezvous.api import LivenessReport
+from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.liveness.pool import Turns, liveness_pool
+from elastic_run.rendezvous.protocol import decisions as proto
+from elastic_run.rendezvous.protocol import keys
+from elastic_run.rendezvous.settings import RendezvousSettings
+
+__all__ = ["LivenessThread", "RingPosition"]
+
+log = logging.getLogger(__name__)
+
+_JOIN_SLACK_S = 5.0
+
+
+@dataclass(frozen=True)
+class RingPosition:
+    """Where this node stands: its round, and the member it watches ("" when alone)."""
+
+    round: int
+    successor: str
+    is_member: bool
+
+
+class LivenessThread:
+    """The heartbeat and ring-watch thread of one node.
+
+    Args:
+        backend: the job's backend.
+        node_id: this node's id.
+        settings: the timing.
+        clock: the monotonic clock.
+        position: returns where this node stands now, or None before its first round.
+        with_notices: applies this node's death notices to a heartbeat view.
+        on_verdict: receives ``(round, verdict)`` for verdicts other than Keep.
+        refresh: the handler's per-tick read of what changed around its round.
+    """
+
+    def __init__(
+        self,
+        backend: RendezvousBackend,
+        node_id: str,
+        settings: RendezvousSettings,
+        clock: Callable[[], float],
+        position: Callable[[], RingPosition | None],
+        with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
+        on_verdict: Callable[[int, proto.RingVerdict], None],
+        refresh: Callable[[], None],
+    ) -> None:
+        self._backend = backend
+        self._node_id = node_id
+        self._settings = settings
+        self._clock = clock
+        self._position = position
+        self._with_notices = with_notices
+        self._on_verdict = on_verdict
+        self._refresh = refresh
+        self._lock = threading.Lock()
+        self._beat_lock = threading.Lock()
+        self._last_ok = clock()
+        self._error: str | None = None
+        self._successor = ""
+        self._beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
+        self._turns: Turns | None = None
+
+    def start(self) -> None:
+        """Write the first heartbeat (raising if the store cannot take it), then start.
+
+        Called before each join: when already running, it beats once more now, so that this
+        node's key stands when it arrives. After a partition its etcd lease may have expired
+        and its key vanished, or have lapsed and be about to: the members of the round it
+        joins would judge it gone at their first read, before its next turn wrote the key
+        again. ``heartbeat_before_join`` binds the key to a fresh lease then (a failure here is
+        left to the turns to report and to the join to meet).
+
+        Raises:
+            RendezvousConnectionError: the store cannot be reached (first start only).
+        """
+        if self._turns is not None:
+            try:
+                self._beat()
+            except RendezvousError as exc:
+                log.info("rendezvous heartbeat of %s before joining: %s", self._node_id, exc)
+            return
+        self._beat()
+        self._turns = Turns(self._turn, self._settings.keep_alive_interval_s)
+        liveness_pool().start(self._turns)
+
+    def poke(self) -> None:
+        """Run a turn now rather than at the next interval (a death notice arrived)."""
+        if self._turns is not None:
+            liveness_pool().poke(self._turns)
+
+    def stop(self) -> bool:
+        """Stop the turns; return whether a running one ended within its bound."""
+        turns = self._turns
+        if turns is None:
+            return True
+        return liveness_pool().stop(turns, self._settings.keep_alive_interval_s + _JOIN_SLACK_S)
+
+    def report(self) -> LivenessReport:
+        """This node's heartbeat standing (no I/O)."""
+        with self._lock:
+            last_ok, error = self._last_ok, self._error
+        return LivenessReport(
+            since_ok_s=max(0.0, self._clock() - last_ok),
+            budget_s=self._settings.stale_after_s,
+            error=error,
+        )
+
+    def successor_beats(self) -> proto.Heartbeats:
+        """What this thread has seen of the last successor's heartbeat (seeds a coordinator)."""
+        with self._lock:
+            return self._beats
+
+    # -- one turn (on a worker of the pool) --------------------------------------------
+
+    def _beat(self) -> None:
+        # One beat at a time: a join's beat and a turn's must not both renew an etcd lease.
+        with self._beat_lock:
+            self._backend.heartbeat_before_join(self._node_id)
+        with self._lock:
+            self._last_ok = self._clock()
+
+    def _turn(self) -> None:
+        try:
+            with self._beat_lock:
+                self._backend.heartbeat(self._node_id)
+        except RendezvousError as exc:
+            with self._lock:
+                first = self._error is None
+                self._error = str(exc)
+            if first:
+                log.warning("rendezvous heartbeat of %s failed: %s", self._node_id, exc)
+        else:
+            with self._lock:
+                if self._error is not None:
+                    log.warning("rendezvous heartbeat of %s works again", self._node_id)
+                self._last_ok, self._error = self._clock(), None
+        for what, step in (("ring watch", self._watch), ("read", self._refresh)):
+            try:
+                step()
+            except RendezvousError as exc:
+                log.warning("rendezvous %s of %s failed: %s", what, self._node_id, exc)
+
+    def _watch(self) -> None:
+        position = self._position()
+        successor = position.successor if position is not None else self._successor
+        if successor != self._successor:
+            with self._lock:
+                self._successor = successor
+                self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
+        if not successor:
+            return
+        (beat,) = self._backend.read_heartbeats([successor])
+        now = self._clock()
+        with self._lock:
+            beats = self._with_notices(self._beats.observe({successor: beat}, now))
+            self._beats = beats
+        if position is None or not position.is_member:
+            return  # between rounds: only watch
+        store_round = None  # the epoch read (refresh) sees a round that ended elsewhere
+
+        def judge(closed: bool) -> proto.RingVerdict:
+            return proto.judge_ring(
+                position.round,
+                store_round,
+                successor,
+                beats,
+                now,
+                self._settings.stale_after_s,
+                closed=closed,
+            )
+
+        verdict = judge(closed=False)
+        if isinstance(verdict, proto.MemberLost):
+            # A finished job loses no one: read the closed record only when it matters.
+            verdict = judge(closed=self._backend.get(keys.CLOSED) is not None)
+        if not isinstance(verdict, proto.Keep):
+            self._on_verdict(position.round, verdict)

@@ -1,0 +1,8 @@
+"""The O(N) rendezvous protocol, pure: its decisions, records and keys.
+
+Owns the decisions ((what was read, now) -> action, ``decisions.py``), the versioned JSON
+records the protocol keeps in a store (``records.py``, never pickle), the key schema
+(``keys.py``) and the stable order of a new round's members (``stable_ranks.py``).
+
+Imports no store, clock, thread or socket; may import ``elastic_run.rendezvous.errors`` only.
+"""
