@@ -125,7 +125,7 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous:"
         "DynamicRendezvousHandler.from_backend",
         "elastic_run.rendezvous.dynamic.handler:DynamicRendezvousHandler.from_backend",
-        frozenset({"keep_alive_interval"}),  # 1 s here, 5 s in torch (see the README)
+        frozenset({"keep_alive_interval", "keep_alive_max_attempt"}),  # ours 1 s and 5 (README)
     ),
     (
         "torch.distributed.elastic.rendezvous.dynamic_rendezvous:create_handler",

@@ -25,6 +25,7 @@ from collections.abc import Callable
 
 from elastic_run.agent.config import Std, StdSpec
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.settings import MAX_DURATION_S
 
 __all__ = [
     "MAX_NODES",
@@ -51,7 +52,7 @@ __all__ = [
 MAX_NODES = 1_000_000
 MAX_NPROC_PER_NODE = 1024
 MAX_RESTARTS = 10_000
-MAX_SECONDS = 31_536_000.0  # one year
+MAX_SECONDS = MAX_DURATION_S  # one year: the rendezvous's bound too, one number
 MAX_RUN_ID_CHARS = 128
 
 _SHOWN_CHARS = 60

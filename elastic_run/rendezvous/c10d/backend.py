@@ -346,8 +346,9 @@ def create_c10d_backend(
         ConfigurationError: a bad endpoint or config value.
         RendezvousConnectionError: the store cannot be hosted or reached.
     """
-    store_type = str(params.get("store_type", "tcp")).lower()
-    timeout_s = params.get_as_float("read_timeout", 60.0) or 60.0
+    settings = RendezvousSettings.from_params(params)
+    store_type = settings.store_type
+    timeout_s = settings.read_timeout_s
     if store_type == "file":
         return _create_file_backend(params, timeout_s)
     if store_type != "tcp":
@@ -357,8 +358,8 @@ def create_c10d_backend(
     if not params.endpoint:
         raise ConfigurationError("the c10d backend needs --rdzv-endpoint host[:port]")
     host, port = parse_endpoint(params.endpoint)
-    use_libuv = params.get_as_bool("use_libuv")
-    is_host = params.get_as_bool("is_host") if allow_hosting else False
+    use_libuv = settings.use_libuv
+    is_host = settings.is_host if allow_hosting else False
     if port == 0 and is_host is not True:
         if is_host is False or not allow_hosting:
             raise ConfigurationError("--rdzv-endpoint port 0 (pick a free port) needs to host")
@@ -380,7 +381,7 @@ def create_c10d_backend(
                     "the port is in use (is_host=true)"
                 ) from exc
     # Data unacknowledged for the heartbeat budget resets a link (see c10d_link).
-    deadline_s = max(1.0, min(timeout_s, RendezvousSettings.from_params(params).stale_after_s))
+    deadline_s = max(1.0, min(timeout_s, settings.stale_after_s))
 
     def client_of(connect_s: float, probe: bool = False) -> TCPStore:
         if probe:
@@ -452,8 +453,5 @@ def create_backend(params: RendezvousParameters) -> tuple[C10dRendezvousBackend,
         ConfigurationError: a bad ``store_type``, ``read_timeout`` or endpoint (a ValueError).
         RendezvousConnectionError: the store cannot be hosted, reached or opened.
     """
-    read_timeout = params.get_as_float("read_timeout")
-    if read_timeout is not None and read_timeout <= 0:
-        raise ConfigurationError(f"read_timeout must be a positive number, got {read_timeout:g}")
     backend = create_c10d_backend(params)
     return backend, backend.store

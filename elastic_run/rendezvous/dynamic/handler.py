@@ -61,7 +61,12 @@ from elastic_run.rendezvous.protocol.records import (
     decode_int,
     encode,
 )
-from elastic_run.rendezvous.settings import RendezvousSettings, RendezvousTimeout
+from elastic_run.rendezvous.settings import (
+    DEFAULT_KEEP_ALIVE_INTERVAL_S,
+    DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
+    RendezvousSettings,
+    RendezvousTimeout,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -162,15 +167,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         max_nodes: int,
         local_addr: str | None = None,
         timeout: RendezvousTimeout | None = None,
-        keep_alive_interval: float = 1.0,
-        keep_alive_max_attempt: int = 3,
+        keep_alive_interval: float = DEFAULT_KEEP_ALIVE_INTERVAL_S,
+        keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
     ) -> DynamicRendezvousHandler:
         """Build a handler as torch's ``from_backend`` does (``store`` is kept for shape only).
 
         Args:
             timeout: the join, last call, close and heartbeat timeouts (None: the defaults).
-            keep_alive_interval: seconds between heartbeats (torch's default is 5; ours 1).
-            keep_alive_max_attempt: intervals without a heartbeat before a node is gone.
+            keep_alive_interval: seconds between heartbeats (torch's default is 5; ours 1, as
+                on every other path: ``settings.CONF_TABLE``).
+            keep_alive_max_attempt: intervals without a heartbeat before a node is gone
+                (torch's default is 3; ours 5, as on every other path).
         """
         settings = RendezvousSettings.from_timeout(
             timeout, keep_alive_interval, keep_alive_max_attempt

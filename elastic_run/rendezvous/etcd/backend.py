@@ -42,7 +42,7 @@ from elastic_run.rendezvous.etcd.counter import counter_value
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd.kv import KeyValue, range_request
 from elastic_run.rendezvous.etcd.lease import LeaseFailure
-from elastic_run.rendezvous.settings import RendezvousSettings, conf_seconds
+from elastic_run.rendezvous.settings import RendezvousSettings
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -360,17 +360,14 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
     if not params.endpoint:
         raise ConfigurationError("the etcd backend needs --rdzv-endpoint host:port[,host:port]")
     endpoints = [format_endpoint(h, p) for h, p in parse_endpoints(params.endpoint)]
-    protocol = str(params.get("protocol", "http")).lower()
-    if protocol not in ("http", "https"):
-        raise ConfigurationError(
-            f"the rendezvous config 'protocol={protocol}' must be http or https"
-        )
+    settings = RendezvousSettings.from_params(params)
+    protocol = settings.protocol
     ca_cert = params.get("ca_cert", params.get("cacert"))
     cert = params.get("ssl_cert", params.get("cert"))
     key = params.get("ssl_cert_key", params.get("key"))
-    read_timeout_s = conf_seconds(params, "read_timeout", 60.0)
-    # The lease outlives a heartbeat by the handler's staleness budget (parsed once there).
-    stale_after_s = RendezvousSettings.from_params(params).stale_after_s
+    read_timeout_s = settings.read_timeout_s
+    # The lease outlives a heartbeat by the handler's staleness budget.
+    stale_after_s = settings.stale_after_s
     user = params.get("user")
     password = params.get("password")
     client = EtcdClient(
