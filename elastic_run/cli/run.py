@@ -17,6 +17,7 @@ from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.agent.workers.logs_specs import LogsSpecs
 from elastic_run.errors import ElasticRunError
+from elastic_run.rendezvous.api import BackendLink
 
 __all__ = ["run_job"]
 
@@ -179,14 +180,10 @@ _REACH_TIMEOUT_S = 5.0
 
 
 def _check_reachable(handler: object) -> None:
-    from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
-
-    if isinstance(handler, DynamicRendezvousHandler):
-        handler.backend.check_reachable(_REACH_TIMEOUT_S)
+    if isinstance(handler, BackendLink):
+        handler.check_reachable(_REACH_TIMEOUT_S)
 
 
 def _close_backend(handler: object) -> None:
-    from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
-
-    if isinstance(handler, DynamicRendezvousHandler):
-        handler.backend.close()
+    if isinstance(handler, BackendLink):
+        handler.release()

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import socket
 import sys
 import time
 from collections.abc import Sequence
@@ -206,7 +207,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
     """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
 
     def close() -> None:
-        from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
+        from elastic_run.rendezvous.dynamic.handler import close_job, closed_reason_of
         from elastic_run.rendezvous.protocol.keys import ROUND
 
         target, backend = _open(ctx, values)
@@ -215,12 +216,11 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
             # must still be closable (the operator's kill switch).
             if backend.get(ROUND) is None:
                 raise _no_rendezvous(target)
-            handler = DynamicRendezvousHandler(target.run_id, backend, 1, 1)
             try:
-                before = handler.closed_reason()
+                before = closed_reason_of(backend)
             except RendezvousError:
                 before = None  # an unreadable closed record: writing ours changes nothing
-            handler.set_closed("closed")
+            close_job(backend, "closed", f"elastic-run close@{socket.gethostname()}")
             if before is None:
                 click.echo(f"closed rendezvous '{target.run_id}'", err=True)
             else:

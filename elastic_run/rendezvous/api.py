@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AgentRendezvous",
     "Assignment",
+    "BackendLink",
     "InterruptibleRendezvous",
     "LivenessReport",
     "MemberSnapshot",
@@ -365,6 +366,18 @@ class InterruptibleRendezvous(Protocol):
 
     def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
         """Make blocking calls give up (``RendezvousInterruptedError``) once this returns True."""
+
+
+@runtime_checkable
+class BackendLink(Protocol):
+    """A handler whose backend connection the launcher checks before the agent starts and
+    releases after it ends (the dynamic handler; a torch-style handler has neither)."""
+
+    def check_reachable(self, timeout_s: float) -> None:
+        """Raise ``RendezvousConnectionError`` unless the backend answers within ``timeout_s``."""
+
+    def release(self) -> None:
+        """Close the backend's connections."""
 
 
 @runtime_checkable

@@ -222,3 +222,21 @@ def _TYPE_ALIASES_AND_VARS(module: object, names: set[str]) -> set[str]:  # noqa
     from typing import TypeVar
 
     return {n for n in names if isinstance(getattr(module, n, None), TypeVar)}
+
+
+@pytest.mark.parametrize(
+    "path",
+    [p for p in MODULES if p.relative_to(PACKAGE).parts[0] in ("cli", "agent")],
+    ids=_name,
+)
+def test_the_cli_and_the_agent_use_the_rendezvous_through_its_typed_seam(path: Path) -> None:
+    """No ``isinstance`` on the concrete handler, no reaching into a handler's ``.backend``:
+    reachability, release, telemetry, status and close are public calls of the rendezvous."""
+    tree = ast.parse(path.read_text())
+    bad = [
+        f"{ast.unparse(n)} (line {n.lineno})"
+        for n in ast.walk(tree)
+        if (isinstance(n, ast.Name) and n.id == "DynamicRendezvousHandler")
+        or (isinstance(n, ast.Attribute) and n.attr == "backend" and "handler" in ast.unparse(n))
+    ]
+    assert not bad, f"{_name(path)}: {bad}"

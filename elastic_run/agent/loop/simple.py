@@ -389,7 +389,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         try:
             self._setup()
             self._emit(
-                "self.started",
+                "agent.started",
                 f"agent up: {self._spec.local_world_size} workers, "
                 f"{handler.get_backend()} rendezvous '{handler.get_run_id()}'",
                 run_id=handler.get_run_id(),

@@ -31,7 +31,7 @@ from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch
 from elastic_run.agent.progress.stack_report import StackReport, format_stacks
 from elastic_run.agent.workers.failures import WorkerErrorInfo
 from elastic_run.agent.workers.processes import WorkerExit
-from elastic_run.rendezvous.dynamic.telemetry import Telemetry, TelemetryHost
+from elastic_run.rendezvous.dynamic.telemetry import TelemetryHost
 
 __all__ = ["ProgressDuties"]
 
@@ -342,7 +342,7 @@ class ProgressDuties:
         """
         if not isinstance(handler, TelemetryHost):
             return
-        telemetry = Telemetry(handler.backend, run_id, handler.node_id, self._host)
+        telemetry = handler.telemetry()
 
         def record(forced: bool) -> dict[str, Any] | None:
             round_, _ = position()
@@ -352,7 +352,6 @@ class ProgressDuties:
 
         self._publisher = ProgressPublisher(
             telemetry,
-            handler.backend,
             node_record=record,
             position=position,
             members=members,

@@ -35,8 +35,7 @@ from elastic_run.agent.progress.stragglers import (
     summarize,
     watch_stragglers,
 )
-from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.dynamic.telemetry import Telemetry, read_progress
+from elastic_run.rendezvous.dynamic.telemetry import Telemetry
 from elastic_run.rendezvous.errors import RendezvousError
 
 __all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times", "slowest_rows"]
@@ -133,7 +132,6 @@ class ProgressPublisher:
 
     Args:
         telemetry: this node's writer.
-        backend: the job's backend (node 0 reads the others' records through it).
         node_record: this node's record now, given whether the publication was forced by
             :meth:`nudge` (None: nothing to publish now).
         position: (round, group rank) of this node now ((-1, -1) before the first round).
@@ -149,7 +147,6 @@ class ProgressPublisher:
     def __init__(
         self,
         telemetry: Telemetry,
-        backend: RendezvousBackend,
         *,
         node_record: Callable[[bool], dict[str, Any] | None],
         position: Callable[[], tuple[int, int]],
@@ -161,7 +158,6 @@ class ProgressPublisher:
         idle_refresh_s: float = 10.0,
     ) -> None:
         self._telemetry = telemetry
-        self._backend = backend
         self._node_record = node_record
         self._position = position
         self._members = members
@@ -231,7 +227,7 @@ class ProgressPublisher:
             if group_rank == 0:
                 self._judge(round_, time.monotonic_ns())
             else:  # one O(1) read: the summary node 0 wrote, for the live panel
-                _, job, _ = read_progress(self._backend, ())
+                _, job, _ = self._telemetry.read_progress(())
                 self.job = job_progress(job) if job is not None else None
         except RendezvousError as exc:
             log.info("reading or judging the job's progress: %s", exc)
@@ -240,7 +236,7 @@ class ProgressPublisher:
         if self._member_ids[0] != round_:
             self._member_ids = (round_, tuple(self._members(round_)))
             self._watch = StragglerWatch()
-        records, _, _ = read_progress(self._backend, self._member_ids[1])
+        records, _, _ = self._telemetry.read_progress(self._member_ids[1])
         times = rank_times(records, round_)
         steps = summarize(times)
         self._watch, new = watch_stragglers(

@@ -71,7 +71,7 @@ from elastic_run.rendezvous.settings import (
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["DynamicRendezvousHandler", "create_handler"]
+__all__ = ["DynamicRendezvousHandler", "close_job", "closed_reason_of", "create_handler"]
 
 log = logging.getLogger(__name__)
 
@@ -327,6 +327,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         """Publish an event into the job's ring of the last 64 (best-effort)."""
         self._telemetry.publish_event(kind, message, fields)
 
+    def telemetry(self) -> Telemetry:
+        """This node's telemetry writer and reader on the job's backend."""
+        return self._telemetry
+
+    def check_reachable(self, timeout_s: float) -> None:
+        """Raise ``RendezvousConnectionError`` unless the backend answers a read in time."""
+        self._backend.check_reachable(timeout_s)
+
+    def release(self) -> None:
+        """Close the backend's connections (after ``shutdown``; a hosted store goes too)."""
+        self._backend.close()
+
     def snapshot(self) -> RendezvousSnapshot | None:
         """A read-only picture of the rendezvous (see ``status_reader.read_snapshot``)."""
         return read_snapshot(
@@ -357,8 +369,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def closed_reason(self) -> ClosedReason | None:
         """Return why the job is closed, or None while it is open."""
-        (raw,) = self._backend.get_unwaited([keys.CLOSED])
-        return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
+        return closed_reason_of(self._backend)
 
     def set_closed(self, reason: ClosedReason = "closed") -> None:
         """Close the rendezvous: no round forms any more, every node sees it.
@@ -372,11 +383,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             ValueError: ``reason`` is none of those.
             RendezvousConnectionError: the backend cannot be reached.
         """
-        record = ClosedRecord(reason, self.node_id)
-        encoded = encode(record)
-        decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
-        self._backend.compare_set(keys.CLOSED, None, encoded)
-        self._backend.add(keys.EPOCH, 1)
+        close_job(self._backend, reason, self.node_id)
 
     def num_nodes_waiting(self) -> int:
         """Return how many nodes wait at the door of this node's round (one store trip)."""
@@ -479,6 +486,38 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
 def _conforms(handler: DynamicRendezvousHandler) -> AgentRendezvous:
     return handler  # mypy checks the handler against the agent's contract here
+
+
+def closed_reason_of(backend: RendezvousBackend) -> ClosedReason | None:
+    """Why the job on ``backend`` is closed, or None while it is open (one read).
+
+    Raises:
+        RendezvousStateError: the closed key holds something that is not a closed record.
+        RendezvousConnectionError: the backend cannot be reached.
+    """
+    (raw,) = backend.get_unwaited([keys.CLOSED])
+    return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
+
+
+def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> None:
+    """Close the job's rendezvous on ``backend``: no round forms any more, every node sees it.
+
+    What ``set_closed`` and ``elastic-run close`` do; the first close wins.
+
+    Args:
+        backend: the job's backend.
+        reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
+        closed_by: who closes it (a node id, or ``elastic-run close@host``).
+
+    Raises:
+        ValueError: ``reason`` is none of those.
+        RendezvousConnectionError: the backend cannot be reached.
+    """
+    record = ClosedRecord(reason, closed_by)
+    encoded = encode(record)
+    decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
+    backend.compare_set(keys.CLOSED, None, encoded)
+    backend.add(keys.EPOCH, 1)
 
 
 def create_handler(

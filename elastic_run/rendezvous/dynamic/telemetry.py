@@ -52,14 +52,13 @@ def progress_key(node_id: str) -> str:
 
 
 @runtime_checkable
+@runtime_checkable
 class TelemetryHost(Protocol):
-    """A rendezvous handler that can lend its backend and node id to a telemetry writer."""
+    """A rendezvous handler that publishes and reads telemetry for its node (the typed seam:
+    nothing above the rendezvous touches the handler's backend)."""
 
-    node_id: str
-
-    @property
-    def backend(self) -> RendezvousBackend:
-        """The job's backend."""
+    def telemetry(self) -> Telemetry:
+        """This node's telemetry writer and reader on the job's backend."""
 
 
 def _json_bytes(body: Mapping[str, Any]) -> bytes:
@@ -134,6 +133,12 @@ class Telemetry:
     def publish_job_progress(self, body: Mapping[str, Any]) -> None:
         """Write the job's progress summary (one O(1) write). Never raises."""
         self._write(PROGRESS_JOB_KEY, body, "the job's progress summary")
+
+    def read_progress(
+        self, node_ids: Sequence[str]
+    ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None, tuple[str, ...]]:
+        """Read the nodes' progress records and the job's summary (see :func:`read_progress`)."""
+        return read_progress(self._backend, node_ids)
 
     def _write(self, key: str, body: Mapping[str, Any], what: str) -> None:
         record = {"v": SCHEMA_VERSION, "ts": time.time(), "node": self._node_id, **body}
