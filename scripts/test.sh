@@ -26,7 +26,16 @@ if [[ -z "$etcd_binary" || ! -x "$etcd_binary" ]]; then
         "put etcd on PATH, or set ELASTIC_RUN_ETCD_BINARY" >&2
     failed+=("etcd binary")
 else
-    step "pytest" .venv/bin/pytest "$@"
+    # Independent tests run in parallel (pytest-xdist): most of a test's time is spent waiting on
+    # real processes, stores and timeouts, not on the CPU. Whole files go to one worker, so a
+    # module's fixtures (a Slurm cluster, an etcd cluster) start once.
+    # ELASTIC_RUN_TEST_JOBS=0 runs them serially.
+    jobs=${ELASTIC_RUN_TEST_JOBS:-4}
+    parallel=()
+    if [[ "$jobs" != 0 ]]; then
+        parallel=(-n "$jobs" --dist loadfile)
+    fi
+    step "pytest" .venv/bin/pytest "${parallel[@]}" "$@"
 fi
 
 if ((${#failed[@]})); then
