@@ -40,7 +40,7 @@ from elastic_run.rendezvous.settings import conf_seconds
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["CONF_KEYS", "StaticRendezvousHandler", "create_static_handler"]
+__all__ = ["CONF_KEYS", "StaticRendezvousHandler", "check_static_nodes", "create_static_handler"]
 
 CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "read_timeout", "local_addr"})
 _SLICE_S = 0.5
@@ -180,6 +180,22 @@ def _conforms(handler: StaticRendezvousHandler) -> InterruptibleRendezvous:
     return handler  # mypy checks the handler against the agent's contract here
 
 
+def check_static_nodes(min_nodes: int, max_nodes: int, node_rank: int) -> None:
+    """The static rendezvous's rules, in one place (the CLI checks them with this too).
+
+    Raises:
+        ConfigurationError: ``--nnodes`` is MIN:MAX, or the node rank is not in 0..N-1.
+    """
+    if min_nodes != max_nodes:
+        raise ConfigurationError(
+            "--nnodes MIN:MAX needs an elastic backend (--rdzv-backend c10d or etcd)"
+        )
+    if not 0 <= node_rank < max_nodes:
+        raise ConfigurationError(
+            f"--node-rank {node_rank} is out of range for --nnodes {max_nodes}"
+        )
+
+
 def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandler:
     """Build the static handler from the parameters the CLI gives it.
 
@@ -192,13 +208,10 @@ def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandl
     """
     from elastic_run.rendezvous.settings import check_conf_keys
 
-    if params.min_nodes != params.max_nodes:
-        raise ConfigurationError(
-            "the static rendezvous needs a fixed --nnodes (use --rdzv-backend c10d for MIN:MAX)"
-        )
-    check_conf_keys(params, CONF_KEYS, "static")
-    host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
     rank = params.get_as_int("rank", 0)
     assert rank is not None
+    check_static_nodes(params.min_nodes, params.max_nodes, rank)
+    check_conf_keys(params, CONF_KEYS, "static")
+    host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
     timeout_s = conf_seconds(params, "join_timeout", conf_seconds(params, "timeout", 900.0))
     return StaticRendezvousHandler(params.run_id, host, port, rank, params.max_nodes, timeout_s)

@@ -44,6 +44,7 @@ from elastic_run.cli.options.values import (
 )
 from elastic_run.cli.options.warm_default import default_warm_start
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.static import check_static_nodes
 
 __all__ = [
     "Chosen",
@@ -240,14 +241,7 @@ def _rendezvous(
     else:
         run_id = _run_id(params, chosen, notices)
     if backend == "static":
-        if min_nodes != max_nodes:
-            raise ConfigurationError(
-                "--nnodes MIN:MAX needs an elastic backend (--rdzv-backend c10d or etcd)"
-            )
-        if node_rank >= max_nodes:
-            raise ConfigurationError(
-                f"--node-rank {node_rank} is out of range for --nnodes {max_nodes}"
-            )
+        check_static_nodes(min_nodes, max_nodes, node_rank)
         endpoint = f"{params['master_addr']}:{master_port}"
         conf = (*conf, ("rank", str(node_rank)))
     elif backend in _ELASTIC_BACKENDS and not endpoint:
