@@ -469,6 +469,11 @@ def _training_problems(
         return problems + ["the worker never started"], notes
     if start["cuda_initialized"]:
         problems.append("CUDA was initialised before the worker touched it")
+    if start.get("bad_fork"):
+        problems.append(
+            "forked from a process that initialised the CUDA driver: torch refuses CUDA "
+            "in this worker (Cannot re-initialize CUDA in forked subprocess)"
+        )
     if warm is True and not start["parent_is_zygote"]:
         problems.append("started cold, not forked by the zygote")
     if warm is False and start["parent_is_zygote"]:
@@ -510,6 +515,7 @@ def _training_problems(
 
 def check_worker_kill(run: Run, deadline: Deadline) -> list[logic.Result]:
     m = run.machine
+    baseline = m.memory_used_mib()
     job = run.elastic_run(
         "agent",
         ["--standalone", "--nproc-per-node", "1", "--max-restarts", "1"],
@@ -520,12 +526,9 @@ def check_worker_kill(run: Run, deadline: Deadline) -> list[logic.Result]:
         "the first worker's 6th step",
     )
     victim = int(first["pid"])
-    problems: list[str] = []
-    notes: list[str] = []
     before = m.compute_apps()
     visible = before is not None and victim in {a.pid for a in before}
-    if m.device == "cuda" and not visible:
-        problems.append("nvidia-smi did not list the running worker: cannot judge its memory")
+    during = m.memory_used_mib()
     killed_at = time.time()
     os.kill(victim, signal.SIGKILL)
     again = deadline.wait_for(
@@ -534,27 +537,56 @@ def check_worker_kill(run: Run, deadline: Deadline) -> list[logic.Result]:
     )
     code = job.wait(deadline)
     records = run.records()
-    start = _one(records, "start", restart=1)
+    problems: list[str] = []
+    notes: list[str] = []
     if code != 0:
         problems.append(f"exit {code}: {job.tail()}")
+    start = _one(records, "start", restart=1)
     if start is None:
         problems.append("no worker started after the kill")
     else:
         if not start["parent_is_zygote"]:
             problems.append("the new worker started cold")
-        listed = start.get("gpu_pids")
-        if isinstance(listed, list):
-            still = [p for p, _ in listed if p == victim]
-            if still:
-                problems.append(f"the killed worker {victim} still held GPU memory")
-            elif visible:
-                notes.append(f"pid {victim} gone from the GPU before the new worker's first alloc")
-        elif m.device == "cuda":
-            problems.append(f"GPU pids unreadable in the new worker: {listed}")
+        if m.device == "cuda":
+            _judge_release(start, victim, visible, (baseline, during), problems, notes)
     if len(_steps(records, restart=1)) != 40 or _one(records, "done", restart=1) is None:
         problems.append("the restarted worker did not finish its 40 steps")
     figure = f"{again['t'] - killed_at:.2f} s kill -> training again"
     return [_judged(3, problems, figure, notes)]
+
+
+def _judge_release(
+    start: dict[str, Any],
+    victim: int,
+    visible: bool,
+    memory: tuple[int | None, int | None],
+    problems: list[str],
+    notes: list[str],
+) -> None:
+    """Was the killed worker's GPU memory free when the new worker started (before its first
+    allocation)? By pid where nvidia-smi lists this namespace's pids, else by memory.used."""
+    listed = start.get("gpu_pids")
+    if visible and isinstance(listed, list):
+        if victim in {p for p, _ in listed}:
+            problems.append(f"the killed worker {victim} still held GPU memory")
+        else:
+            notes.append(f"pid {victim} gone from the GPU before the new worker's first alloc")
+        return
+    baseline, during = memory
+    now = start.get("memory_used_mib")
+    if baseline is None or during is None or now is None:
+        problems.append(f"cannot judge: pids not listed ({listed}) and memory.used unreadable")
+    elif during < baseline + 200:
+        problems.append(
+            f"cannot judge: pids not listed, and memory.used rose only {baseline} -> {during} MiB"
+        )
+    elif now > baseline + 64:
+        problems.append(
+            f"memory.used {now} MiB at the new worker's start ({baseline} before the job, "
+            f"{during} while the killed worker ran)"
+        )
+    else:
+        notes.append(f"memory.used {during} -> {now} MiB (pids not listed; {baseline} before)")
 
 
 # --- 4 ---------------------------------------------------------------------------------------

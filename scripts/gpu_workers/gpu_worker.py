@@ -117,6 +117,23 @@ def gpu_pids() -> list[list[int]] | str:
     return rows
 
 
+def gpu_memory_used_mib() -> int | None:
+    """The GPU memory in use on every GPU together, by nvidia-smi (None: not readable)."""
+    smi = shutil.which("nvidia-smi")
+    if smi is None:
+        return None
+    done = subprocess.run(
+        [smi, "--query-gpu=memory.used", "--format=csv,noheader,nounits"],
+        capture_output=True,
+        text=True,
+        timeout=20,
+    )
+    cells = done.stdout.split()
+    if done.returncode != 0 or not cells or not all(c.isdecimal() for c in cells):
+        return None
+    return sum(int(c) for c in cells)
+
+
 def dump_env(label: str, cuda_info: bool, with_gpu_pids: bool) -> None:
     out = Path(os.environ["GPUCHECK_OUT"])
     doc: dict[str, Any] = {
@@ -170,11 +187,15 @@ def train(args: argparse.Namespace) -> None:
         "ppid": os.getppid(),
         "parent_is_zygote": parent_is_zygote(),
         "cuda_initialized": bool(torch.cuda.is_initialized()),
+        # Forked from a process that asked the CUDA driver anything (torch.cuda.is_available()
+        # without PYTORCH_NVML_BASED_CUDA_CHECK=1): torch refuses CUDA here.
+        "bad_fork": bool(torch.cuda._is_in_bad_fork()),
     }
     if start["parent_is_zygote"]:
         start["zygote"] = zygote_cuda_traces(os.getppid())
     if args.gpu_pids_at_start:
         start["gpu_pids"] = gpu_pids()
+        start["memory_used_mib"] = gpu_memory_used_mib()
     record(**start)
 
     device = torch.device(args.device, local_rank) if args.device == "cuda" else torch.device("cpu")
