@@ -6,8 +6,11 @@
 # a hash of pyproject.toml, constraints.txt and the interpreter; system packages are installed
 # only when their programs are missing, and only as root (otherwise a one-line notice).
 #
-# Environment: PYTHON (default python3) builds the venv. Output: one line per step; the full
-# logs go to .cache/setup/ and are printed when a step fails.
+# Environment: PYTHON (default python3) builds the venv. ELASTIC_RUN_TORCH=system (on a GPU
+# machine) uses the torch that PYTHON already imports, a CUDA build, instead of installing the
+# pinned CPU one: the venv sees PYTHON's site-packages (after its own) through a .pth file, and
+# constraints.txt's torch pin is left out. Output: one line per step; the full logs go to
+# .cache/setup/ and are printed when a step fails.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
@@ -16,6 +19,7 @@ venv="$root/.venv"
 logs="$root/.cache/setup"
 stamp="$venv/.elastic-run-setup-stamp"
 python=${PYTHON:-python3}
+torch_mode=${ELASTIC_RUN_TORCH:-pinned}
 mkdir -p "$logs"
 
 say() { printf 'setup: %s\n' "$*"; }
@@ -41,12 +45,33 @@ else
 fi
 
 # --- 2. the package and its Python dependencies ------------------------------------------------
-key=$(cat pyproject.toml constraints.txt <("$venv/bin/python" -c 'import sys; print(sys.version)') \
-    | sha256sum | cut -d' ' -f1)
+# torch: the CPU build pinned by constraints.txt, or (ELASTIC_RUN_TORCH=system) PYTHON's own.
+constraints=constraints.txt
+venv_site=$("$venv/bin/python" -c 'import sysconfig; print(sysconfig.get_paths()["purelib"])')
+torch_pth="$venv_site/elastic-run-system-torch.pth"
+case $torch_mode in
+pinned) rm -f "$torch_pth" ;;
+system)
+    torch_site=$("$python" -c 'import os, torch; print(os.path.dirname(os.path.dirname(torch.__file__)))' \
+        2>/dev/null) || { say "FAILED: ELASTIC_RUN_TORCH=system but $python cannot import torch"; exit 1; }
+    version() { "$1" -c 'import sys; print("%d.%d" % sys.version_info[:2])'; }
+    if [[ "$(version "$python")" != "$(version "$venv/bin/python")" ]]; then
+        say "FAILED: .venv has Python $(version "$venv/bin/python"), $python is $(version "$python") (remove .venv)"
+        exit 1
+    fi
+    printf '%s\n' "$torch_site" >"$torch_pth"
+    constraints="$logs/constraints-system-torch.txt"
+    grep -v '^torch[=<>~! ]' constraints.txt >"$constraints" || true
+    say "torch from $torch_site (ELASTIC_RUN_TORCH=system)"
+    ;;
+*) say "FAILED: ELASTIC_RUN_TORCH=$torch_mode (use pinned or system)"; exit 1 ;;
+esac
+key=$(cat pyproject.toml "$constraints" <("$venv/bin/python" -c 'import sys; print(sys.version)') \
+    <([[ $torch_mode == pinned ]] || echo "torch: $torch_site") | sha256sum | cut -d' ' -f1)
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$key" ]]; then
     say "python dependencies up to date"
 else
-    run "$logs/pip.log" "$venv/bin/python" -m pip install --quiet -c constraints.txt -e '.[dev]'
+    run "$logs/pip.log" "$venv/bin/python" -m pip install --quiet -c "$constraints" -e '.[dev]'
     printf '%s\n' "$key" >"$stamp"
     say "installed elastic-run -e '.[dev]' (torch $("$venv/bin/python" -c \
         'import importlib.metadata as m; print(m.version("torch"))'))"
