@@ -77,6 +77,11 @@ def _prepare(preload: list[str]) -> dict[str, Any]:
     """Import torch and the preloads; return the ready message (or why it is not ready)."""
     import threading
 
+    # A preload's `torch.cuda.is_available()` (the common `device = "cuda" if ...` line) asks the
+    # CUDA driver without marking CUDA initialized, and a process forked after that cannot use
+    # CUDA ("poisons fork", torch's docs). NVML answers the same question without the driver.
+    # Only the zygote's own environment: each worker gets its complete environment at the fork.
+    os.environ["PYTORCH_NVML_BASED_CUDA_CHECK"] = "1"
     try:
         import torch
     except Exception as exc:
