@@ -11,7 +11,6 @@ from elastic_run.elastic.lazy_names import resolve
 
 _NAMES = {
     "Event": "elastic_run.events",
-    "EventMetadataValue": "elastic_run.events",
     "EventSource": "elastic_run.events",
     "NodeState": "elastic_run.events",
     "RdzvEvent": "elastic_run.events",
@@ -23,7 +22,6 @@ _NAMES = {
 
 __all__ = [
     "Event",
-    "EventMetadataValue",
     "EventSource",
     "NodeState",
     "RdzvEvent",
