@@ -13,7 +13,10 @@ The calls are torch's: ``configure(timer_client)``, ``expires(after, scope=None,
 expiration_time, signal=0)`` and ``FileTimerServer(file_path, run_id, max_interval=10,
 daemon=True, log_event=None)``. Where they differ: :func:`expires` without a configured client
 uses ``TORCHELASTIC_TIMER_FILE`` (torch raises), and errors are
-:class:`~elastic_run.worker.TimerClientError`.
+:class:`~elastic_run.worker.TimerClientError` (a ``RuntimeError``, as torch's) or, when no
+watchdog reads the pipe, :class:`~elastic_run.worker.WatchdogUnreachableError` (a
+``BrokenPipeError``, as torch's). ``elastic_run.elastic.timer`` holds the same names under
+torch's module layout.
 
 The worker-side names come from :mod:`elastic_run.worker`, which stays cheap to import. The
 server is the agent's (:mod:`elastic_run.agent.watchdog.server`) and is imported only when asked for.
@@ -25,7 +28,14 @@ import importlib
 from typing import TYPE_CHECKING
 
 from elastic_run.timer_wire import FileTimerRequest
-from elastic_run.worker import FileTimerClient, TimerClient, TimerClientError, configure, expires
+from elastic_run.worker import (
+    FileTimerClient,
+    TimerClient,
+    TimerClientError,
+    WatchdogUnreachableError,
+    configure,
+    expires,
+)
 
 if TYPE_CHECKING:
     from elastic_run.agent.watchdog.server import ArmedTimer, FileTimerServer, TimerExpiry
@@ -38,6 +48,7 @@ __all__ = [
     "TimerClient",
     "TimerClientError",
     "TimerExpiry",
+    "WatchdogUnreachableError",
     "configure",
     "expires",
 ]

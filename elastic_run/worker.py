@@ -48,6 +48,7 @@ __all__ = [
     "FileTimerRequest",
     "TimerClient",
     "TimerClientError",
+    "WatchdogUnreachableError",
     "WorkerEnv",
     "WorkerEnvError",
     "configure",
@@ -66,8 +67,20 @@ _P = ParamSpec("_P")
 _R = TypeVar("_R")
 
 
-class TimerClientError(ElasticRunError):
-    """A timer request could not be delivered to the watchdog."""
+class TimerClientError(ElasticRunError, RuntimeError):
+    """A timer request could not be made: no client, or a request the wire cannot carry.
+
+    Also a ``RuntimeError``, as torch's ``expires`` raises without a configured client and
+    torch's ``FileTimerClient`` raises for a request longer than ``PIPE_BUF``.
+    """
+
+
+class WatchdogUnreachableError(TimerClientError, BrokenPipeError):
+    """No watchdog reads the timer pipe (it does not exist, has no reader, or is full).
+
+    Also a ``BrokenPipeError``, as torch's ``FileTimerClient`` raises when its server is not
+    available.
+    """
 
 
 class WorkerEnvError(ConfigurationError):
@@ -210,7 +223,8 @@ class FileTimerClient:
             expiration_time: when it expires, epoch seconds (``time.time()`` based).
 
         Raises:
-            TimerClientError: no watchdog reads the pipe, or the request is invalid or too long.
+            WatchdogUnreachableError: no watchdog reads the pipe (a ``BrokenPipeError``).
+            TimerClientError: the request is invalid or too long (a ``RuntimeError``).
         """
         self._send(scope_id, expiration_time, self.signal)
 
@@ -221,7 +235,8 @@ class FileTimerClient:
             scope_id: the timer's name.
 
         Raises:
-            TimerClientError: no watchdog reads the pipe, or the request is too long.
+            WatchdogUnreachableError: no watchdog reads the pipe (a ``BrokenPipeError``).
+            TimerClientError: the request is too long (a ``RuntimeError``).
         """
         self._send(scope_id, RELEASE_EXPIRATION, 0)
 
@@ -233,26 +248,26 @@ class FileTimerClient:
         try:
             fd = os.open(self.file_path, os.O_WRONLY | os.O_NONBLOCK)
         except FileNotFoundError as exc:
-            raise TimerClientError(
+            raise WatchdogUnreachableError(
                 f"the watchdog pipe {self.file_path} does not exist; is the agent's file timer "
                 f"enabled (TORCHELASTIC_ENABLE_FILE_TIMER=1)?"
             ) from exc
         except OSError as exc:
             if exc.errno == errno.ENXIO:  # a FIFO that no process reads
-                raise TimerClientError(
+                raise WatchdogUnreachableError(
                     f"no watchdog is reading the timer pipe {self.file_path}"
                 ) from exc
-            raise TimerClientError(
+            raise WatchdogUnreachableError(
                 f"cannot open the watchdog pipe {self.file_path}: {exc.strerror}"
             ) from exc
         try:
             written = os.write(fd, line)
         except BlockingIOError as exc:
-            raise TimerClientError(
+            raise WatchdogUnreachableError(
                 f"the watchdog pipe {self.file_path} is full; the watchdog is not keeping up"
             ) from exc
         except OSError as exc:
-            raise TimerClientError(
+            raise WatchdogUnreachableError(
                 f"cannot write to the watchdog pipe {self.file_path}: {exc.strerror}"
             ) from exc
         finally:

@@ -11,11 +11,19 @@ from elastic_run.agent.progress.config import ProgressOptions
 
 __all__ = [
     "DEFAULT_SIGNALS",
+    "TORCHELASTIC_ENABLE_FILE_TIMER",
+    "TORCHELASTIC_HEALTH_CHECK_PORT",
+    "TORCHELASTIC_TIMER_FILE",
     "AgentOptions",
     "LaunchConfig",
     "Std",
     "StdSpec",
 ]
+
+# The environment variables torchrun reads for the agent (the CLI reads them into LaunchConfig).
+TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
+TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
+TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
 
 DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
     signal.SIGTERM,

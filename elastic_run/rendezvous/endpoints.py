@@ -11,6 +11,8 @@ input raises one ``ConfigurationError`` that quotes the endpoint.
 
 from __future__ import annotations
 
+import re
+
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
@@ -19,10 +21,14 @@ __all__ = [
     "format_endpoint",
     "parse_endpoint",
     "parse_endpoints",
+    "parse_rendezvous_endpoint",
 ]
 
 C10D_DEFAULT_PORT = 29400
 ETCD_DEFAULT_PORT = 2379
+# torch's rule for a host: labels, an IPv4 address or an IPv6 address (word characters, dots,
+# colons and dashes), nothing else.
+_HOST_CHARS = re.compile(r"[\w.:-]+")
 
 
 def parse_endpoint(endpoint: str, default_port: int = C10D_DEFAULT_PORT) -> tuple[str, int]:
@@ -97,3 +103,34 @@ def format_endpoint(host: str, port: int) -> str:
     ``parse_endpoint`` reads it back as ``(host, port)``.
     """
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def parse_rendezvous_endpoint(endpoint: str | None, default_port: int) -> tuple[str, int]:
+    """Split ``host[:port]`` as torch's ``parse_rendezvous_endpoint`` does.
+
+    The same rule as :func:`parse_endpoint`, with torch's two additions: no endpoint (None or
+    blank) means ``localhost`` at ``default_port``, and a host may hold only word characters,
+    dots, colons and dashes.
+
+    Args:
+        endpoint: ``host[:port]``, ``[v6addr][:port]``, or None.
+        default_port: the port of an endpoint that names none.
+
+    Returns:
+        The host (without IPv6 brackets) and the port.
+
+    Raises:
+        ConfigurationError: a bad or missing port after ``:``, or a bad host (a ``ValueError``,
+            as torch raises).
+    """
+    if endpoint is None or not endpoint.strip():
+        return "localhost", default_port
+    if endpoint.strip().endswith(":"):
+        raise ConfigurationError(f"bad rendezvous endpoint '{endpoint}': no port after ':'")
+    host, port = parse_endpoint(endpoint, default_port)
+    if not _HOST_CHARS.fullmatch(host):
+        raise ConfigurationError(
+            f"bad rendezvous endpoint '{endpoint}': the host must be a name, an IPv4 address or "
+            "an IPv6 address"
+        )
+    return host, port

@@ -28,7 +28,7 @@ from elastic_run.rendezvous.api import (
     RendezvousParameters,
     RendezvousStoreInfo,
 )
-from elastic_run.rendezvous.endpoints import parse_endpoint
+from elastic_run.rendezvous.endpoints import parse_endpoint, parse_rendezvous_endpoint
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -40,10 +40,18 @@ from elastic_run.rendezvous.settings import conf_seconds
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["CONF_KEYS", "StaticRendezvousHandler", "check_static_nodes", "create_static_handler"]
+__all__ = [
+    "CONF_KEYS",
+    "StaticRendezvousHandler",
+    "StaticTCPRendezvous",
+    "check_static_nodes",
+    "create_rdzv_handler",
+    "create_static_handler",
+]
 
 CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "read_timeout", "local_addr"})
 _SLICE_S = 0.5
+_TORCH_DEFAULT_TIMEOUT_S = 600  # torch's static rendezvous waits this long by default
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -215,3 +223,70 @@ def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandl
     host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
     timeout_s = conf_seconds(params, "join_timeout", conf_seconds(params, "timeout", 900.0))
     return StaticRendezvousHandler(params.run_id, host, port, rank, params.max_nodes, timeout_s)
+
+
+class StaticTCPRendezvous(StaticRendezvousHandler):
+    """The static handler under torch's name and constructor (``static_tcp_rendezvous``).
+
+    Args:
+        master_addr: the host of the store (node 0 hosts it).
+        master_port: its port.
+        rank: this node's rank.
+        world_size: the number of nodes.
+        run_id: the job id.
+        timeout: how long to wait for the other nodes, seconds.
+
+    Raises:
+        ConfigurationError: ``rank`` is not in ``0..world_size-1`` (a ``ValueError``).
+    """
+
+    def __init__(
+        self,
+        master_addr: str,
+        master_port: int,
+        rank: int,
+        world_size: int,
+        run_id: str,
+        timeout: int,
+    ) -> None:
+        super().__init__(run_id, master_addr, master_port, rank, world_size, float(timeout))
+        self.master_addr = master_addr
+        self.master_port = master_port
+        self.rank = rank
+        self.world_size = world_size
+        self.run_id = run_id
+        self.timeout = timedelta(seconds=timeout)
+
+
+def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
+    """Build the static handler as torch's ``create_rdzv_handler`` does, with its checks.
+
+    Unlike :func:`create_static_handler` (the CLI's, which fills in torchrun's defaults), this
+    one wants what torch wants: ``rank`` in the config and an endpoint with a port. ``timeout``
+    (s) defaults to 600, torch's.
+
+    Args:
+        params: the rendezvous parameters.
+
+    Returns:
+        The handler.
+
+    Raises:
+        ConfigurationError: no ``rank``, no endpoint, an endpoint without a port, or a bad
+            value (a ``ValueError``, as torch raises).
+    """
+    if "rank" not in params.config:
+        raise ConfigurationError("the static rendezvous needs 'rank' in its config (--node-rank)")
+    if not params.endpoint.strip():
+        raise ConfigurationError(
+            "the static rendezvous needs an endpoint (--master-addr and --master-port)"
+        )
+    host, port = parse_rendezvous_endpoint(params.endpoint, -1)
+    if port == -1:
+        raise ConfigurationError(
+            f"the static rendezvous endpoint '{params.endpoint}' names no port (--master-port)"
+        )
+    rank = params.get_as_int("rank")
+    assert rank is not None  # present, checked above
+    timeout_s = conf_seconds(params, "timeout", _TORCH_DEFAULT_TIMEOUT_S)
+    return StaticTCPRendezvous(host, port, rank, params.max_nodes, params.run_id, int(timeout_s))

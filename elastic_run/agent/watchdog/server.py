@@ -154,6 +154,7 @@ class FileTimerServer:
         self._lock = threading.Lock()
         self._table = TimerTable()
         self._stopping = threading.Event()
+        self._last_turn = threading.Event()  # run_once: one more full turn, then end
         self._thread: threading.Thread | None = None
         self._fifo_fd = -1
         self._wake_r = -1
@@ -208,6 +209,9 @@ class FileTimerServer:
         self._wake_r, self._wake_w = os.pipe()
         os.set_blocking(self._wake_r, False)
         self._stopping.clear()
+        self._last_turn.clear()
+        with self._lock:
+            self._table = TimerTable()
         self._last_progress = time.monotonic()
         self._thread = threading.Thread(
             target=self._run, name=f"file-timer-{self._name}", daemon=self._daemon
@@ -224,10 +228,30 @@ class FileTimerServer:
         Raises:
             AgentError: the thread did not end within ``timeout_s``.
         """
+        self._end(self._stopping, timeout_s, last_turn=False)
+
+    def run_once(self, timeout_s: float = 5.0) -> None:
+        """Serve what is there now, then stop (torch's ``run_once``).
+
+        The server's thread reads every request already written to the pipe, acts on the
+        timers due by then (signals and events as usual), and ends; the FIFO is then closed and
+        removed as by :meth:`stop`. The timers still armed stay readable
+        (:meth:`armed_timers`) until the next :meth:`start`; no ``watchdog stopped`` event, as
+        with torch's. Without a running thread it does nothing.
+
+        Args:
+            timeout_s: the longest to wait for the thread to end.
+
+        Raises:
+            AgentError: the thread did not end within ``timeout_s``.
+        """
+        self._end(self._last_turn, timeout_s, last_turn=True)
+
+    def _end(self, flag: threading.Event, timeout_s: float, *, last_turn: bool) -> None:
         thread = self._thread
         if thread is None:
             return
-        self._stopping.set()
+        flag.set()
         try:
             os.write(self._wake_w, b"x")
         except OSError:
@@ -246,9 +270,11 @@ class FileTimerServer:
             except FileNotFoundError:
                 pass
             self._created_fifo = False
+        self._framer = RequestFramer(self._max_line_bytes, _PARTIAL_STALE_S)
+        if last_turn:  # as torch's run_once: no event, and the timers stay readable
+            return
         with self._lock:
             self._table = TimerTable()
-        self._framer = RequestFramer(self._max_line_bytes, _PARTIAL_STALE_S)
         self._emit("watchdog stopped", None)
 
     def _open_fifo(self) -> None:
@@ -279,12 +305,19 @@ class FileTimerServer:
     def _run(self) -> None:
         while not self._stopping.is_set():
             self._last_progress = time.monotonic()
+            last = self._last_turn.is_set()
             try:
+                if last:
+                    self._drain_pipe()
+                    self._expire_due()
+                    return
                 self._turn()
             except Exception:
                 # A bug of ours, not the input's: keep watching rather than leave workers
                 # unguarded, but say it loudly.
                 logger.exception("%s: unexpected error in the loop", self._name)
+                if last:
+                    return
                 self._stopping.wait(min(self._max_interval, 1.0))
 
     def _wait_s(self) -> float:
@@ -331,6 +364,11 @@ class FileTimerServer:
         self._warn(framed.problems)
         for request in framed.requests:
             self._apply(request)
+
+    def _drain_pipe(self) -> None:
+        """Read the pipe until it is empty (the last turn of :meth:`run_once`)."""
+        while select.select([self._fifo_fd], [], [], 0)[0]:
+            self._read_pipe()
 
     def _warn(self, problems: tuple[str, ...]) -> None:
         for problem in problems:

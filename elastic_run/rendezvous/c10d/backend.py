@@ -65,7 +65,7 @@ from elastic_run.rendezvous.c10d.store import (
     read_present,
     translate,
 )
-from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_endpoint
+from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_rendezvous_endpoint
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import HEARTBEAT_GONE, decode_int
@@ -332,6 +332,8 @@ def create_c10d_backend(
 ) -> C10dRendezvousBackend:
     """Build a ``C10dRendezvousBackend`` from ``--rdzv-endpoint`` and ``--rdzv-conf``.
 
+    The endpoint is ``host[:port]`` (port 29400 when none is named; no endpoint at all is
+    ``localhost:29400``, as torch reads it).
     Config keys: ``is_host`` (true: host the store, fail if the port is taken; false:
     connect only; unset: host when the endpoint is this machine and its port is free),
     ``read_timeout`` (s, default 60), ``use_libuv`` (the TCPStore's server loop, default
@@ -355,9 +357,8 @@ def create_c10d_backend(
         raise ConfigurationError(
             f"the c10d rendezvous supports store_type=tcp or file, not '{store_type}'"
         )
-    if not params.endpoint:
-        raise ConfigurationError("the c10d backend needs --rdzv-endpoint host[:port]")
-    host, port = parse_endpoint(params.endpoint)
+    # torch's rule: no endpoint is localhost at the default port.
+    host, port = parse_rendezvous_endpoint(params.endpoint, C10D_DEFAULT_PORT)
     use_libuv = settings.use_libuv
     is_host = settings.is_host if allow_hosting else False
     if port == 0 and is_host is not True:

@@ -1,0 +1,36 @@
+"""torch.distributed.elastic.events, mirrored: event records logged to a destination's handler.
+
+Owns nothing: the names are ``elastic_run.events``'s, resolved on first use. The modules:
+``api``, ``handlers``."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from elastic_run.elastic.lazy_names import resolve
+
+_NAMES = {
+    "Event": "elastic_run.events",
+    "EventSource": "elastic_run.events",
+    "NodeState": "elastic_run.events",
+    "RdzvEvent": "elastic_run.events",
+    "construct_and_record_rdzv_event": "elastic_run.events",
+    "get_logging_handler": "elastic_run.events",
+    "record": "elastic_run.events",
+    "record_rdzv_event": "elastic_run.events",
+}
+
+__all__ = [
+    "Event",
+    "EventSource",
+    "NodeState",
+    "RdzvEvent",
+    "construct_and_record_rdzv_event",
+    "get_logging_handler",
+    "record",
+    "record_rdzv_event",
+]
+
+
+def __getattr__(name: str) -> Any:
+    return resolve(__name__, _NAMES, name)
