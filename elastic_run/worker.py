@@ -337,10 +337,13 @@ def expires(
 def progress(step: int | None = None) -> None:
     """Tell the agent this worker finished a training step (a progress beat).
 
-    Call it once per step, at the step's end. The agent learns the usual gap between beats and
-    judges a worker hung when it stays silent far longer (``--hang-timeout``); it also shows
-    each rank's step time and flags slow ranks. A no-op outside an elastic-run worker. The first
-    call maps the agent's beat file; every later call is a few stores into shared memory.
+    Optional in a script that steps a torch optimizer: elastic-run beats once per optimizer step
+    by itself (``--no-auto-progress`` turns it off). Call it to name the step (a call after an
+    optimizer step takes that step's beat over: it is not counted twice), or to beat where no
+    optimizer steps, once per step, at the step's end. The agent learns the usual gap between
+    beats and judges a worker hung when it stays silent far longer (``--hang-timeout``); it also
+    shows each rank's step time and flags slow ranks. A no-op outside an elastic-run worker. The
+    first call maps the agent's beat file; every later call is a few stores into shared memory.
 
     Args:
         step: the step number to show in ``elastic-run status`` (default: the count of calls).
