@@ -98,7 +98,7 @@ def test_a_rank_blocked_mid_step_is_found_and_the_job_recovers(
     assert hung, proc.stderr
     fields = hung[0]["fields"]
     assert (fields["rank"], fields["in_collective"]) == (1, False), hung
-    where = f"block_forever at ddp_no_import.py:{BLOCKING_LINE}"
+    where = f"Condition.wait at ddp_no_import.py:{BLOCKING_LINE}"
     assert fields["where"] == where and where in proc.stderr
     assert all(e["fields"]["rank"] == 1 for e in hung), hung  # rank 0 only waited for it
     stacks = (run_dir / "attempt_0" / "1" / "stacks.txt").read_text()
