@@ -13,8 +13,9 @@ Python imports this at start-up because the agent put this folder first on the w
    ``sys.modules`` as it would have; when there is none, this module stays there until the
    script's first import and is then removed.
 
-What a script could still notice: ``/proc/self/environ`` (the process's initial environment)
-shows the ``PYTHONPATH`` it was started with; ``sys.modules`` holds ``elastic_run`` and
+``/proc/self/environ`` (the process's environment block, which ``ps`` and psutil read) is
+rewritten to match (:func:`_tidy_proc_environ`). What a script could still notice:
+``sys.modules`` holds ``elastic_run`` and
 ``elastic_run.auto_progress``; ``sys.meta_path`` starts with the waiting finder until torch's
 optimizer module is imported; and torch's global optimizer hook registries hold two hooks.
 
@@ -48,6 +49,37 @@ def _leave_path() -> None:
         os.environ["PYTHONPATH"] = rest
     else:
         del os.environ["PYTHONPATH"]
+    _tidy_proc_environ(value, rest if sep or was_empty else None)
+
+
+def _tidy_proc_environ(started: str, restored: str | None) -> None:
+    """Make ``/proc/self/environ`` show the restored ``PYTHONPATH`` too.
+
+    The agent put ``PYTHONPATH`` (and ``ELASTIC_RUN_EMPTY_PYTHONPATH``) last in the worker's
+    environment block, so rewriting those bytes moves no other variable (libc and native
+    libraries may hold pointers into the block; ``os.environ`` already points libc's
+    ``PYTHONPATH`` elsewhere). Written through ``/proc/self/mem``; when that is not possible
+    the block keeps what the process was started with.
+    """
+    try:
+        with open("/proc/self/stat", "rb") as stat:
+            fields = stat.read().rpartition(b")")[2].split()
+        start, end = int(fields[47]), int(fields[48])  # env_start, env_end
+        with open("/proc/self/mem", "r+b", buffering=0) as mem:
+            mem.seek(start)
+            area = mem.read(end - start)
+            found = (b"\0" + area).find(b"\0PYTHONPATH=" + os.fsencode(started) + b"\0")
+            if found < 0:
+                return
+            tail = area[found:]
+            ours = (b"PYTHONPATH=", b"ELASTIC_RUN_EMPTY_PYTHONPATH=")
+            if not all(item.startswith(ours) for item in tail.split(b"\0") if item):
+                return  # something else follows: leave the block as it is
+            text = b"" if restored is None else b"PYTHONPATH=" + os.fsencode(restored) + b"\0"
+            mem.seek(start + found)
+            mem.write(text.ljust(len(tail), b"\0"))
+    except (OSError, ValueError, IndexError):
+        pass
 
 
 def _arm(me: object) -> None:

@@ -34,7 +34,12 @@ from elastic_run.beat_file import (
 PROBE = textwrap.dedent(
     """
     import json, os, sys
+    with open("/proc/self/environ", "rb") as f:
+        block = dict(
+            os.fsdecode(x).split("=", 1) for x in f.read().split(b"\\0") if b"=" in x
+        )
     print("PROBE " + json.dumps({
+        "proc_environ_is_os_environ": block == dict(os.environ),
         "path": sys.path[1:],
         "pythonpath": os.environ.get("PYTHONPATH"),
         "torch": "torch" in sys.modules,
@@ -144,6 +149,7 @@ def test_a_script_without_torch_sees_a_plain_start(tmp_path: Path, pythonpath: s
     hooked, reading = _run(tmp_path, PROBE, "x", env=env)
     expected, got = _probe(tmp_path, plain), _probe(tmp_path, hooked)
     assert got["torch"] is False  # never imported early
+    assert got["proc_environ_is_os_environ"] is True and expected["proc_environ_is_os_environ"]
     assert got["pythonpath"] == pythonpath and got["path"] == expected["path"]
     assert got["sitecustomize"] == expected["sitecustomize"]  # ours removed at the first import
     assert got["argv"] == [str(tmp_path / "script.py"), "x"] and expected["argv"][1:] == ["x"]
@@ -159,7 +165,9 @@ def test_a_users_sitecustomize_still_runs(tmp_path: Path) -> None:
     (own / "sitecustomize.py").write_text("import os\nos.environ['USER_SITE_RAN'] = 'yes'\n")
     proc, _ = _run(tmp_path, PROBE, env={"PYTHONPATH": str(own)})
     got = _probe(tmp_path, proc)
-    assert got["user_site_ran"] == "yes"
+    assert (
+        got["user_site_ran"] == "yes" and got["proc_environ_is_os_environ"] is False
+    )  # it set one
     assert got["sitecustomize"] == str(own / "sitecustomize.py")
     assert got["pythonpath"] == str(own)
 

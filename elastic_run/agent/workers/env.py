@@ -74,7 +74,8 @@ def cold_python_env(env: Mapping[str, str], *, python: bool) -> Mapping[str, str
     if not python or env.get(AUTO_PROGRESS_ENV) != "1":
         return env
     given = env.get("PYTHONPATH")
-    hooked = dict(env)
+    hooked = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    # Last in the environment block: the hook rewrites those bytes of it, and only those.
     hooked["PYTHONPATH"] = SITE_HOOK_DIR + os.pathsep + given if given else SITE_HOOK_DIR
     if given == "":  # "DIR:" would put the cwd on sys.path: say it was empty instead
         hooked[EMPTY_PYTHONPATH_ENV] = "1"
