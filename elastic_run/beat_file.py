@@ -11,13 +11,22 @@ Layout (native-endian signed 64-bit words): a header of 8 words (``MAGIC``, ``VE
 slot count, 5 reserved), then 8 words per slot:
 
     0 seq          a sequence counter: odd while the worker writes the slot, even when done
-    1 beats        progress() calls so far
+    1 beats        beats so far (progress() calls and optimizer steps, see below)
     2 step         the step the worker named (or ``beats`` when it named none)
     3 last_ns      CLOCK_MONOTONIC of the last beat, ns (the same clock as the agent's: one host)
     4 gap_ns       the gap between the last two beats, ns (0 after the first)
     5 busy_ns      total time from a beat to the first sync_point() after it, ns
     6 busy_count   sync_point() calls counted in busy_ns
     7 pid          the writing process
+
+Two kinds of beat share one writer per process (:func:`shared_writer`): an explicit
+``progress(step)`` call (:meth:`BeatWriter.beat`) and an automatic beat after each optimizer step
+(:meth:`BeatWriter.auto_beat`, from :mod:`elastic_run.auto_progress`). They are never counted
+twice for one step: an explicit beat that follows an automatic one takes it over (the same beat,
+now with the named step and the later time) instead of adding one, so ``opt.step();
+progress(step)`` counts one beat per step, and so does a script that calls ``progress()`` only
+now and then. An automatic beat names the step after the last one (the beat count when the
+script never named one).
 
 Invariants:
 - Only one process writes a slot: the worker whose slot index it was given. A child the worker
@@ -26,6 +35,8 @@ Invariants:
   (a seqlock; on x86-64 stores are seen in program order, which the lock relies on).
 - An agent removes its files at the end of each attempt; one killed with SIGKILL cannot, and the
   next agent on the host removes them (:func:`sweep_stale_beat_files`: the name carries the pid).
+- Beats may come from any thread: the writer serializes them (a lock held for a few stores), and
+  says once on stderr when beats come from a second thread (each thread's beats count).
 - The worker never fails a training step over a beat: when the file cannot be mapped it says so
   once on stderr and every later beat is a no-op.
 
@@ -35,8 +46,10 @@ This module imports nothing of the agent, so :mod:`elastic_run.worker` can use i
 from __future__ import annotations
 
 import mmap
+import operator
 import os
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -53,6 +66,7 @@ __all__ = [
     "SlotReading",
     "create_beat_file",
     "open_writer_from_env",
+    "shared_writer",
     "sweep_stale_beat_files",
 ]
 
@@ -169,7 +183,7 @@ class BeatFile:
 
 
 class BeatWriter:
-    """A worker's writer of its slot; called from the training loop.
+    """A worker's writer of its slot; called from the training loop (any thread).
 
     Args:
         path: the agent's beat file (``ELASTIC_RUN_PROGRESS_FILE``).
@@ -195,32 +209,76 @@ class BeatWriter:
         self._w = memoryview(self._map)[base : base + SLOT_WORDS * _WORD].cast("q")
         self._seq = int(self._w[_SEQ]) + (int(self._w[_SEQ]) % 2)
         self._beats = int(self._w[_BEATS])
+        self._step = int(self._w[_STEP])
         self._last = int(self._w[_LAST_NS])
+        self._before_last = 0  # the beat before the last (an automatic beat's take-over)
         self._busy = int(self._w[_BUSY_NS])
         self._busy_count = int(self._w[_BUSY_COUNT])
         self._synced = True  # only the first sync_point() after a beat counts
+        self._auto_pending = False  # the last beat was automatic and not taken over yet
+        self._lock = threading.Lock()
+        self._thread = 0
         self._w[_PID] = os.getpid()
 
     def beat(self, step: int | None = None) -> None:
         """One step done: count it, stamp it (a few stores, no system call).
 
+        When the last beat was an automatic one (an optimizer step) not yet taken over, this
+        beat takes it over: the same beat, with this step and time, not one more.
+
         Args:
             step: the step number to show (default: the count of beats).
+
+        Raises:
+            TypeError: ``step`` is not an integer.
         """
+        named = None if step is None else operator.index(step)
+        with self._lock:
+            self._check_thread()
+            if self._auto_pending:
+                self._auto_pending = False
+                self._write(self._beats, self._beats if named is None else named, takeover=True)
+            else:
+                beats = self._beats + 1
+                self._write(beats, beats if named is None else named, takeover=False)
+
+    def auto_beat(self) -> None:
+        """An optimizer step ended: one beat, naming the step after the last one."""
+        with self._lock:
+            self._check_thread()
+            self._write(self._beats + 1, self._step + 1, takeover=False)
+            self._auto_pending = True
+
+    def _check_thread(self) -> None:
+        me = threading.get_ident()
+        if self._thread in (me, -1):
+            return
+        if self._thread == 0:
+            self._thread = me
+            return
+        self._thread = -1  # said once
+        print(
+            "elastic_run: progress beats now also come from another thread "
+            f"({threading.current_thread().name}); every thread's beats count",
+            file=sys.stderr,
+            flush=True,
+        )
+
+    def _write(self, beats: int, step: int, *, takeover: bool) -> None:
         now = time.monotonic_ns()
+        previous = self._before_last if takeover else self._last
         w = self._w
         seq = self._seq + 1
-        beats = self._beats + 1
         w[_SEQ] = seq
-        if self._last:
-            w[_GAP_NS] = now - self._last
+        w[_GAP_NS] = now - previous if previous else 0
         w[_BEATS] = beats
-        w[_STEP] = beats if step is None else step
+        w[_STEP] = step
         w[_LAST_NS] = now
         w[_SEQ] = seq + 1
         self._seq = seq + 1
-        self._beats = beats
-        self._last = now
+        if not takeover:
+            self._before_last = self._last
+        self._beats, self._step, self._last = beats, step, now
         self._synced = False
 
     def sync_point(self) -> None:
@@ -228,20 +286,21 @@ class BeatWriter:
 
         Only the first call after a beat counts; before the first beat it does nothing.
         """
-        if self._synced:
-            return
-        self._synced = True
-        busy = self._busy + time.monotonic_ns() - self._last
-        count = self._busy_count + 1
-        w = self._w
-        seq = self._seq + 1
-        w[_SEQ] = seq
-        w[_BUSY_NS] = busy
-        w[_BUSY_COUNT] = count
-        w[_SEQ] = seq + 1
-        self._seq = seq + 1
-        self._busy = busy
-        self._busy_count = count
+        with self._lock:
+            if self._synced:
+                return
+            self._synced = True
+            busy = self._busy + time.monotonic_ns() - self._last
+            count = self._busy_count + 1
+            w = self._w
+            seq = self._seq + 1
+            w[_SEQ] = seq
+            w[_BUSY_NS] = busy
+            w[_BUSY_COUNT] = count
+            w[_SEQ] = seq + 1
+            self._seq = seq + 1
+            self._busy = busy
+            self._busy_count = count
 
 
 def open_writer_from_env() -> BeatWriter | None:
@@ -257,6 +316,32 @@ def open_writer_from_env() -> BeatWriter | None:
     except (OSError, ValueError) as exc:
         print(f"elastic_run.worker.progress: beats are off: {exc}", file=sys.stderr, flush=True)
         return None
+
+
+_shared: BeatWriter | None = None
+_shared_opened = False
+
+
+def _forget_shared() -> None:
+    """In a forked child: it is not the worker, so it never beats into the worker's slot."""
+    global _shared, _shared_opened
+    _shared, _shared_opened = None, True
+
+
+os.register_at_fork(after_in_child=_forget_shared)
+
+
+def shared_writer() -> BeatWriter | None:
+    """This process's one writer (opened from the environment on the first call), or None.
+
+    ``progress()``, ``sync_point()`` and the optimizer hook all beat through it, so their beats
+    are one stream. A process forked from the worker gets None.
+    """
+    global _shared, _shared_opened
+    if not _shared_opened:
+        _shared_opened = True
+        _shared = open_writer_from_env()
+    return _shared
 
 
 def _alive(pid: int) -> bool:

@@ -32,7 +32,7 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import ParamSpec, Protocol, TypeVar
 
-from elastic_run.beat_file import BeatWriter, open_writer_from_env
+from elastic_run.beat_file import shared_writer
 from elastic_run.errors import ConfigurationError, ElasticRunError
 from elastic_run.timer_wire import (
     RELEASE_EXPIRATION,
@@ -348,34 +348,17 @@ def expires(
 
 # --------------------------------------------------------------------------- progress beats
 
-_writer: BeatWriter | None = None
-_writer_opened = False
-
-
-def _forget_writer() -> None:
-    # A forked child (a data-loader process) must not beat in its parent's slot.
-    global _writer, _writer_opened
-    _writer, _writer_opened = None, True
-
-
-os.register_at_fork(after_in_child=_forget_writer)
-
-
-def _open_writer() -> BeatWriter | None:
-    global _writer, _writer_opened
-    if not _writer_opened:
-        _writer_opened = True
-        _writer = open_writer_from_env()
-    return _writer
-
 
 def progress(step: int | None = None) -> None:
     """Tell the agent this worker finished a training step (a progress beat).
 
-    Call it once per step, at the step's end. The agent learns the usual gap between beats and
-    judges a worker hung when it stays silent far longer (``--hang-timeout``); it also shows
-    each rank's step time and flags slow ranks. A no-op outside an elastic-run worker. The first
-    call maps the agent's beat file; every later call is a few stores into shared memory.
+    Optional in a script that steps a torch optimizer: elastic-run beats once per optimizer step
+    by itself (``--no-auto-progress`` turns it off). Call it to name the step (a call after an
+    optimizer step takes that step's beat over: it is not counted twice), or to beat where no
+    optimizer steps, once per step, at the step's end. The agent learns the usual gap between
+    beats and judges a worker hung when it stays silent far longer (``--hang-timeout``); it also
+    shows each rank's step time and flags slow ranks. A no-op outside an elastic-run worker. The
+    first call maps the agent's beat file; every later call is a few stores into shared memory.
 
     Args:
         step: the step number to show in ``elastic-run status`` (default: the count of calls).
@@ -383,7 +366,7 @@ def progress(step: int | None = None) -> None:
     Raises:
         TypeError: ``step`` is not an int.
     """
-    writer = _writer if _writer_opened else _open_writer()
+    writer = shared_writer()
     if writer is None:
         return
     try:
@@ -401,7 +384,7 @@ def sync_point() -> None:
     ``sync_point()`` (this rank's own work) can, and straggler detection then compares that.
     A no-op outside an elastic-run worker and before the first :func:`progress`.
     """
-    writer = _writer if _writer_opened else _open_writer()
+    writer = shared_writer()
     if writer is not None:
         writer.sync_point()
 

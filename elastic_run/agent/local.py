@@ -35,6 +35,7 @@ from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.agent.workers.console import duplicate_filters, tee_prefix
 from elastic_run.agent.workers.env import (
     build_worker_env,
+    cold_python_env,
     python_command,
     shared_worker_env,
     worker_argv,
@@ -332,6 +333,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         launches = []
         for worker in group.workers:
             lr = worker.local_rank
+            is_python = not functions and spec.entrypoint == (
+                envs[lr].get("PYTHON_EXEC") or python_command()
+            )
             argv = (
                 ()
                 if functions
@@ -341,18 +345,20 @@ class LocalElasticAgent(SimpleElasticAgent):
             error_file.unlink(missing_ok=True)
             envs[lr]["TORCHELASTIC_ERROR_FILE"] = str(error_file)
             envs[lr].update(beats.get(lr, {}))
+            start = functions.start if functions else self._warm.start_for(argv, envs[lr])
+            env = envs[lr] if start is not None else cold_python_env(envs[lr], python=is_python)
             launches.append(
                 WorkerLaunch(
                     local_rank=lr,
                     global_rank=worker.global_rank,
                     argv=(functions.name,) if functions else tuple(argv),
-                    env=envs[lr],
+                    env=env,
                     log_dir=error_file.parent,
                     redirect=self._logs_specs.redirect_for(lr),
                     tee=self._logs_specs.tee_for(lr),
                     show_on_console=self._logs_specs.shows_on_console(lr),
                     error_file=error_file,
-                    start=functions.start if functions else self._warm.start_for(argv, envs[lr]),
+                    start=start,
                     tee_prefix=tee_prefix(
                         self._log_line_prefix_template,
                         role=spec.role,

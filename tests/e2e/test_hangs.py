@@ -9,7 +9,8 @@ workers (``hang_scripts/train.py``), c10d and etcd.
   learned timeout, and ranks that never beat.
 - A straggler shows in ``status --json`` as the slowest rank with its ratio, and as an event;
   ``status`` without ``--nnodes`` shows the job's MIN:MAX.
-- ``--max-no-progress-restarts`` stops a crash loop with exit code 5.
+- ``--max-no-progress-restarts`` stops a crash loop with exit code 5 (one that beats no step,
+  or the same steps every time), and not a job whose attempts each get further.
 
 No test sleeps or asserts on a duration: each waits (with a deadline) for what it expects.
 """
@@ -265,10 +266,13 @@ def test_a_straggler_is_the_slowest_rank_in_status_and_an_event(make_job: Any) -
 CRASH = "from elastic_run.worker import progress\nimport os, sys\n{beat}sys.exit(1)\n"
 
 
+FURTHER = "for _ in range(int(os.environ['TORCHELASTIC_RESTART_COUNT']) + 1):\n    progress()\n"
+
+
 @pytest.mark.parametrize(
     ("beat", "code", "attempts"),
-    [("", 5, 3), ("progress()\n", 1, 4)],
-    ids=["no-beat-exits-5", "beats-use-every-restart"],
+    [("", 5, 3), ("progress()\n", 5, 3), (FURTHER, 1, 4)],
+    ids=["no-beat-exits-5", "same-step-every-time-exits-5", "further-each-time-uses-every-restart"],
 )
 def test_max_no_progress_restarts_stops_a_crash_loop(
     tmp_path: Path, beat: str, code: int, attempts: int

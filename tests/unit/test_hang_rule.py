@@ -183,15 +183,61 @@ def test_the_grace_is_bounded() -> None:
     assert rule.collective_grace_s(4000.0) == 60.0
 
 
-# -- the no-progress streak ------------------------------------------------------------------
+# -- no progress (--max-no-progress-restarts) ------------------------------------------------
+
+
+def _count(*attempts: tuple[bool, int]) -> hang.NoProgressCount:
+    """Count attempts 0, 1, ... given as (failed, reached)."""
+    count = hang.NoProgressCount()
+    for attempt, (failed, reached) in enumerate(attempts):
+        count = hang.count_attempt(count, attempt=attempt, failed=failed, reached=reached)
+    return count
+
+
+def test_a_job_that_hangs_at_the_same_step_every_time_makes_no_progress() -> None:
+    # Each attempt beats steps 0-9 (10 beats) and hangs in step 10.
+    assert _count((True, 10)) == hang.NoProgressCount(streak=0, best_step=10)
+    assert _count((True, 10), (True, 10)).streak == 1
+    assert _count((True, 10), (True, 10), (True, 10)).streak == 2
+
+
+def test_an_attempt_that_gets_further_is_progress_and_ends_the_streak() -> None:
+    assert _count((True, 10), (True, 10), (True, 11)) == hang.NoProgressCount(0, 11)
+    assert _count((True, 10), (True, 11), (True, 12), (True, 13)).streak == 0
+
+
+def test_getting_less_far_than_the_best_attempt_is_no_progress() -> None:
+    # A resumed attempt that names its global step: best 500, then 300 and 499.
+    assert _count((True, 500), (True, 300), (True, 499)) == hang.NoProgressCount(2, 500)
 
 
 def test_the_streak_counts_failed_attempts_after_restarts_without_a_beat() -> None:
-    streak = 0
-    streak = hang.no_progress_streak(streak, attempt=0, failed=True, beat=False)
-    assert streak == 0  # the first attempt follows no restart
-    streak = hang.no_progress_streak(streak, attempt=1, failed=True, beat=False)
-    streak = hang.no_progress_streak(streak, attempt=2, failed=False, beat=False)  # a rejoin
-    streak = hang.no_progress_streak(streak, attempt=3, failed=True, beat=False)
-    assert streak == 2
-    assert hang.no_progress_streak(streak, attempt=4, failed=True, beat=True) == 0
+    count = _count((True, -1))
+    assert count.streak == 0  # the first attempt follows no restart
+    count = _count((True, -1), (True, -1), (False, -1), (True, -1))  # the third: a rejoin
+    assert count.streak == 2
+    assert hang.count_attempt(count, attempt=4, failed=True, reached=0).streak == 0
+
+
+def test_a_rejoin_that_got_further_resets_the_streak_and_one_that_did_not_keeps_it() -> None:
+    count = _count((True, 5), (True, 5))
+    assert count.streak == 1
+    assert hang.count_attempt(count, attempt=2, failed=False, reached=5) == count
+    assert hang.count_attempt(count, attempt=2, failed=False, reached=6).streak == 0
+
+
+@given(
+    st.lists(st.tuples(st.booleans(), st.integers(-1, 50)), min_size=1, max_size=12),
+)
+def test_the_streak_is_the_failed_attempts_since_the_last_new_best(
+    attempts: list[tuple[bool, int]],
+) -> None:
+    count = _count(*attempts)
+    best = max(reached for _, reached in attempts)
+    assert count.best_step == best
+    first_new_best = next(
+        (n for n, (_, reached) in enumerate(attempts) if reached == best and best > -1), None
+    )
+    since = 0 if first_new_best is None else first_new_best + 1
+    expected = sum(1 for n, (failed, _) in enumerate(attempts) if n >= since and failed and n > 0)
+    assert count.streak == expected

@@ -18,7 +18,7 @@ While the workers run (``Phase.RUNNING``), first match wins:
     a terminating signal is pending                     -> Stop(signal)        STOPPED  128+N
     workers FAILED, failure not yet reported            -> ReportFailure       FAILED
     workers FAILED, K failed attempts in a row without
-      a progress beat (--max-no-progress-restarts K)    -> NoProgress          FAILED   5
+      progress (--max-no-progress-restarts K)           -> NoProgress          FAILED   5
     workers FAILED after a node of the round finished   -> Fail(finished)      FAILED   1
     workers FAILED, counted, restarts used up           -> Fail                FAILED   1
     workers FAILED                                      -> Restart(counted)    STOPPED
@@ -44,7 +44,9 @@ group FAILED, so a hung worker is a failed worker from there on (reported, resta
 and never runs them again, so a round with it cannot form again; a failure after that ends the
 job (``exit_barrier.py`` decides who came first). ``NoProgress``
 ends the job like ``Fail`` but with its own exit code, so that a scheduler can tell a crash
-loop (do not requeue) from a job that used up its restarts while making progress.
+loop (do not requeue) from a job that used up its restarts while making progress. "Without
+progress": the attempt reached no step beyond the furthest step of every earlier attempt
+(``progress/hang.py``'s ``count_attempt``: a job that hangs at step 10 every time makes none).
 """
 
 from __future__ import annotations
@@ -124,8 +126,9 @@ class Observation:
         end_cause: why it ended, as recorded by the node that ended it.
         nodes_waiting: nodes waiting at the door of the round.
         hung: a local worker is judged hung (silent past its hang timeout).
-        no_progress_restarts: failed attempts in a row without a progress beat, each after a
-            restart, this one included when it failed without one.
+        no_progress_restarts: failed attempts in a row without progress (no step beyond the
+            furthest an earlier attempt reached), each after a restart, this one included when
+            it failed without progress.
         max_no_progress_restarts: stop at this many (0: never).
         peers_finished: after ReportFailure: nodes of the round whose workers had all
             succeeded before this node's failure (they wait at the exit barrier).
@@ -204,7 +207,7 @@ class Restart:
 
 @dataclass(frozen=True)
 class NoProgress:
-    """Attempts keep failing without a progress beat: close the rendezvous as failed, exit 5."""
+    """Attempts keep failing without progress: close the rendezvous as failed, exit 5."""
 
     restarts: int
     exit_code: int = EXIT_NO_PROGRESS

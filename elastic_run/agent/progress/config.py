@@ -1,6 +1,6 @@
 """What the agent does with progress beats, fixed for the run: ``--hang-timeout``,
-``--straggler-factor``, ``--max-no-progress-restarts`` and ``--script-exit-timeout``, parsed once
-at the edge."""
+``--straggler-factor``, ``--max-no-progress-restarts``, ``--script-exit-timeout`` and
+``--no-auto-progress``, parsed once at the edge."""
 
 from __future__ import annotations
 
@@ -26,15 +26,19 @@ class ProgressOptions:
         straggler_factor: a rank whose step time stays at or above this many times the job's
             median is reported as a straggler (``--straggler-factor``, > 1).
         max_no_progress_restarts: stop with exit code 5 once this many failed attempts in a row,
-            each after a restart, saw no progress beat (0: never).
+            each after a restart, made no progress: none reached a step beyond the furthest
+            step an earlier attempt reached (0: never; see ``hang.count_attempt``).
         script_exit_timeout_s: how long a worker's process may outlive its script's end before
             it is killed (its exit then counted as the script's own; None: never).
+        auto_progress: Python workers beat once per optimizer step without code
+            (``--no-auto-progress`` turns it off; see :mod:`elastic_run.auto_progress`).
     """
 
     hang: HangRule = field(default_factory=HangRule)
     straggler_factor: float = DEFAULT_FACTOR
     max_no_progress_restarts: int = 0
     script_exit_timeout_s: float | None = DEFAULT_SCRIPT_EXIT_TIMEOUT_S
+    auto_progress: bool = True
 
     @classmethod
     def parse(
@@ -43,6 +47,7 @@ class ProgressOptions:
         straggler_factor: float,
         max_no_progress_restarts: int,
         script_exit_timeout: str = "60",
+        auto_progress: bool = True,
     ) -> ProgressOptions:
         """Build the options from the flags' values.
 
@@ -62,7 +67,11 @@ class ProgressOptions:
         except ValueError as exc:
             raise ValueError(f"--script-exit-timeout {exc}") from None
         return cls(
-            rule, parse_straggler_factor(straggler_factor), max_no_progress_restarts, script_exit
+            rule,
+            parse_straggler_factor(straggler_factor),
+            max_no_progress_restarts,
+            script_exit,
+            auto_progress,
         )
 
 

@@ -31,6 +31,7 @@ from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch
 from elastic_run.agent.progress.stack_report import StackReport, format_stacks
 from elastic_run.agent.workers.failures import WorkerErrorInfo
 from elastic_run.agent.workers.processes import WorkerExit
+from elastic_run.auto_progress import AUTO_PROGRESS_ENV
 from elastic_run.rendezvous.dynamic.telemetry import TelemetryHost
 
 __all__ = ["ProgressDuties"]
@@ -78,12 +79,21 @@ class ProgressDuties:
     def env_for_attempt(
         self, attempt: int, workers: Sequence[tuple[int, int]], log_dirs: Mapping[int, Path]
     ) -> dict[int, dict[str, str]]:
-        """The beat variables of each worker of a new attempt ((local rank, rank) pairs)."""
+        """The beat variables of each worker of a new attempt ((local rank, rank) pairs).
+
+        With automatic beats on (the default), a worker given a slot is also told to beat once
+        per optimizer step (``ELASTIC_RUN_AUTO_PROGRESS=1``, see :mod:`elastic_run.auto_progress`).
+        """
         self._ranks = dict(workers)
         self._killed = {}
         self._outlived = {}
         self.script_end.start_attempt(workers, log_dirs)
-        return self.watch.start_attempt(attempt, workers, log_dirs)
+        envs = self.watch.start_attempt(attempt, workers, log_dirs)
+        if self.options.auto_progress:
+            for env in envs.values():
+                if env:
+                    env[AUTO_PROGRESS_ENV] = "1"
+        return envs
 
     def started(
         self,

@@ -20,6 +20,10 @@ The timeout (:func:`timeout_s`):
   grants these allowances.
 - ``off``: never.
 
+No progress (``--max-no-progress-restarts``, :func:`count_attempt`): an attempt made progress
+when one of its workers reached a step beyond the furthest step of every earlier attempt; a job
+that hangs at step 10 on every attempt makes none, however many steps it beats before.
+
 Never judged: a worker that has not beaten yet (it did not opt in, or it is still in its first
 step), and a worker that holds an armed file timer (the user's own bound for that region wins).
 
@@ -41,11 +45,12 @@ __all__ = [
     "HangMode",
     "HangRule",
     "HungWorker",
+    "NoProgressCount",
     "Silence",
     "BeatHistory",
+    "count_attempt",
     "hung_now",
     "judge",
-    "no_progress_streak",
     "observe",
     "parse_hang_timeout",
     "positive_seconds",
@@ -281,24 +286,47 @@ def judge(
     return Silence(silent, limit, learned=rule.mode == "auto")
 
 
-def no_progress_streak(streak: int, *, attempt: int, failed: bool, beat: bool) -> int:
-    """Failed attempts in a row without a beat, each after a restart (``--max-no-progress-restarts``).
+@dataclass(frozen=True)
+class NoProgressCount:
+    """What ``--max-no-progress-restarts`` counts, carried from attempt to attempt.
+
+    Attributes:
+        streak: failed attempts in a row, each after a restart, that made no progress.
+        best_step: the furthest step any attempt reached so far (-1: no attempt beat).
+    """
+
+    streak: int = 0
+    best_step: int = -1
+
+
+def count_attempt(
+    count: NoProgressCount, *, attempt: int, failed: bool, reached: int
+) -> NoProgressCount:
+    """Count one ended attempt: did it make progress?
+
+    An attempt made progress when it reached a step beyond the furthest step of every attempt
+    before it. A worker's step is the one it named (``progress(step)``), else the count of its
+    beats since the attempt started (each optimizer step, each ``progress()`` call, each timer
+    request); the attempt reached the furthest step of any of its local workers. So a job that
+    hangs or crashes at the same step every time makes no progress, however many steps it
+    beats before that point, and one that gets further each time does.
 
     Args:
-        streak: the streak before this attempt ended.
+        count: the count before this attempt ended.
         attempt: this attempt's number (0: the first, which follows no restart).
-        failed: this attempt ended with a worker failure.
-        beat: any local worker beat during this attempt.
+        failed: this attempt ended with a worker failure (a hang is one).
+        reached: the furthest step a local worker reached in it (-1: none beat).
 
     Returns:
-        The streak once this attempt is counted: 0 after a beat, one more after a failed
-        attempt without one that followed a restart, else unchanged.
+        The count once this attempt is counted: after progress, a streak of 0 and the new best
+        step; after a failed attempt without progress that followed a restart, one more in the
+        streak; otherwise unchanged (a rejoin, or the first attempt).
     """
-    if beat:
-        return 0
+    if reached > count.best_step:
+        return NoProgressCount(streak=0, best_step=reached)
     if failed and attempt > 0:
-        return streak + 1
-    return streak
+        return replace(count, streak=count.streak + 1)
+    return count
 
 
 def hung_now(

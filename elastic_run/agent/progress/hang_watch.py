@@ -20,7 +20,8 @@ workers the agent must stop (:class:`~elastic_run.agent.progress.hang.HungWorker
 worker is a failed worker).
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
-and the count of failed attempts without a beat (``--max-no-progress-restarts``).
+and the no-progress count (``--max-no-progress-restarts``: failed attempts in a row that reached
+no step beyond the furthest an earlier attempt reached, :func:`~elastic_run.agent.progress.hang.count_attempt`).
 
 Threads: ``tick`` and the attempt methods run on the agent's loop; ``timer_beat`` on the
 watchdog's; ``progress`` (a snapshot) on any. Shared state is behind one lock; what other
@@ -104,7 +105,8 @@ class HangWatch:
         self._path: Path | None = None
         self._attempt = -1
         self._attempt_beat = False
-        self._streak = 0
+        self._attempt_reach = -1
+        self._count = hang.NoProgressCount()
         self._suspect_since = 0
         self._capture_s = 0.0
         self._hung: tuple[HungWorker, ...] = ()
@@ -142,6 +144,7 @@ class HangWatch:
             self._by_pid = {}
             self._attempt = attempt
             self._attempt_beat = False
+            self._attempt_reach = -1
             self._suspect_since = 0
             self._hung = ()
             self._stopped = set()
@@ -185,14 +188,27 @@ class HangWatch:
 
     def end_attempt(self, failed: bool) -> None:
         """The attempt's workers are stopped; count it for ``--max-no-progress-restarts``."""
-        self._streak = self.no_progress_streak(failed)
+        self._count = self._counted(failed)
         self._close_file()
 
-    def no_progress_streak(self, failed: bool) -> int:
-        """The streak of failed attempts without a beat, were this attempt to end now."""
-        return hang.no_progress_streak(
-            self._streak, attempt=self._attempt, failed=failed, beat=self._attempt_beat
+    def _counted(self, failed: bool) -> hang.NoProgressCount:
+        return hang.count_attempt(
+            self._count, attempt=self._attempt, failed=failed, reached=self._attempt_reach
         )
+
+    def no_progress_streak(self, failed: bool) -> int:
+        """Failed attempts in a row without progress, were this attempt to end now."""
+        return self._counted(failed).streak
+
+    @property
+    def attempt_reach(self) -> int:
+        """The furthest step a local worker reached in this attempt (-1: none beat)."""
+        return self._attempt_reach
+
+    @property
+    def best_step(self) -> int:
+        """The furthest step of the attempts that ended (-1: none beat)."""
+        return self._count.best_step
 
     @property
     def attempt_beat(self) -> bool:
@@ -314,8 +330,9 @@ class HangWatch:
             return
         last = max(slot_last, worker.timer_last_ns)
         gap = reading.last_gap_ns if reading is not None and slot_last >= last else 0
-        step = reading.step if reading is not None and slot_beats else worker.history.step
+        step = reading.step if reading is not None and slot_beats else beats
         worker.history = hang.observe(worker.history, beats, step, last, gap)
+        self._attempt_reach = max(self._attempt_reach, step)
         busy = (reading.busy_ns, reading.busy_count) if reading is not None else (0, 0)
         worker.window = worker.window.add(StepSample(now, beats, last, *busy))
         self._attempt_beat = True

@@ -16,9 +16,11 @@ Invariants:
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from dataclasses import replace
 from typing import IO, Any
 
 from elastic_run.agent.warm.zygote import WarmCommand, Zygote, env_mismatch, warm_command
+from elastic_run.agent.workers.env import cold_python_env
 from elastic_run.agent.workers.processes import (
     WorkerLaunch,
     WorkerProcess,
@@ -128,7 +130,8 @@ class WarmStarts:
                 return zygote.spawn(command, launch.argv, launch.env, stdout, stderr)
             except AgentError as exc:
                 self._warn(f"starting worker local_rank {launch.local_rank} cold: {exc}")
-                return start_program(launch, stdout, stderr)
+                cold = cold_python_env(launch.env, python=True)  # a warm command is Python's
+                return start_program(replace(launch, env=cold), stdout, stderr)
 
         return start
 

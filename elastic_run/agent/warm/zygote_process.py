@@ -27,7 +27,9 @@ fresh random seeds; then it leaves every frame of the zygote and runs the script
 ``__main__``, so interpreter exit (atexit, thread joins, flushes, exit status) is Python's own.
 
 Invariants:
-- Standard library only, besides torch and the preloads: no elastic_run import (run by path).
+- Standard library only, besides torch and the preloads: no elastic_run import (run by path);
+  a forked worker imports ``elastic_run.auto_progress`` before its script when automatic
+  progress beats are on (``ELASTIC_RUN_AUTO_PROGRESS=1``).
 - Safe to fork or not warm at all: no Python thread besides the main one, no more native
   threads than ``import torch`` alone starts, CUDA not initialized; otherwise it reports not
   ready with the reason and exits.
@@ -342,6 +344,26 @@ def _exit_like_python(exc: BaseException) -> None:
     sys.exit(1)
 
 
+def _arm_auto_progress() -> None:
+    """In a worker, before its script: beat once per optimizer step when the agent asks.
+
+    The one import of elastic_run here, and in the worker only (the zygote never runs it): torch
+    is imported already, so the hooks are registered at once (see elastic_run.auto_progress).
+    """
+    if os.environ.get("ELASTIC_RUN_AUTO_PROGRESS") != "1":
+        return
+    try:
+        from elastic_run.auto_progress import install_when_torch_optim_loads
+
+        install_when_torch_optim_loads()
+    except Exception as exc:
+        print(
+            f"elastic_run: automatic progress beats are off: {type(exc).__name__}: {exc}",
+            file=sys.stderr,
+            flush=True,
+        )
+
+
 def main(argv: list[str]) -> dict[str, Any] | None:
     """The zygote: ``zygote_process.py SOCK_FD PATH0 [PRELOAD,...]``; returns in a worker only."""
     for sig in IGNORED_SIGNALS:
@@ -361,6 +383,7 @@ if __name__ == "__main__":
     if _worker is None:
         sys.exit(0)
     del _worker["env"]
+    _arm_auto_progress()
     import runpy
 
     try:

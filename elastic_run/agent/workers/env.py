@@ -5,6 +5,10 @@ shared/TORCHRUN-CONTRACT.md): ranks and world sizes, the workers' store, the res
 job's, the same on every node), the error file, the timer file when the watchdog is on.
 OMP_NUM_THREADS is set to 1 only when the node runs more than one worker and the user did not
 set it, as torchrun does.
+
+A cold Python worker with automatic progress beats (``ELASTIC_RUN_AUTO_PROGRESS=1``) also gets
+elastic-run's start-up hook first on its ``PYTHONPATH`` (:func:`cold_python_env`); the hook takes
+it off again before the script runs (:mod:`elastic_run.site_hook`).
 """
 
 from __future__ import annotations
@@ -13,12 +17,17 @@ import os
 import sys
 from collections.abc import Mapping
 
+from elastic_run import site_hook
 from elastic_run.agent.api import WorkerGroup, WorkerSpec
+from elastic_run.auto_progress import AUTO_PROGRESS_ENV
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "RANK_VARIABLES",
+    "EMPTY_PYTHONPATH_ENV",
+    "SITE_HOOK_DIR",
     "build_worker_env",
+    "cold_python_env",
     "shared_worker_env",
     "python_command",
     "worker_argv",
@@ -41,6 +50,36 @@ RANK_VARIABLES = (
 """The per-worker, per-round variables of :func:`build_worker_env`, in that order (beside the
 ``TORCHELASTIC_*`` ones): they differ between workers and rounds, and nothing reads them at import
 time, so a warm worker's zygote never holds them."""
+
+
+EMPTY_PYTHONPATH_ENV = "ELASTIC_RUN_EMPTY_PYTHONPATH"
+"""Set (and removed by the hook) when the worker's own ``PYTHONPATH`` was set but empty."""
+SITE_HOOK_DIR = os.path.dirname(os.path.abspath(site_hook.__file__))
+"""The folder of elastic-run's ``sitecustomize`` for cold Python workers."""
+
+
+def cold_python_env(env: Mapping[str, str], *, python: bool) -> Mapping[str, str]:
+    """The environment of a worker started cold: ``env``, with the start-up hook when it applies.
+
+    Args:
+        env: the worker's environment.
+        python: the worker is the Python interpreter running a script or module (not
+            ``--no-python``: a program's own Python children must not beat for it).
+
+    Returns:
+        ``env`` itself, or a copy whose ``PYTHONPATH`` starts with :data:`SITE_HOOK_DIR` (the
+        hook restores the given value, unset or empty included, before the script runs) when
+        ``env`` asks for automatic progress beats.
+    """
+    if not python or env.get(AUTO_PROGRESS_ENV) != "1":
+        return env
+    given = env.get("PYTHONPATH")
+    hooked = {k: v for k, v in env.items() if k != "PYTHONPATH"}
+    # Last in the environment block: the hook rewrites those bytes of it, and only those.
+    hooked["PYTHONPATH"] = SITE_HOOK_DIR + os.pathsep + given if given else SITE_HOOK_DIR
+    if given == "":  # "DIR:" would put the cwd on sys.path: say it was empty instead
+        hooked[EMPTY_PYTHONPATH_ENV] = "1"
+    return hooked
 
 
 def worker_argv(spec: WorkerSpec, local_rank: int) -> list[str]:

@@ -249,9 +249,14 @@ def _rendezvous(
     return _Rendezvous(backend, endpoint, run_id, local_addr, conf, min_nodes, max_nodes)
 
 
-def _progress(params: dict[str, Any]) -> ProgressOptions:
-    """--hang-timeout, --straggler-factor, --max-no-progress-restarts, --script-exit-timeout
-    (absent: the defaults)."""
+def _progress(params: dict[str, Any], explicit: set[str], chosen: Chosen) -> ProgressOptions:
+    """--hang-timeout, --straggler-factor, --max-no-progress-restarts, --script-exit-timeout,
+    --auto-progress (absent: the defaults), and the --print-config row of automatic beats."""
+    auto = bool(params.get("auto_progress", True))
+    why = "given" if "auto_progress" in explicit else "default"
+    if params.get("no_python") and auto:
+        auto, why = False, "--no-python: only Python workers beat by themselves"
+    chosen.append(("auto_progress", auto, why))
     no_progress = check_count(
         params.get("max_no_progress_restarts", 0), "--max-no-progress-restarts", 0, MAX_RESTARTS
     )
@@ -261,6 +266,7 @@ def _progress(params: dict[str, Any]) -> ProgressOptions:
             float(params.get("straggler_factor", 1.5)),
             no_progress,
             str(params.get("script_exit_timeout", "60")),
+            auto,
         )
     except ValueError as exc:
         raise ConfigurationError(str(exc)) from None
@@ -352,7 +358,7 @@ def parse_launch_config(
     log_dir = _log_dir(params["log_dir"])
     ranks_filter = parse_local_ranks(params["local_ranks_filter"])
     rdzv = _rendezvous(params, nodes, master_port, chosen, notices)
-    progress = _progress(params)
+    progress = _progress(params, explicit, chosen)
     preload = _preload(params["preload"])
     warm_start = _warm_start(params, script, preload, cwd, chosen)
     watchdog = params["watchdog"]

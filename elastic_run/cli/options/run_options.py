@@ -217,6 +217,12 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Exit 5 after K restarts in a row without a progress beat (0: off).",
     ),
     _opt(
+        "--auto-progress/--no-auto-progress",
+        default=True,
+        show_default=True,
+        help="Python workers beat once per optimizer step (torch's global optimizer hook).",
+    ),
+    _opt(
         "--script-exit-timeout",
         default="60",
         show_default=True,
