@@ -55,5 +55,7 @@ def test_only_per_worker_variables_may_differ_from_the_zygote() -> None:
     }
     assert env_mismatch(zygote, worker) == []
     assert env_mismatch(zygote, {**worker, "OMP_NUM_THREADS": "4"}) == ["OMP_NUM_THREADS"]
-    assert env_mismatch(zygote, {**worker, "CUDA_VISIBLE_DEVICES": "0"}) == ["CUDA_VISIBLE_DEVICES"]
+    # Read at CUDA's initialization, after the fork: per worker (--virtual-local-rank).
+    assert env_mismatch(zygote, {**worker, "CUDA_VISIBLE_DEVICES": "0"}) == []
+    assert env_mismatch(zygote, {**worker, "PYTHONHASHSEED": "0"}) == ["PYTHONHASHSEED"]
     assert env_mismatch({**zygote, "GONE": "1"}, worker) == ["GONE"]

@@ -50,8 +50,12 @@ __all__ = ["PER_WORKER_KEYS", "WarmCommand", "Zygote", "env_mismatch", "warm_com
 
 logger = logging.getLogger(__name__)
 
-PER_WORKER_KEYS = frozenset(RANK_VARIABLES)
-"""Variables that differ per worker or per attempt and that nothing reads at import time."""
+PER_WORKER_KEYS = frozenset(RANK_VARIABLES) | frozenset({"CUDA_VISIBLE_DEVICES"})
+"""Variables that differ per worker or per attempt and that nothing reads at import time.
+
+``CUDA_VISIBLE_DEVICES`` (``--virtual-local-rank`` narrows it per worker) is read when CUDA
+initializes, which the zygote never does (it refuses a preload that did), and torch does not
+cache a device count before that: a forked worker's own value is the one CUDA sees."""
 _PER_WORKER_PREFIXES = ("TORCHELASTIC_", "ELASTIC_RUN_")
 _PROGRAM = Path(__file__).with_name("zygote_process.py")
 _REPLY_TIMEOUT_S = 30.0
