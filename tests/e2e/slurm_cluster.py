@@ -27,25 +27,23 @@ from types import TracebackType
 import psutil
 
 __all__ = [
+    "REQUIRED_PROGRAMS",
     "SlurmCluster",
     "SlurmClusterError",
     "slurm_unavailable_reason",
     "wait_until",
 ]
 
-_REQUIRED_BINARIES = (
-    "munged",
-    "mungekey",
-    "slurmctld",
-    "slurmd",
-    "sbatch",
-    "srun",
-    "sinfo",
-    "squeue",
-    "scancel",
-    "scontrol",
-    "timeout",
-)
+# The programs a test Slurm starts or calls -> their Debian packages (scripts/setup.sh).
+REQUIRED_PROGRAMS = {
+    "munged": "munge",
+    "mungekey": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    **{name: "slurm-client" for name in ("sbatch", "srun", "sinfo", "squeue", "scancel")},
+    "scontrol": "slurm-client",
+    "timeout": "coreutils",
+}
 
 _CLIENT_TIMEOUT_S = 10.0
 
@@ -75,14 +73,14 @@ def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "con
 
 
 def slurm_unavailable_reason() -> str | None:
-    """Say why a real Slurm cannot run here, for a pytest skip message.
+    """Say why a real Slurm cannot run here, for a test's failure message.
 
     Returns:
         None when the binaries are there and the platform can run them; else a sentence.
     """
     if not sys.platform.startswith("linux"):
         return f"a test Slurm needs Linux, not {sys.platform}"
-    missing = [name for name in _REQUIRED_BINARIES if _which(name) is None]
+    missing = [name for name in REQUIRED_PROGRAMS if _which(name) is None]
     if missing:
         return (
             f"Slurm/munge binaries missing: {', '.join(missing)} "

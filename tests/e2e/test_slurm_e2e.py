@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -88,7 +87,7 @@ def test_multi_node_c10d_batch_file_trains_across_both_nodes(
 
 
 @pytest.mark.etcd
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="the etcd binary is not on PATH")
+@pytest.mark.usefixtures("etcd_binary")  # fails the test when etcd is missing
 def test_multi_node_etcd_batch_file_trains_across_both_nodes(
     slurm_cluster: SlurmCluster,  # noqa: F811
     tmp_path: Path,
@@ -108,7 +107,7 @@ def test_multi_node_etcd_batch_file_trains_across_both_nodes(
 
 
 @pytest.mark.etcd
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="the etcd binary is not on PATH")
+@pytest.mark.usefixtures("etcd_binary")  # fails the test when etcd is missing
 def test_sigusr1_does_not_stop_the_etcd_job(
     slurm_cluster: SlurmCluster,  # noqa: F811
     tmp_path: Path,

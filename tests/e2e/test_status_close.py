@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.machine import require_etcd, require_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402
@@ -37,8 +37,7 @@ def _status(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(name="etcd")
 def etcd_fixture() -> Iterator[EtcdServer]:
-    if shutil.which("etcd") is None:
-        pytest.fail("etcd is not installed: run scripts/setup.sh as root")
+    require_etcd()
     server = EtcdServer()
     server.start()
     try:
@@ -189,8 +188,7 @@ def test_plain_event_lines_when_not_a_terminal(tmp_path: Path) -> None:
 
 
 def test_live_view_in_a_real_terminal(tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        pytest.fail("tmux is not installed: run scripts/setup.sh as root")
+    require_program("tmux", "tmux")
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     out = tmp_path / "out"
