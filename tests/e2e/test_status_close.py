@@ -102,6 +102,22 @@ def test_status_json_matches_the_running_agents(
         assert isinstance(events, list)
         assert [e["kind"] for e in events].count("rendezvous.complete") == 2
 
+        # The workers never beat: they are never judged hung, so no hang timeout is shown
+        # (it read 600 s, the warm-up allowance of a judgement that never comes).
+        ranks: list[dict[str, object]] = []
+
+        def every_rank_published() -> bool:
+            done = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--json", "--sample", "0")
+            progress = json.loads(done.stdout).get("progress") or {}
+            ranks[:] = progress.get("ranks") or []
+            return len(ranks) == 3
+
+        wait_until(every_rank_published, 60, interval_s=0.2, message=lambda: str(ranks))
+        assert [(r["beats"], r["timeout_s"]) for r in ranks] == [(0, None)] * 3, ranks
+        table = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--sample", "0")
+        assert table.returncode == 0 and "ranks" in table.stdout, table.stdout
+        assert "600.0 s" not in table.stdout, table.stdout
+
         (job.out / "go").touch()
         for agent in job.agents:
             assert agent.wait(60) == 0

@@ -326,6 +326,10 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
         return EtcdStore(self._client, self._key(prefix))
 
+    def exists(self) -> bool:
+        """Return whether any key lives under this job's prefix (one counting request)."""
+        return self._client.count_prefix(self._base) > 0
+
     def delete_all(self) -> int:
         """Delete every key of this job (for tests and cleanup); return how many."""
         return self._client.delete_prefix(self._base)
