@@ -65,6 +65,8 @@ class ConnectionOptions(TypedDict, total=False):
     password: str | None
     timeout_s: float
     retry_window_s: float
+    require_leader: bool
+    gone_reason: Callable[[], str | None] | None
 
 
 class EtcdConnection:
@@ -80,6 +82,11 @@ class EtcdConnection:
         password: the user's password.
         timeout_s: the deadline of one RPC.
         retry_window_s: how long a call keeps retrying over the endpoints while none answers.
+        require_leader: ask every member to refuse at once ("no leader") while it has no
+            leader, instead of holding the request until its deadline: a member cut off from
+            the others answers quickly, and the call moves on to another.
+        gone_reason: says why the cluster will never answer again (None while it may): a
+            call checks it before each try and raises ``RendezvousConnectionError`` with it.
 
     Raises:
         ConfigurationError: when the protocol, the TLS or the credential settings are wrong.
@@ -97,6 +104,8 @@ class EtcdConnection:
         password: str | None = None,
         timeout_s: float = 60.0,
         retry_window_s: float = 10.0,
+        require_leader: bool = False,
+        gone_reason: Callable[[], str | None] | None = None,
     ) -> None:
         if not endpoints:
             raise ConfigurationError("no etcd endpoint given")
@@ -115,6 +124,8 @@ class EtcdConnection:
         self._password = password
         self._timeout_s = timeout_s
         self._retry_window_s = retry_window_s
+        self._require_leader = require_leader
+        self._gone_reason = gone_reason
         self._lock = threading.Lock()
         self._index = 0
         self._raw: Any = None
@@ -190,6 +201,9 @@ class EtcdConnection:
                 # gRPC refuses call credentials on a plain channel; the token still
                 # travels in the metadata, which is all etcd reads.
                 raw.call_credentials = None
+            if self._require_leader:
+                # etcd's own clients' WithRequireLeader: refused at once without a leader.
+                raw.metadata = (*(raw.metadata or ()), ("hasleader", "true"))
             _fix_stubs(raw)
             return raw
         except BaseException:
@@ -271,6 +285,9 @@ class EtcdConnection:
             raw: Any = None
             generation = -1
             endpoint = self.endpoint
+            gone = self._gone_reason() if self._gone_reason is not None else None
+            if gone is not None:
+                raise RendezvousConnectionError(gone)
             try:
                 raw, endpoint, generation = self._current()
                 return fn(raw)
