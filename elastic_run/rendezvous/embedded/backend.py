@@ -271,6 +271,7 @@ def create_embedded_backend(
     watch = QuorumWatch(cluster)
     options["require_leader"] = True
     options["gone_reason"] = watch.gone_reason
+    options["silence_may_heal"] = True
     client = EtcdClient(endpoints, **options)
     backend = EmbeddedEtcdBackend(
         client,

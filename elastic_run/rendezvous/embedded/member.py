@@ -130,6 +130,8 @@ class EmbeddedMember:
             "--initial-cluster-state", "new",
             "--initial-cluster-token", self._cluster.token,
             "--enable-v2=false",
+            # A member cut off must not depose the leader with its inflated term at the heal.
+            "--pre-vote",
             # Heartbeat keys are rewritten every second by every node: keep one hour of history.
             "--auto-compaction-mode", "periodic",
             "--auto-compaction-retention", "1h",
