@@ -158,3 +158,72 @@ def test_status_and_close_from_a_reader_show_the_members_and_end_the_job(tmp_pat
     wait_until(
         lambda: not _leftovers(run_id, port), 30.0, message=lambda: str(_leftovers(run_id, port))
     )
+
+
+def _openssl(*args: str, cwd: Path) -> None:
+    subprocess.run(["openssl", *args], cwd=cwd, check=True, capture_output=True, timeout=60)
+
+
+def _certificates(d: Path) -> None:
+    """A CA, and one certificate for 127.0.0.1-3 that serves and authenticates (peers use it)."""
+    _openssl("genrsa", "-out", "ca.key", "2048", cwd=d)
+    _openssl(
+        "req", "-x509", "-new", "-key", "ca.key", "-days", "2", "-subj", "/CN=ca", "-out", "ca.pem",
+        cwd=d,
+    )  # fmt: skip
+    (d / "ext.cnf").write_text(
+        "subjectAltName=IP:127.0.0.1,IP:127.0.0.2,IP:127.0.0.3\n"
+        "extendedKeyUsage=serverAuth,clientAuth\n"
+    )
+    _openssl("genrsa", "-out", "member.key", "2048", cwd=d)
+    _openssl(
+        "req", "-new", "-key", "member.key", "-subj", "/CN=member", "-out", "member.csr", cwd=d
+    )
+    _openssl(
+        "x509", "-req", "-in", "member.csr", "-CA", "ca.pem", "-CAkey", "ca.key",
+        "-CAcreateserial", "-days", "2", "-extfile", "ext.cnf", "-out", "member.pem", cwd=d,
+    )  # fmt: skip
+
+
+@needs_etcd
+@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+def test_three_members_with_peer_and_client_tls_train(tmp_path: Path) -> None:
+    _certificates(tmp_path)
+    run_id = f"emb4-{uuid.uuid4().hex[:8]}"
+    port = free_port()
+    endpoint = ",".join(f"127.0.0.{i}:{port}" for i in (1, 2, 3))
+    conf = (
+        f"ssl_cert={tmp_path / 'member.pem'},ssl_cert_key={tmp_path / 'member.key'},"
+        f"ca_cert={tmp_path / 'ca.pem'},last_call_timeout=1"
+    )
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "go").touch()
+    agents = []
+    for i in (1, 2, 3):
+        env = dict(os.environ, MN_OUT=str(out), MN_NODE=f"n{i}", PYTHONPATH=str(REPO_ROOT))
+        command = [
+            sys.executable, "-m", "elastic_run", "--nnodes", "3", "--rdzv-backend", "embedded-etcd",
+            "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--rdzv-conf", conf,
+            "--local-addr", f"127.0.0.{i}", "--log-dir", str(tmp_path / f"logs{i}"), "--no-live",
+            str(WORKER),
+        ]  # fmt: skip
+        log = (tmp_path / f"n{i}.log").open("wb")
+        agents.append(
+            subprocess.Popen(
+                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
+            )
+        )
+    try:
+        for i, agent in enumerate(agents, start=1):
+            code = agent.wait(timeout=STEP_S * 2)
+            assert code == 0, (tmp_path / f"n{i}.log").read_text()
+    finally:
+        for agent in agents:
+            if agent.poll() is None:
+                agent.kill()
+                agent.wait()
+    assert len(list(out.glob("n*_*.json"))) == 3
+    wait_until(
+        lambda: not _leftovers(run_id, port), 30.0, message=lambda: str(_leftovers(run_id, port))
+    )

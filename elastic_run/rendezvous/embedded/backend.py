@@ -56,6 +56,9 @@ SPARED_KEY = "embedded/spared"
 _UNREACHABLE_LINGER_S = 10.0
 _LINGER_POLL_S = 0.5
 _FORM_SAY_AFTER_S = 5.0
+# A member that is not serving yet (the cluster forms) may fail a TLS handshake: refusals are
+# retried this long before they count (a wrong CA is then one line, not a wait for the join).
+_REFUSAL_GRACE_S = 30.0
 
 
 class EmbeddedEtcdBackend(EtcdRendezvousBackend):
@@ -118,6 +121,8 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
         Raises:
             RendezvousConnectionError: this host's member exited (its last log line says why),
                 the quorum is lost for good, or the cluster did not form in time.
+            RendezvousError: a member still refused the request (TLS, credentials) after
+                ``_REFUSAL_GRACE_S`` (while the cluster forms, a refusal may be transient).
         """
         start = time.monotonic()
         deadline = start + max(timeout_s, self._form_timeout_s)
@@ -133,8 +138,11 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
                 super().check_reachable(min(1.0, max(0.05, deadline - time.monotonic())))
                 self._formed = True
                 return
-            except RendezvousConnectionError as exc:
+            except RendezvousError as exc:
                 now = time.monotonic()
+                refused = not isinstance(exc, RendezvousConnectionError)
+                if refused and now - start >= _REFUSAL_GRACE_S:
+                    raise
                 if now >= deadline:
                     raise RendezvousConnectionError(
                         f"the embedded etcd cluster ({self._cluster.describe()}) did not form "
