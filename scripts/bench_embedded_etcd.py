@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import os
+import shutil
 import signal
 import statistics
 import sys
@@ -77,16 +78,21 @@ def _command(launcher: str, hosts: Hosts, i: int, run_id: str, tmp: Path) -> lis
     if launcher == "torchrun-c10d":
         return [
             str(BIN / "torchrun"), *common, "--rdzv-backend", "c10d",
-            "--rdzv-endpoint", f"{hosts.addr(1)}:29400", "--rdzv-conf", "last_call_timeout=1",
+            "--rdzv-endpoint", f"{hosts.addr(1)}:29400",
+            # torch matches the endpoint against the host name, which resolves to loopback in
+            # every namespace here: say which agent hosts the store.
+            "--rdzv-conf", f"last_call_timeout=1,is_host={'true' if i == 1 else 'false'}",
             "--local-addr", addr, *script,
         ]  # fmt: skip
+    conf = CONF
     if launcher == "elastic-run-c10d":
         backend, endpoint = "c10d", f"{hosts.addr(1)}:29400"
+        conf += f",is_host={'true' if i == 1 else 'false'}"
     else:
         backend, endpoint = "embedded-etcd", ",".join(hosts.addrs)
     return [
         sys.executable, "-m", "elastic_run", *common, "--rdzv-backend", backend,
-        "--rdzv-endpoint", endpoint, "--rdzv-conf", CONF, "--local-addr", addr, "--no-live",
+        "--rdzv-endpoint", endpoint, "--rdzv-conf", conf, "--local-addr", addr, "--no-live",
         "--log-dir", str(tmp / f"logs{i}"), *script,
     ]  # fmt: skip
 
@@ -150,6 +156,7 @@ def run_once(launcher: str, bound_s: float) -> Outcome:
         return Outcome(trains, exit_s, tuple(p.poll() for p in procs[1:]))
     finally:
         hosts.close()
+        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stats(values: list[float]) -> str:

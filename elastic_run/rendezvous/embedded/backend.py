@@ -276,7 +276,8 @@ def create_embedded_backend(
             spec, bind = found
             member = EmbeddedMember(cluster, spec, bind, params.run_id, tls=tls)
             endpoints = [spec.client_endpoint] + [e for e in endpoints if e != spec.client_endpoint]
-    watch = QuorumWatch(cluster)
+    # Members' agents knock twice a second; the others, possibly thousands, every 2 s.
+    watch = QuorumWatch(cluster, interval_s=0.5 if member is not None else 2.0)
     options["require_leader"] = True
     options["gone_reason"] = watch.gone_reason
     options["silence_may_heal"] = True
