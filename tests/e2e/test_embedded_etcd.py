@@ -77,11 +77,19 @@ def _member_processes(job: HostsJob) -> list[psutil.Process]:
 
 
 def _kill_members(job: HostsJob) -> None:
-    for proc in _member_processes(job):
-        try:
-            proc.kill()
-        except psutil.Error:
-            pass
+    """After a failed test: give the keepers (whose agents are gone) time to clean up, then kill
+    what is left and remove the job's directories."""
+    try:
+        wait_until(lambda: not _member_processes(job), 20.0, interval_s=0.2)
+    except AssertionError:
+        for proc in _member_processes(job):
+            try:
+                proc.kill()
+            except psutil.Error:
+                pass
+    pattern = os.path.join(tempfile.gettempdir(), f"elastic-run-etcd-{job.run_id}-*")
+    for directory in glob.glob(pattern):
+        shutil.rmtree(directory, ignore_errors=True)
 
 
 def _listening(job: HostsJob, i: int) -> list[str]:
