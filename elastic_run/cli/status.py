@@ -90,6 +90,22 @@ def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict
     return {n: (None if t is None else end - t) for n, t in moved_at.items()}
 
 
+def _etcd_members(backend: Any) -> dict[str, str] | None:
+    """An embedded etcd cluster's members and their states (up, down, silent), or None."""
+    from elastic_run.rendezvous.embedded.backend import EmbeddedEtcdBackend
+
+    if not isinstance(backend, EmbeddedEtcdBackend):
+        return None
+    states = backend.member_states().states
+    return {m.client_endpoint: states.get(m.name, "silent") for m in backend.cluster.members}
+
+
+def _say_members(members: dict[str, str] | None) -> None:
+    if members is not None:
+        shown = ", ".join(f"{endpoint} {state}" for endpoint, state in members.items())
+        click.echo(f"embedded etcd members: {shown}", err=True)
+
+
 def _no_rendezvous(target: Any) -> _Exit:
     return _Exit(
         f"no rendezvous '{target.run_id}' at the {target.backend} endpoint {target.endpoint}",
@@ -166,11 +182,16 @@ def status_command(
 
         target, backend = _open(ctx, values)
         try:
+            members = _etcd_members(backend)
+            if not as_json:
+                _say_members(members)
             if not watch:
                 snap, ages, reason = _read(backend, target, sample)
                 progress = _progress(backend, snap)
                 if as_json:
                     body = status_to_json(snap, ages, reason, progress)
+                    if members is not None:
+                        body["etcd_members"] = members
                     click.echo(json.dumps(body, sort_keys=True))
                 else:
                     Console().print(render_status(snap, ages, reason, progress))
@@ -221,6 +242,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
             raise ConfigurationError("--timeout is how long --wait waits: pass --wait with it")
         target, backend = _open(ctx, values)
         try:
+            _say_members(_etcd_members(backend))
             # Nothing is decoded before the close is written: whatever the job's keys hold,
             # the operator's kill switch works. A job exists when any of its keys does.
             if not backend.exists():
