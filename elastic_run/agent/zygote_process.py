@@ -349,20 +349,29 @@ def _fresh_main() -> types.ModuleType:
     return main
 
 
-def _run_file(main: types.ModuleType, path: str) -> None:
-    """Run the script at ``path`` in ``main``, as ``python script`` does.
+def _run_module(name: str, *, alter_argv: bool) -> None:
+    """Run module ``name`` in ``sys.modules["__main__"]``, as ``python -m`` does.
 
-    A directory or a zip file runs its ``__main__`` module from ``sys.path[0]`` (the path
-    itself), as ``python`` runs it; a compiled file runs its code, any other file is compiled
-    from source (its coding cookie honoured, none of the zygote's ``__future__`` flags).
+    With runpy's ``_run_module_as_main``: the function the interpreter itself calls for ``-m``
+    (and for a directory or zip file), so the globals, ``sys.argv[0]``, the errors and the
+    traceback's frames are a cold start's.
     """
-    path = os.path.abspath(path)  # as the interpreter makes its run_filename absolute
-    if pkgutil.get_importer(path) is not None:
-        sys.path[0] = path
-        runpy._run_module_as_main("__main__", False)  # type: ignore[attr-defined]
-        return
-    with io.open_code(path) as stream:
-        code = pkgutil.read_code(stream)
+    runpy._run_module_as_main(name, alter_argv)  # type: ignore[attr-defined]
+
+
+def _run_file(main: types.ModuleType, path: str) -> None:
+    """Run the script file at ``path`` (absolute) in ``main``, as ``python script`` does.
+
+    A compiled file runs its code; any other file is compiled from source (its coding cookie
+    honoured, none of the zygote's ``__future__`` flags).
+    """
+    try:
+        with io.open_code(path) as stream:
+            code = pkgutil.read_code(stream)
+    except OSError as exc:  # as python says it, with its exit status
+        message = f"can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}"
+        print(f"{sys.executable}: {message}", file=sys.stderr)
+        sys.exit(2)
     loader: importlib.abc.FileLoader
     if code is None:
         with io.open_code(path) as stream:
@@ -411,11 +420,16 @@ def run_worker(request: dict[str, Any]) -> None:
     """
     module = bool(request["module"])
     main = _fresh_main()
+    path = os.path.abspath(sys.argv[0])  # as the interpreter makes its run_filename absolute
+    from_file = not module and pkgutil.get_importer(path) is None
     try:
-        if module:  # what ``python -m`` itself calls, so sys.argv[0] and the globals match
-            runpy._run_module_as_main(sys.argv[0])  # type: ignore[attr-defined]
-        else:
-            _run_file(main, sys.argv[0])
+        if module:
+            _run_module(sys.argv[0], alter_argv=True)
+        elif from_file:
+            _run_file(main, path)
+        else:  # a directory or a zip file: its __main__ module, from there, as python runs it
+            sys.path[0] = path
+            _run_module("__main__", alter_argv=False)
     except SystemExit as exc:
         script_ended(_exit_status(exc))
         raise
@@ -424,11 +438,11 @@ def run_worker(request: dict[str, Any]) -> None:
         sys.stdout.flush()
         sys.stderr.flush()
         _print_uncaught(exc)
-        if not module:
+        if from_file:
             _forget_file(main)
         _exit_after_uncaught(exc)
     script_ended(0)
-    if not module:
+    if from_file:
         _forget_file(main)
 
 
