@@ -6,9 +6,12 @@ Each run is the job as a user runs it, the defaults (warm starts on: the script 
 
 with ``tests/e2e/teardown_scripts/dcp_restart.py`` (gloo DDP, a DCP save at step 5, rank 1
 exits with ``os._exit(17)`` at step 7 of the first attempt, the restart loads the checkpoint and
-finishes). A run passes when the launcher exits 0 and both ranks printed their result; it hangs
-when it is still running after ``--limit-s``: then every process left under the launcher is
-dumped with py-spy (``--native`` with ``--native``), and the whole tree is SIGKILLed.
+finishes). A run passes when the launcher exits 0 and both ranks printed their result. Past
+``--limit-s`` a run that gave no verdict (no ``agent.exited`` line: issue 28's symptom, the job
+waiting silently after its last line) hangs: every process under the launcher, and the
+launcher, are dumped with py-spy (``--native`` with ``--native``), then SIGKILLed. One that gave
+its verdict but had not exited yet (a loaded machine) gets ``--limit-s`` more, and is then judged
+as any other run, a ``slow exit`` noted.
 ``--hogs N`` keeps N busy-looping processes running for the loop's duration (load, as on a
 shared machine); ``--budget-s`` starts no new run past that many seconds. The last line says
 runs, passes, hangs and failures, then the command of one run.
@@ -22,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -49,9 +53,9 @@ def _command(launcher: str, checkpoint: Path) -> list[str]:
 
 
 def _dump_survivors(root: psutil.Process, native: bool) -> str:
-    """py-spy dumps of every process left under ``root`` (and of root's children only)."""
+    """py-spy dumps of ``root`` and every process left under it."""
     try:
-        tree = root.children(recursive=True)
+        tree = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
         return "(the launcher is gone)"
     parts = []
@@ -81,6 +85,14 @@ def _kill_tree(root: psutil.Process) -> None:
     psutil.wait_procs(procs, timeout=30)
 
 
+def _wait(proc: subprocess.Popen[bytes], limit_s: float) -> int | None:
+    """The exit status of ``proc``, or None while it still runs after ``limit_s``."""
+    try:
+        return proc.wait(timeout=limit_s)
+    except subprocess.TimeoutExpired:
+        return None
+
+
 def _run_once(launcher: str, limit_s: float, native: bool, keep: Path) -> tuple[str, str]:
     """One job: ``(verdict, detail)``, verdict ``pass``, ``hang`` or ``fail``."""
     work = Path(tempfile.mkdtemp(prefix="dcp-loop-"))
@@ -94,9 +106,16 @@ def _run_once(launcher: str, limit_s: float, native: bool, keep: Path) -> tuple[
                 cwd=work,
                 start_new_session=True,
             )
+        note = ""
         try:
-            code = proc.wait(timeout=limit_s)
-        except subprocess.TimeoutExpired:
+            code = _wait(proc, limit_s)
+            if code is None and "agent.exited" in log.read_text(errors="replace"):
+                note = f"slow exit: the verdict came, the launcher still ran at {limit_s:g} s"
+                code = _wait(proc, limit_s)
+        except BaseException:  # the loop itself was stopped: leave nothing behind
+            _kill_tree(psutil.Process(proc.pid))
+            raise
+        if code is None:
             root = psutil.Process(proc.pid)
             dump = _dump_survivors(root, native)
             _kill_tree(root)
@@ -104,11 +123,15 @@ def _run_once(launcher: str, limit_s: float, native: bool, keep: Path) -> tuple[
             text = log.read_text(errors="replace")
             saved = keep / f"hang-{int(time.time())}-{proc.pid}.txt"
             saved.write_text(f"{text}\n=== survivors ===\n{dump}\n")
-            return "hang", f"still running after {limit_s:g} s; output and dumps in {saved}"
+            verdict = "fail" if note else "hang"
+            return (
+                verdict,
+                f"{note or 'no verdict'} after {limit_s:g} s; output and dumps in {saved}",
+            )
         text = log.read_text(errors="replace")
         results = sum(f"RESULT rank={rank} " in text for rank in (0, 1))
         if code == 0 and results == 2:
-            return "pass", ""
+            return "pass", note
         saved = keep / f"fail-{int(time.time())}-{proc.pid}.txt"
         saved.write_text(text)
         return "fail", f"exit {code}, {results} result line(s); output in {saved}"
@@ -119,7 +142,7 @@ def _run_once(launcher: str, limit_s: float, native: bool, keep: Path) -> tuple[
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n", 1)[0])
     parser.add_argument("--runs", type=int, default=20)
-    parser.add_argument("--limit-s", type=float, default=90.0)
+    parser.add_argument("--limit-s", type=float, default=90.0, help="a run's bound, seconds")
     parser.add_argument("--hogs", type=int, default=0)
     parser.add_argument("--budget-s", type=float, default=None)
     parser.add_argument("--launcher", choices=["elastic-run", "torchrun"], default="elastic-run")
@@ -127,7 +150,9 @@ def main() -> int:
     args = parser.parse_args()
     keep = Path(tempfile.mkdtemp(prefix="dcp-loop-logs-"))
     hogs = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(args.hogs)]
+    signal.signal(signal.SIGTERM, lambda signum, frame: sys.exit(128 + signum))
     counts = {"pass": 0, "hang": 0, "fail": 0}
+    slow = 0
     started = time.monotonic()
     runs = 0
     try:
@@ -139,6 +164,7 @@ def main() -> int:
             verdict, detail = _run_once(args.launcher, args.limit_s, args.native, keep)
             runs += 1
             counts[verdict] += 1
+            slow += detail.startswith("slow exit")
             took = time.monotonic() - begun
             print(f"run {index + 1}: {verdict} ({took:.1f} s) {detail}".rstrip(), flush=True)
     finally:
@@ -148,7 +174,7 @@ def main() -> int:
     command = " ".join(_command(args.launcher, Path("CKPT")))
     print(
         f"runs {runs}, passes {counts['pass']}, hangs {counts['hang']}, "
-        f"failures {counts['fail']} ({args.hogs} CPU hogs, {args.limit_s:g} s limit each, "
+        f"failures {counts['fail']}, slow exits {slow} ({args.hogs} CPU hogs, {args.limit_s:g} s limit each, "
         f"logs in {keep}); command: {command}"
     )
     return 0 if counts["pass"] == runs else 1
