@@ -19,12 +19,13 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import psutil
+
+from tests.helpers import WaitTimeout, wait_until
 
 __all__ = [
     "REQUIRED_PROGRAMS",
@@ -50,26 +51,6 @@ _CLIENT_TIMEOUT_S = 10.0
 
 class SlurmClusterError(RuntimeError):
     """The test cluster could not start, or a Slurm command did not answer."""
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
-    """Poll ``predicate`` until it is true; raise on timeout.
-
-    Args:
-        predicate: the condition, called repeatedly.
-        timeout_s: how long to wait in all.
-        what: what is awaited, for the error message.
-
-    Raises:
-        TimeoutError: the predicate stayed false for ``timeout_s``.
-    """
-    deadline = time.monotonic() + timeout_s
-    delay_s = 0.01
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(delay_s)  # a poll interval, not a settle delay
-        delay_s = min(delay_s * 2, 0.2)
 
 
 def slurm_unavailable_reason() -> str | None:
@@ -243,7 +224,7 @@ class SlurmCluster:
         except BaseException as exc:
             logs = self.log_tails()
             self.stop()
-            if isinstance(exc, (SlurmClusterError, TimeoutError, OSError)):
+            if isinstance(exc, (SlurmClusterError, WaitTimeout, TimeoutError, OSError)):
                 raise SlurmClusterError(f"test Slurm did not start: {exc}\n{logs}") from exc
             raise
 
@@ -561,7 +542,7 @@ class SlurmCluster:
                 return not self.job_ids()
 
             wait_until(queue_empty, timeout_s, "squeue to be empty")
-        except (SlurmClusterError, TimeoutError, subprocess.TimeoutExpired):
+        except (SlurmClusterError, WaitTimeout, subprocess.TimeoutExpired):
             # The daemons are stopped next regardless; leftovers are killed by session.
             pass
 

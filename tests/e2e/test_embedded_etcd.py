@@ -30,11 +30,10 @@ import pytest
 from test_partitions import HostsJob
 
 from tests.helpers import is_alive, wait_until
-from tests.netns_hosts import Hosts, can_make_hosts
+from tests.machine import require_etcd
+from tests.netns_hosts import Hosts, require_hosts
 
 pytestmark = [
-    pytest.mark.skipif(not can_make_hosts(), reason="needs root and iproute2 (ip netns)"),
-    pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed"),
     pytest.mark.etcd,
     pytest.mark.timeout(420),
 ]
@@ -52,6 +51,8 @@ def _say(what: str, since: float) -> None:
 
 @pytest.fixture(name="job")
 def job_fixture(tmp_path: Path) -> Iterator[HostsJob]:
+    require_hosts()
+    require_etcd()
     hosts = Hosts(3)
     try:
         endpoint = ",".join(hosts.addrs)

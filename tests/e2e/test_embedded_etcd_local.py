@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import glob
 import os
-import shutil
 import subprocess
 import sys
 import tempfile
@@ -20,11 +19,25 @@ import psutil
 import pytest
 
 from tests.helpers import REPO_ROOT, free_port, run_cli, wait_until
+from tests.machine import require_etcd, require_program
 
 WORKER = Path(__file__).resolve().parent / "mn_scripts" / "worker.py"
 STEP_S = 120.0
 
-needs_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed")
+
+@pytest.fixture(name="etcd_required")
+def etcd_required_fixture() -> None:
+    """A missing etcd fails the test in one line (never a skip)."""
+    require_etcd()
+
+
+@pytest.fixture(name="openssl_required")
+def openssl_required_fixture() -> None:
+    """A missing openssl fails the test in one line (never a skip)."""
+    require_program("openssl", "openssl")
+
+
+needs_etcd = pytest.mark.usefixtures("etcd_required")
 
 
 def _leftovers(run_id: str, port: int) -> list[str]:
@@ -186,7 +199,7 @@ def _certificates(d: Path) -> None:
 
 
 @needs_etcd
-@pytest.mark.skipif(shutil.which("openssl") is None, reason="openssl is not installed")
+@pytest.mark.usefixtures("openssl_required")
 def test_three_members_with_peer_and_client_tls_train(tmp_path: Path) -> None:
     _certificates(tmp_path)
     run_id = f"emb4-{uuid.uuid4().hex[:8]}"

@@ -14,6 +14,7 @@ from slurm_cluster import SlurmCluster, wait_until
 from slurm_fixtures import require_slurm, slurm_cluster  # noqa: F401  (the fixture)
 
 from elastic_run.cli.slurm.allocation import rdzv_from_slurm_job
+from tests.helpers import WaitTimeout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -176,7 +177,7 @@ def test_stop_leaves_no_process_even_with_a_task_ignoring_sigterm(tmp_path: Path
         _, job_id = cluster.sbatch(script, wait=False)
         try:
             wait_until(ready.exists, 60, "the stubborn task to start")
-        except TimeoutError as exc:
+        except WaitTimeout as exc:
             raise AssertionError(
                 f"{exc}\n{cluster.output_of(job_id)}\n{cluster.log_tails()}"
             ) from exc

@@ -11,29 +11,18 @@ ELASTIC_RUN_ETCD_BINARY) they fail the test in one ``missing: etcd`` line, as ``
 
 from __future__ import annotations
 
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.helpers import wait_until
 from tests.machine import require_etcd
 
 __all__ = ["etcd_cluster3_fixture", "etcd_server_fixture", "requires_etcd", "wait_until"]
 
 # The ``etcd_binary`` fixture (the root conftest) fails the test when etcd is missing.
 requires_etcd = pytest.mark.usefixtures("etcd_binary")
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
-    """Wait until ``predicate()`` is true; raise ``AssertionError`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        pause.wait(0.05)
 
 
 def _dump_logs_if_failed(
