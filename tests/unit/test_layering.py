@@ -40,10 +40,14 @@ _RUNS_ETCD = {
 }
 # Private names of the standard library and of namedtuples that code may use on any object.
 _STDLIB_PRIVATES = {"_exit", "_getframe", "_current_frames", "_replace", "_asdict", "_fields"}
-# A third-party object patched on purpose, each with its reason.
+# Private names of other code used on purpose, each with its reason.
 _PATCHES = {
     ("elastic_run/rendezvous/etcd/connection.py", "raw._clear_old_stubs"): (
         "pyetcd remakes gRPC stubs on a channel another thread closed: SIGSEGV"
+    ),
+    ("elastic_run/agent/warm/zygote_process.py", "runpy._run_module_as_main"): (
+        "what `python -m` itself calls: the module runs in the real __main__ and stays there "
+        "until shutdown, which runpy.run_module (a temporary module) would not do"
     ),
 }
 
