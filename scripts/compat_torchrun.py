@@ -180,7 +180,8 @@ DELIBERATE: tuple[Deliberate, ...] = (
     Deliberate(
         "extra worker variables",
         "env",
-        r"ELASTIC_RUN_(GUARDIAN|PROGRESS_FILE|PROGRESS_SLOT): torchrun None, elastic-run '.+'",
+        r"ELASTIC_RUN_(GUARDIAN|PROGRESS_FILE|PROGRESS_SLOT|AUTO_PROGRESS): torchrun None, "
+        r"elastic-run '.+'",
     ),
     Deliberate(
         "OMP_NUM_THREADS notice",

@@ -30,7 +30,12 @@ RUN_S = 90.0
 
 # Set by elastic-run on purpose, listed in the README's table of differences: the progress
 # beat's shared-memory slot (elastic_run.worker.progress()), and the guardian's token.
-OUR_EXTRA_KEYS = {"ELASTIC_RUN_PROGRESS_FILE", "ELASTIC_RUN_PROGRESS_SLOT", "ELASTIC_RUN_GUARDIAN"}
+OUR_EXTRA_KEYS = {
+    "ELASTIC_RUN_PROGRESS_FILE",
+    "ELASTIC_RUN_PROGRESS_SLOT",
+    "ELASTIC_RUN_GUARDIAN",
+    "ELASTIC_RUN_AUTO_PROGRESS",
+}
 # Different in any two runs of the same launcher.
 RUN_SPECIFIC = {"MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE", "WHO", "_"}
 

@@ -206,7 +206,12 @@ class ScriptEndWatch:
         re-rendezvous, on a failure, a signal, a close): that is no crash after its script, and
         its exit stays what it was (see :meth:`amend`).
         """
-        self._stop = (frozenset(int(s) for s in signals), at)
+        given = frozenset(int(s) for s in signals)
+        if self._stop is not None:  # stopped again (torch's _restart_workers stops first): the
+            # attempt's stop began at the first call, which the workers' exits may predate the
+            # second one's
+            given, at = given | self._stop[0], min(at, self._stop[1])
+        self._stop = (given, at)
 
     def _stopped_by_agent(self, exit_: WorkerExit) -> bool:
         stop = self._stop
