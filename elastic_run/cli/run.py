@@ -164,6 +164,9 @@ def run_job(config: LaunchConfig) -> int:
         if isinstance(view, LiveView):
             view.stop()
         _close_backend(handler)
+    from elastic_run.agent.progress.goodput import summary_line
+
+    sys.stderr.write(f"elastic-run: {summary_line(agent.goodput())}\n")
     if result.failures:
         _report_failures(config.run_id, result.failures.values())
         if config.launcher_error_file:

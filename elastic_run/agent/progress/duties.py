@@ -337,6 +337,7 @@ class ProgressDuties:
         running: Callable[[], bool],
         members: Callable[[int], Sequence[str]],
         emit: _Emit,
+        goodput: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """Start publishing, when the rendezvous handler can lend its backend (ours can).
 
@@ -349,6 +350,7 @@ class ProgressDuties:
                 right after a hang verdict: never while the job ends and its store goes away).
             members: the node ids of a round's members.
             emit: sends an agent event.
+            goodput: this node's goodput account now, as its published JSON.
         """
         if not isinstance(handler, TelemetryHost):
             return
@@ -367,6 +369,7 @@ class ProgressDuties:
             members=members,
             factor=self.options.straggler_factor,
             emit=emit,
+            goodput=goodput,
         )
         self._publisher.start()
 
