@@ -123,6 +123,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._workers_store: Any = None
         self._published: AgentSnapshot | None = None  # written by the loop only
         self._goodput = gp.begin(time.monotonic())  # folded by the loop only
+        self._goodput_from: float | None = None
 
     # -- the ElasticAgent interface ---------------------------------------------------
 
@@ -198,6 +199,11 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             job_progress=self._job_progress(),
             goodput=gp.account(self._goodput, time.monotonic()),
         )
+
+    def count_goodput_from(self, monotonic_s: float) -> None:
+        """Start the goodput account at ``monotonic_s`` (the launcher's process start, so the
+        account sees the interpreter's start too) instead of when ``run`` is called."""
+        self._goodput_from = monotonic_s
 
     def goodput(self) -> gp.GoodputAccount:
         """Where this node's wall time went, as last published (final once ``run`` returned)."""
@@ -384,7 +390,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         Returns:
             The result; ``exit_code`` is what the CLI exits with.
         """
-        self._goodput = gp.begin(time.monotonic())
+        now = time.monotonic()
+        self._goodput = gp.begin(min(now, self._goodput_from if self._goodput_from else now))
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
