@@ -342,6 +342,7 @@ class ProgressDuties:
         running: Callable[[], bool],
         members: Callable[[int], Sequence[str]],
         emit: _Emit,
+        goodput: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """Start publishing, when the rendezvous handler can lend its backend (ours can).
 
@@ -354,6 +355,7 @@ class ProgressDuties:
                 right after a hang verdict: never while the job ends and its store goes away).
             members: the node ids of a round's members.
             emit: sends an agent event.
+            goodput: this node's goodput account now, as its published JSON.
         """
         if not isinstance(handler, TelemetryHost):
             return
@@ -372,6 +374,7 @@ class ProgressDuties:
             members=members,
             factor=self.options.straggler_factor,
             emit=emit,
+            goodput=goodput,
         )
         self._publisher.start()
 

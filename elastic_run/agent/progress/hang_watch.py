@@ -471,6 +471,16 @@ class HangWatch:
             )
         self._snapshot = tuple(pictures)
 
+    def beat_reading(self) -> tuple[int, int] | None:
+        """The node's beats as of the last reading: (beats of the worker that beat last, its
+        last beat's monotonic ns); None before any worker beat this attempt (any thread)."""
+        with self._lock:
+            histories = [w.history for w in self._workers.values() if w.history.beats]
+        if not histories:
+            return None
+        last = max(histories, key=lambda h: h.last_beat_ns)
+        return last.beats, last.last_beat_ns
+
     def progress(self) -> dict[int, WorkerProgress]:
         """Each local worker's progress as of the last tick (any thread)."""
         return dict(self._snapshot)
