@@ -29,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastic_run.agent.loop.snapshot import JobProgress
+from elastic_run.agent.progress.hang_picture import JobHang, merge, parse_stuck
 from elastic_run.agent.progress.stragglers import (
     JobSteps,
     RankTime,
@@ -243,6 +244,32 @@ class ProgressPublisher:
                 self.job = job_progress(job) if job is not None else None
         except RendezvousError as exc:
             log.info("reading or judging the job's progress: %s", exc)
+
+    def job_hang(self, patience_s: float = 5.0) -> JobHang | None:
+        """The job's hang picture of this round, merged from every member's record (the node
+        that judged a hang reads its peers'; one batch read, again each second for up to
+        ``patience_s`` until every member's record of the round has its silent ranks: a peer
+        takes its stacks about when this node does). None: no picture, or the store failed."""
+        round_, _ = self._position()
+        if round_ < 0:
+            return None
+        members = tuple(self._members(round_))
+        deadline = time.monotonic() + patience_s
+        picture = None
+        while True:
+            try:
+                records, _, _ = self._telemetry.read_progress(members)
+            except RendezvousError as exc:
+                log.info("reading the peers' hang pictures: %s", exc)
+                return picture
+            picture = merge(records, round_)
+            pictured = sum(1 for r in records.values() if parse_stuck(r) is not None)
+            if pictured >= len(members) or self._stop.wait(
+                min(1.0, max(0.0, deadline - time.monotonic()))
+            ):
+                return picture
+            if time.monotonic() >= deadline:
+                return picture
 
     def _judge(self, round_: int, now_ns: int) -> None:
         if self._member_ids[0] != round_:
