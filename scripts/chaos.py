@@ -11,7 +11,8 @@ Settings: the defaults, but for ``--max-restarts 3`` (the default 0 would end th
 first worker failure) and what three agents on one address need: ``--local-addr 127.0.0.1``
 and, on c10d, ``--rdzv-conf is_host=true`` for A (``is_host=false`` for B and C).
 
-c10d trials (``--trials``, default 20; A hosts the TCPStore), one fault picked at random:
+c10d trials (``--trials``, default 20; A hosts the TCPStore), one fault picked at random (from
+``--faults``, default all three):
   kill-agent    SIGKILL of a non-hosting agent (B or C), its process group and its workers
   kill-worker   SIGKILL of one worker (any node)
   stop-agent    SIGSTOP of a non-hosting agent for 10 s, then SIGCONT
@@ -351,6 +352,11 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20, help="c10d trials")
     parser.add_argument("--etcd-trials", type=int, default=10, help="trials on a 3-member etcd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--faults",
+        default=",".join(C10D_FAULTS),
+        help="the c10d faults to pick from, comma-separated (default: all three)",
+    )
     parser.add_argument("--bound", type=float, default=120.0, help="seconds for each wait")
     parser.add_argument(
         "--checkpoint-every", type=int, default=10, help="rank 0 checkpoints every N steps"
@@ -359,6 +365,9 @@ def main() -> None:
         "--before", type=float, default=2.0, help="seconds of training before the fault"
     )
     args = parser.parse_args()
+    faults = tuple(f for f in args.faults.split(",") if f)
+    if not faults or any(f not in C10D_FAULTS for f in faults):
+        parser.error(f"--faults: pick from {', '.join(C10D_FAULTS)}")
     rng = random.Random(args.seed)
     outcomes: list[Outcome] = []
     started = time.monotonic()
@@ -368,7 +377,7 @@ def main() -> None:
         flush=True,
     )
     for i in range(args.trials):
-        fault = rng.choice(C10D_FAULTS)
+        fault = rng.choice(faults)
         outcomes.append(
             run_trial("c10d", fault, rng, args.bound, None, args.checkpoint_every, args.before)
         )
