@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Set up a development checkout: the .venv with the package installed editable (with its dev
-# extras), then the system programs the tests start for real (etcd, Slurm, munge, tmux).
+# extras), then every system program the tests start for real (etcd, Slurm, munge, tmux, openssl,
+# iproute2, util-linux). A test whose program is missing fails, it never skips: this list and the
+# tests' `require_program` calls (tests/machine.py) name the same programs.
 #
 # Idempotent and fast the second time: the pip step is skipped while the stamp in .venv matches
 # a hash of pyproject.toml, constraints.txt and the interpreter; system packages are installed
@@ -79,20 +81,31 @@ fi
 
 # --- 3. system programs the tests use -----------------------------------------------------------
 # program -> Debian package. sbin is searched too: a non-root PATH often lacks it.
+#   etcd, etcdctl          the etcd tests (a real etcd; etcdctl sets up TLS users and auth)
+#   slurm*, s*, munged     the Slurm tests (a real two-node Slurm)
+#   tmux                   the live panel in a real terminal
+#   openssl                the etcd TLS tests make their certificates
+#   ip (iproute2)          the partition tests: hosts in network namespaces (root)
+#   unshare, setpriv       util-linux: worker spawning (--pdeathsig) and the benchmarks' netns
 programs=(etcd:etcd-server etcdctl:etcd-client slurmctld:slurmctld slurmd:slurmd
-    sinfo:slurm-client munged:munge tmux:tmux)
+    sinfo:slurm-client sbatch:slurm-client munged:munge mungekey:munge tmux:tmux
+    openssl:openssl ip:iproute2 unshare:util-linux setpriv:util-linux)
 have() { PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin" command -v "$1" >/dev/null 2>&1; }
 
 missing=()
 for entry in "${programs[@]}"; do
-    have "${entry%%:*}" || missing+=("${entry#*:}")
+    package=${entry#*:}
+    if ! have "${entry%%:*}" && [[ " ${missing[*]} " != *" $package "* ]]; then
+        missing+=("$package")
+    fi
 done
 if ((${#missing[@]} == 0)); then
-    say "system programs present (etcd, etcdctl, slurmctld, slurmd, sinfo, munged, tmux)"
+    say "system programs present ($(printf '%s\n' "${programs[@]%%:*}" | paste -sd, | sed 's/,/, /g'))"
     exit 0
 fi
 if [[ $(id -u) -ne 0 ]]; then
-    say "NOTICE: missing ${missing[*]}; run scripts/setup.sh as root (or apt-get install them)"
+    say "NOTICE: missing ${missing[*]}; the tests that need them will fail:" \
+        "run scripts/setup.sh as root (or apt-get install them)"
     exit 0
 fi
 

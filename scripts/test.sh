@@ -19,24 +19,24 @@ step "ruff check" .venv/bin/ruff check .
 step "ruff format" .venv/bin/ruff format --check .
 step "mypy" .venv/bin/mypy
 
-# The etcd tests start a real etcd: without one they must fail, not skip.
-etcd_binary=${ELASTIC_RUN_ETCD_BINARY:-$(command -v etcd || true)}
-if [[ -z "$etcd_binary" || ! -x "$etcd_binary" ]]; then
-    echo "error: no etcd binary: run scripts/setup.sh as root (installs etcd-server)," \
-        "put etcd on PATH, or set ELASTIC_RUN_ETCD_BINARY" >&2
-    failed+=("etcd binary")
-else
-    # Independent tests run in parallel (pytest-xdist): most of a test's time is spent waiting on
-    # real processes, stores and timeouts, not on the CPU. Whole files go to one worker, so a
-    # module's fixtures (a Slurm cluster, an etcd cluster) start once.
-    # ELASTIC_RUN_TEST_JOBS=0 runs them serially.
-    jobs=${ELASTIC_RUN_TEST_JOBS:-4}
-    parallel=()
-    if [[ "$jobs" != 0 ]]; then
-        parallel=(-n "$jobs" --dist loadfile)
-    fi
-    step "pytest" .venv/bin/pytest "${parallel[@]}" "$@"
+# No test skips here. A test whose program (etcd, Slurm, tmux, openssl, ip) is missing fails with
+# one `missing: ...` line, repeated once at the end of pytest's summary; and tests/conftest.py
+# makes a run in which any test skipped exit non-zero. ELASTIC_RUN_ALLOW_SKIPS=1 lets a plain
+# pytest run with skips pass on a developer's other platform; the whole check never allows them.
+if [[ -n "${ELASTIC_RUN_ALLOW_SKIPS:-}" ]]; then
+    echo "note: ELASTIC_RUN_ALLOW_SKIPS is ignored here: a skip fails the whole check" >&2
+    unset ELASTIC_RUN_ALLOW_SKIPS
 fi
+# Independent tests run in parallel (pytest-xdist): most of a test's time is spent waiting on
+# real processes, stores and timeouts, not on the CPU. Whole files go to one worker, so a
+# module's fixtures (a Slurm cluster, an etcd cluster) start once.
+# ELASTIC_RUN_TEST_JOBS=0 runs them serially.
+jobs=${ELASTIC_RUN_TEST_JOBS:-4}
+parallel=()
+if [[ "$jobs" != 0 ]]; then
+    parallel=(-n "$jobs" --dist loadfile)
+fi
+step "pytest" .venv/bin/pytest "${parallel[@]}" "$@"  # -ra (pyproject) lists every skip
 
 if ((${#failed[@]})); then
     printf 'FAILED: %s\n' "$(IFS=,; echo "${failed[*]}" | sed 's/,/, /g')" >&2

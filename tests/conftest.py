@@ -1,4 +1,5 @@
-"""Test-suite set-up: the repository on sys.path, and a guard that makes process leaks loud.
+"""Test-suite set-up: the repository on sys.path, a guard that makes process leaks loud, and a
+run that fails when a test skipped.
 
 Nothing here starts a process. The autouse ``no_leaked_processes`` fixture fails a test that
 leaves a process of its own running, and kills that process. A test's processes are the
@@ -6,6 +7,13 @@ descendants of pytest that appeared during the test, plus any process that carri
 marker variable (set in ``os.environ`` for the test's duration and inherited by what it
 starts), so workers orphaned by a dead agent are caught too. Processes that fixtures of a wider
 scope (module, session) started before the test are not the test's.
+
+No skip passes: on the machine the README's set-up prepares, every test runs. A test that needs
+a program fails when it is missing (``tests/machine.py``: one ``missing: ...`` line, repeated
+once in the run's summary however many tests it failed), and a run in which any test skipped
+(the few skips left are platforms no set-up can change, such as a system other than Linux) ends
+with a non-zero status and one line saying so. ``ELASTIC_RUN_ALLOW_SKIPS=1`` lets such a run
+pass, for a developer on another platform; the README's check never sets it.
 """
 
 from __future__ import annotations
@@ -25,6 +33,9 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.helpers import is_alive, wait_until  # noqa: E402  (needs the path above)
+from tests.machine import MISSING, require_etcd  # noqa: E402
+
+ALLOW_SKIPS_VARIABLE = "ELASTIC_RUN_ALLOW_SKIPS"
 
 TEST_MARKER_VARIABLE = "ELASTIC_RUN_TEST_ID"
 # A process that is on its way out (signalled as the test ended) gets this long to go.
@@ -113,3 +124,63 @@ def no_leaked_processes() -> Iterator[None]:
                 "the test left processes running (now killed):\n  " + "\n  ".join(lines),
                 pytrace=False,
             )
+
+
+@pytest.fixture(scope="session")
+def etcd_binary() -> str:
+    """The etcd executable the product's EtcdServer would start; fails the test when missing.
+
+    Session-scoped so that it comes before any module-scoped fixture that starts an etcd.
+
+    Returns:
+        Its path (ELASTIC_RUN_ETCD_BINARY, else PATH).
+    """
+    return require_etcd()
+
+
+# ---- a run with skips fails; what is missing is said once -----------------------------------
+
+
+class _SkipGuard:
+    """Counts the run's skips and ``missing:`` failures; fails a run with skips at its end."""
+
+    def __init__(self) -> None:
+        self.skipped: list[str] = []
+        self.missing: dict[str, int] = {}  # the one line -> how many tests it failed
+
+    def _note(self, report: pytest.TestReport | pytest.CollectReport) -> None:
+        if report.skipped and not hasattr(report, "wasxfail"):
+            self.skipped.append(report.nodeid)
+        elif report.failed and report.longreprtext.startswith(MISSING):
+            line = report.longreprtext.splitlines()[0]
+            self.missing[line] = self.missing.get(line, 0) + 1
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        self._note(report)
+
+    def pytest_collectreport(self, report: pytest.CollectReport) -> None:
+        self._note(report)
+
+    def pytest_sessionfinish(self, session: pytest.Session) -> None:
+        allowed = os.environ.get(ALLOW_SKIPS_VARIABLE) == "1"
+        if self.skipped and not allowed and session.exitstatus == pytest.ExitCode.OK:
+            session.exitstatus = pytest.ExitCode.TESTS_FAILED
+
+    def pytest_terminal_summary(self, terminalreporter: pytest.TerminalReporter) -> None:
+        for line, count in self.missing.items():
+            tests = "test" if count == 1 else "tests"
+            terminalreporter.write_line(f"{line} [failed {count} {tests}]", red=True, bold=True)
+        if self.skipped:
+            if os.environ.get(ALLOW_SKIPS_VARIABLE) == "1":
+                verdict = f"passed anyway: {ALLOW_SKIPS_VARIABLE}=1"
+            else:
+                verdict = f"the run fails ({ALLOW_SKIPS_VARIABLE}=1 lets it pass)"
+            terminalreporter.write_line(
+                f"{len(self.skipped)} skipped, which the README's machine never does: {verdict}",
+                red=True,
+                bold=True,
+            )
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_SkipGuard(), "elastic-run-skip-guard")

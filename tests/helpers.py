@@ -23,38 +23,46 @@ __all__ = [
     "is_alive",
     "no_process_left",
     "run_cli",
+    "WaitTimeout",
     "wait_until",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parent.parent
 
 
+class WaitTimeout(AssertionError):
+    """A :func:`wait_until` whose condition never held in time (a test failure)."""
+
+
 def wait_until(
     predicate: Callable[[], object],
     timeout_s: float,
+    what: str | Callable[[], str] = "condition not met",
     *,
     interval_s: float = 0.02,
-    message: str | Callable[[], str] = "condition not met",
+    message: str | Callable[[], str] | None = None,
 ) -> None:
-    """Poll ``predicate`` until it returns a truthy value.
+    """Poll ``predicate`` until it returns a truthy value: the one wait of the test suite.
 
     Args:
         predicate: checked first at once, then every ``interval_s``.
         timeout_s: how long to wait in all.
+        what: what is awaited, for the failure text, or a callable that builds it (to show the
+            state at the deadline, e.g. a server's log).
         interval_s: the pause between two checks.
-        message: the failure text, or a callable that builds it (to show the state at the
-            deadline, e.g. a server's log).
+        message: the same as ``what`` (its keyword name in older call sites).
 
     Raises:
-        AssertionError: ``predicate`` stayed falsy for ``timeout_s`` seconds.
+        WaitTimeout: ``predicate`` stayed falsy for ``timeout_s`` seconds (an AssertionError).
     """
+    said = message if message is not None else what
     deadline = time.monotonic() + timeout_s
     while True:
         if predicate():
             return
         if time.monotonic() >= deadline:
-            text = message() if callable(message) else message
-            raise AssertionError(f"timed out after {timeout_s} s: {text}")
+            text = said() if callable(said) else said
+            raise WaitTimeout(f"timed out after {timeout_s} s: {text}")
         time.sleep(interval_s)
 
 

@@ -11,28 +11,35 @@
 starts a process inside host i's namespace (``ip netns exec``). ``close()`` kills every process
 started through it and deletes the namespaces.
 
-Root only (``ip netns``); tests skip without it.
+Root only (``ip netns``): ``require_hosts()`` fails the calling test in one line when this
+process is not root or iproute2 is missing (``scripts/setup.sh`` installs it).
 """
 
 from __future__ import annotations
 
 import os
 import secrets
-import shutil
 import signal
 import subprocess
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
 
-__all__ = ["Hosts", "can_make_hosts"]
+from tests.machine import require_linux, require_program, require_root
+
+__all__ = ["Hosts", "require_hosts"]
 
 _SUBNETS_USED: set[int] = set()
 
 
-def can_make_hosts() -> bool:
-    """Whether this process may build namespaces (root, and iproute2 present)."""
-    return os.geteuid() == 0 and shutil.which("ip") is not None
+def require_hosts() -> None:
+    """Fail the test in one line unless this process may build hosts: root, and iproute2.
+
+    Off Linux (no network namespaces at all) the test is skipped instead.
+    """
+    require_linux("network namespaces")
+    require_root("network namespaces (ip netns)")
+    require_program("ip", "iproute2")
 
 
 def _ip(*args: str) -> None:

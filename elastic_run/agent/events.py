@@ -20,14 +20,18 @@ Kinds (stable, documented in the README):
                          exitcode, exitcode_known, where, stacks)
     worker.died_after_script  a warm worker was killed by a signal after its script ended (a
                          crash in the interpreter's shutdown): its exit counted as the
-                         script's status (fields: rank, local_rank, pid, exitcode, counted)
+                         script's status (fields: rank, local_rank, pid, exitcode, counted);
+                         never a worker its own agent stopped (that is workers.stopped)
     straggler            a rank stayed at or above --straggler-factor x the job's median step
                          time (fields: rank, host, node, time_s, median_s, ratio)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)
     membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting;
                          when the round ended: cause, ended_by, lost (node ids))
     restart              restarting the workers (fields: restarts, max_restarts, counted)
-    workers.stopped      the local workers were stopped (fields: signal, reason)
+    workers.stopped      this node's agent stopped its workers, once per attempt (fields: by
+                         ("agent"), reason (member_lost, nodes_waiting, round_ended,
+                         liveness_lost, failure, no_progress, signal, closed,
+                         rendezvous_error, error); signal, rank (the failed one), closed)
     succeeded            every worker of this node exited 0
     failed               the job failed (fields: reason, exit_code)
     signal               the agent received a signal (fields: signal)

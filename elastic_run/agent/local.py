@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+import time
 from pathlib import Path
 from typing import Any
 
@@ -389,6 +390,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         if procs is None:
             return
         self._stopped_by_agent = True
+        self._progress.workers_stopping((death_sig, signal.SIGKILL), time.time())
         signals_before = self._signal_log.stop_count()
         # A signal that arrives while stopping (a second one, after the one that stops us):
         # no more grace.

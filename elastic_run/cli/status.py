@@ -8,7 +8,8 @@ Heartbeat ages: a heartbeat is a counter, not a timestamp, so no two clocks are 
 ``status`` reads the counters for ``--sample`` seconds and reports, per node, how long ago its
 counter was last seen moving (null when it did not move while sampled: stale, or gone).
 
-Exit codes: 0 shown (or closed); 3 no such rendezvous; 4 the backend cannot be reached.
+Exit codes: 0 shown (or closed); 1 ``close --wait``: closed, but an agent still beat after
+``--timeout``; 3 no such rendezvous (none of its keys exists); 4 the backend cannot be reached.
 """
 
 from __future__ import annotations
@@ -89,6 +90,22 @@ def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict
     return {n: (None if t is None else end - t) for n, t in moved_at.items()}
 
 
+def _etcd_members(backend: Any) -> dict[str, str] | None:
+    """An embedded etcd cluster's members and their states (up, down, silent), or None."""
+    from elastic_run.rendezvous.embedded.backend import EmbeddedEtcdBackend
+
+    if not isinstance(backend, EmbeddedEtcdBackend):
+        return None
+    states = backend.member_states().states
+    return {m.client_endpoint: states.get(m.name, "silent") for m in backend.cluster.members}
+
+
+def _say_members(members: dict[str, str] | None) -> None:
+    if members is not None:
+        shown = ", ".join(f"{endpoint} {state}" for endpoint, state in members.items())
+        click.echo(f"embedded etcd members: {shown}", err=True)
+
+
 def _no_rendezvous(target: Any) -> _Exit:
     return _Exit(
         f"no rendezvous '{target.run_id}' at the {target.backend} endpoint {target.endpoint}",
@@ -165,11 +182,16 @@ def status_command(
 
         target, backend = _open(ctx, values)
         try:
+            members = _etcd_members(backend)
+            if not as_json:
+                _say_members(members)
             if not watch:
                 snap, ages, reason = _read(backend, target, sample)
                 progress = _progress(backend, snap)
                 if as_json:
                     body = status_to_json(snap, ages, reason, progress)
+                    if members is not None:
+                        body["etcd_members"] = members
                     click.echo(json.dumps(body, sort_keys=True))
                 else:
                     Console().print(render_status(snap, ages, reason, progress))
@@ -197,36 +219,51 @@ def status_command(
 @click.command("close")
 @rdzv_options
 @click.option(
-    "--wait", is_flag=True, default=False, help="Return when every agent has left the rendezvous."
+    "--wait",
+    is_flag=True,
+    default=False,
+    help="Return when every agent has left the rendezvous; exit 1 if one is still there after "
+    "--timeout.",
 )
 @click.option(
-    "--timeout", type=float, default=120.0, show_default=True, help="Seconds --wait waits."
+    "--timeout",
+    type=click.FloatRange(min=0.0, min_open=True),
+    default=None,
+    help="Seconds --wait waits (default 120).",
 )
 @click.pass_context
-def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: Any) -> None:
+def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **values: Any) -> None:
     """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
 
     def close() -> None:
-        from elastic_run.rendezvous.dynamic.handler import close_job, closed_reason_of
-        from elastic_run.rendezvous.protocol.keys import ROUND
+        from elastic_run.rendezvous.dynamic.handler import close_job
 
+        if timeout is not None and not wait:
+            raise ConfigurationError("--timeout is how long --wait waits: pass --wait with it")
         target, backend = _open(ctx, values)
         try:
-            # Nothing is decoded before the close is written: a job whose keys hold garbage
-            # must still be closable (the operator's kill switch).
-            if backend.get(ROUND) is None:
+            _say_members(_etcd_members(backend))
+            # Nothing is decoded before the close is written: whatever the job's keys hold,
+            # the operator's kill switch works. A job exists when any of its keys does.
+            if not backend.exists():
                 raise _no_rendezvous(target)
-            try:
-                before = closed_reason_of(backend)
-            except RendezvousError:
-                before = None  # an unreadable closed record: writing ours changes nothing
-            close_job(backend, "closed", f"elastic-run close@{socket.gethostname()}")
-            if before is None:
+            who = f"elastic-run close@{socket.gethostname()} pid {os.getpid()}"
+            outcome = close_job(backend, "closed", who)
+            if outcome.replaced is not None:
+                click.echo(
+                    f"closed rendezvous '{target.run_id}', replacing what its 'closed' key "
+                    f"held: {outcome.replaced}",
+                    err=True,
+                )
+            elif outcome.wrote:
                 click.echo(f"closed rendezvous '{target.run_id}'", err=True)
             else:
-                click.echo(f"rendezvous '{target.run_id}' was already closed ({before})", err=True)
+                click.echo(
+                    f"rendezvous '{target.run_id}' was already closed ({outcome.reason})",
+                    err=True,
+                )
             if wait:
-                _wait_until_left(backend, target, timeout)
+                _wait_until_left(backend, target, _DEFAULT_WAIT_S if timeout is None else timeout)
         except RendezvousConnectionError as exc:
             if wait:
                 # A c10d store lives in an agent: once that agent left, nobody is there.
@@ -241,17 +278,46 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float, **values: A
     _run(close)
 
 
-def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
-    """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s)."""
-    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
+_DEFAULT_WAIT_S = 120.0
+_LEFT_AFTER_S = 3.0  # a heartbeat counter that did not move this long (or 3 beats): agent left
 
+
+def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
+    """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s or 3 beats).
+
+    The members are read again each window (a node waiting at the door counts too); the last
+    window may end up to one window after ``timeout_s``.
+
+    Raises:
+        _Exit: (exit 1) an agent still beats after ``timeout_s``: named, with its host and pid.
+    """
+    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
+    from elastic_run.rendezvous.settings import DEFAULT_KEEP_ALIVE_INTERVAL_S, parse_conf_value
+
+    interval = dict(target.conf).get("keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL_S)
+    # Whole windows, never cut short: a counter judged in a shorter one would look stopped.
+    window_s = max(_LEFT_AFTER_S, 3 * float(parse_conf_value("keep_alive_interval", interval)))
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
+    alive: list[Any] = []
+    while True:
         snap = read_snapshot(backend, target.run_id)
-        ids = [m.node_id for m in (*snap.members, *snap.waiting)] if snap is not None else []
-        ages = _sample_ages(backend, ids, 3.0) if ids else {}
-        alive = [n for n, age in ages.items() if age is not None]
+        if snap is None:
+            raise _Exit(
+                f"cannot tell whether the agents left: every key of rendezvous "
+                f"'{target.run_id}' is gone",
+                1,
+            )
+        nodes = {m.node_id: m for m in (*snap.members, *snap.waiting)}
+        ages = _sample_ages(backend, list(nodes), window_s)
+        alive = [nodes[n] for n, age in ages.items() if age is not None]
         if not alive:
             click.echo("every agent left", err=True)
             return
-    raise _Exit(f"agents still running after {timeout_s:.0f} s", 1)
+        if time.monotonic() >= deadline:
+            break
+    named = ", ".join(f"{m.host} (agent pid {m.pid})" for m in alive)
+    raise _Exit(
+        f"rendezvous '{target.run_id}' is closed, but {len(alive)} agent"
+        f"{'' if len(alive) == 1 else 's'} still ran {timeout_s:g} s later (--timeout): {named}",
+        1,
+    )

@@ -9,7 +9,8 @@ Read the layout as the design:
 - ``protocol/``: the pure O(N) protocol, its records and keys;
 - ``dynamic/``: the dynamic handler and its rounds, the status reader, telemetry;
 - ``liveness/``: heartbeats, death notices, the ring;
-- ``c10d/``, ``etcd/``: the backends.
+- ``c10d/``, ``etcd/``: the backends;
+- ``embedded/``: the embedded etcd cluster (members run by the agents of the listed hosts).
 
 The rendezvous knows nothing of processes. Names follow torch.distributed.elastic.rendezvous.
 Submodules that need torch or the etcd client are imported on first use of their names, so

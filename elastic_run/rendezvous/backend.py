@@ -34,15 +34,25 @@ from collections.abc import Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from elastic_run.rendezvous.protocol import keys
-from elastic_run.rendezvous.protocol.records import read_heartbeat
+from elastic_run.rendezvous.protocol.records import ClosedRecord, read_closed, read_heartbeat
 
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["RendezvousBackend", "heartbeat_values", "require_backend"]
+__all__ = ["RendezvousBackend", "closed_record", "heartbeat_values", "require_backend"]
 
 log = logging.getLogger(__name__)
 _warned_garbage: set[str] = set()  # heartbeat keys already warned about (once per process)
+_warned_closed: set[bytes] = set()  # bad values of the closed key already warned about
+# Keys every job writes early (its first arrival writes the first two), or later for good.
+_JOB_KEYS = (
+    keys.ROUND,
+    keys.arrivals(0),
+    keys.CLOSED,
+    keys.EPOCH,
+    keys.RESTARTS,
+    keys.EVENT_COUNT,
+)
 
 
 def heartbeat_values(
@@ -73,6 +83,32 @@ def heartbeat_values(
             )
         out.append(value)
     return out
+
+
+def closed_record(raw: bytes | None, where: str) -> ClosedRecord | None:
+    """Turn the ``closed`` key as read into the job's closed record; never raises.
+
+    A value that is not a valid closed record (garbage, a pickle, a reason we do not know)
+    closes nothing and stops no reader (see ``records.read_closed``): the job reads as open,
+    with a warning naming the key (once per value), until a close replaces it.
+
+    Args:
+        raw: the stored value, None when the key is absent.
+        where: the store, for the warning.
+
+    Returns:
+        The closed record, or None while the job is open.
+    """
+    record, problem = read_closed(raw)
+    if problem is not None and raw is not None and raw not in _warned_closed:
+        _warned_closed.add(raw)
+        log.warning(
+            "%s on %s; the job stays open until a close (elastic-run close, or the job's end) "
+            "replaces it (said once)",
+            problem,
+            where,
+        )
+    return record
 
 
 class RendezvousBackend(ABC):
@@ -184,8 +220,14 @@ class RendezvousBackend(ABC):
         return False
 
     def exists(self) -> bool:
-        """Return whether anything was ever written for this run id."""
-        return self.get("round") is not None
+        """Return whether anything was ever written for this run id (one batch read).
+
+        The job exists when any of its keys does: a deleted or lost ``round`` key does not make
+        a running job unknown. A store that can list keys (etcd) counts the job's prefix; the
+        default reads the keys every job writes: the round and round 0's arrival count (its
+        first arrival), the closed record, the epoch, the restart count, the event count.
+        """
+        return any(raw is not None for raw in self.get_many(list(_JOB_KEYS)))
 
     def close(self) -> None:  # noqa: B027 - optional hook
         """Release connections and threads. Idempotent."""

@@ -1,7 +1,8 @@
 """RendezvousHandlerRegistry: backend name -> handler factory (as torch's registry).
 
 Built in: ``c10d`` (the embedded TCPStore), ``etcd`` and ``etcd-v2`` (etcd v3 underneath:
-the names torch users type), ``static``. A package can add a backend through the entry
+the names torch users type), ``embedded-etcd`` (etcd members run by the agents of the listed
+hosts), ``static``. A package can add a backend through the entry
 point group ``elastic_run.rendezvous``: the entry point's name is the backend name and its
 object a callable ``(RendezvousParameters) -> RendezvousHandler``.
 The other direction, our handlers under plain ``torchrun`` (torch's group ``torchrun.handlers``),
@@ -46,10 +47,11 @@ class RendezvousBackendMismatchError(ConfigurationError, RuntimeError):
 def create_backend(
     params: RendezvousParameters, *, allow_hosting: bool = True
 ) -> RendezvousBackend:
-    """Build the key-value backend named by ``params.backend`` (c10d or etcd).
+    """Build the key-value backend named by ``params.backend`` (c10d, etcd or embedded-etcd).
 
     Args:
-        allow_hosting: False for readers (``status``, ``close``): never host a c10d store.
+        allow_hosting: False for readers (``status``, ``close``): never host a c10d store
+            or start an embedded etcd member.
 
     Raises:
         ConfigurationError: the backend has no key-value store (static) or is unknown.
@@ -63,8 +65,12 @@ def create_backend(
         from elastic_run.rendezvous.etcd.backend import create_etcd_backend
 
         return create_etcd_backend(params)
+    if name == "embedded-etcd":
+        from elastic_run.rendezvous.embedded.backend import create_embedded_backend
+
+        return create_embedded_backend(params, allow_hosting=allow_hosting)
     raise ConfigurationError(
-        f"the rendezvous backend '{name}' has no store to read (use c10d or etcd)"
+        f"the rendezvous backend '{name}' has no store to read (use c10d, etcd or embedded-etcd)"
     )
 
 
@@ -159,6 +165,7 @@ rendezvous_handler_registry = RendezvousHandlerRegistry()
 rendezvous_handler_registry.register("c10d", _dynamic)
 rendezvous_handler_registry.register("etcd", _dynamic)
 rendezvous_handler_registry.register("etcd-v2", _dynamic)
+rendezvous_handler_registry.register("embedded-etcd", _dynamic)
 rendezvous_handler_registry.register("static", _static)
 
 

@@ -10,7 +10,6 @@ Ours speaks etcd v3 where torch's speaks v2: ``get_client()`` returns our v3 cli
 
 from __future__ import annotations
 
-import shutil
 import stat
 import uuid
 from pathlib import Path
@@ -28,7 +27,7 @@ from tests.helpers import is_alive
 pytestmark = [
     pytest.mark.timeout(180),
     pytest.mark.etcd,
-    pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed"),
+    pytest.mark.usefixtures("etcd_binary"),  # fails every test here when etcd is missing
 ]
 
 

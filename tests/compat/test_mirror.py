@@ -120,6 +120,11 @@ CONSTRUCTORS_DIFFER = {
     },
     ("rendezvous.etcd_store", "EtcdStore"): "takes an etcd v3 client and a key prefix; torch's "
     "takes an etcd v2 client",
+    **{
+        (module, "EtcdRendezvousBackend"): "takes an etcd v3 client; no ttl: liveness is a lease "
+        "of the handler's keep-alive budget; torch's takes a v2 client"
+        for module in ("rendezvous", "rendezvous.etcd_rendezvous_backend")
+    },
 }
 
 # (torch's module, name) -> parameters whose default differs on purpose (README's table).
@@ -140,8 +145,8 @@ DEFAULTS_DIFFER: dict[tuple[str, str], frozenset[str]] = {
 def _torch_module(rel: str) -> ModuleType:
     try:
         return importlib.import_module(f"{TORCH}.{rel}")
-    except ImportError as exc:  # torch's etcd modules need the v2 client's urllib3
-        pytest.skip(f"torch's {rel} cannot be imported here: {exc}")
+    except ImportError as exc:  # torch's etcd modules need urllib3 (a dev dependency)
+        pytest.fail(f"missing: torch's {rel} cannot be imported: {exc} (scripts/setup.sh)")
 
 
 def _public_names(module: ModuleType) -> list[str]:

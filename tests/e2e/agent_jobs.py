@@ -78,13 +78,15 @@ def start_job(
     nnodes: str | None = None,
     extra: list[str] | None = None,
     after_first: Callable[[Job], None] | None = None,
+    script: str = WORKER,
 ) -> Job:
     """Start one agent per entry of ``nprocs``; return once every worker reported ready.
 
-    ``after_first(job)`` runs after the first agent started and before the others do.
+    ``after_first(job)`` runs after the first agent started and before the others do;
+    ``script`` is the workers' script (it must write ``<out>/ready-<RANK>`` as ``WORKER`` does).
     """
     worker = tmp_path / "worker.py"
-    worker.write_text(WORKER)
+    worker.write_text(script)
     out = tmp_path / "out"
     out.mkdir()
     run_id = f"st-{uuid.uuid4().hex[:8]}"

@@ -19,33 +19,32 @@ import socket
 import subprocess
 import sys
 import tempfile
-import time
-from collections.abc import Callable, Iterable, Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 
 import psutil
 
+from tests.helpers import WaitTimeout, wait_until
+
 __all__ = [
+    "REQUIRED_PROGRAMS",
     "SlurmCluster",
     "SlurmClusterError",
     "slurm_unavailable_reason",
     "wait_until",
 ]
 
-_REQUIRED_BINARIES = (
-    "munged",
-    "mungekey",
-    "slurmctld",
-    "slurmd",
-    "sbatch",
-    "srun",
-    "sinfo",
-    "squeue",
-    "scancel",
-    "scontrol",
-    "timeout",
-)
+# The programs a test Slurm starts or calls -> their Debian packages (scripts/setup.sh).
+REQUIRED_PROGRAMS = {
+    "munged": "munge",
+    "mungekey": "munge",
+    "slurmctld": "slurmctld",
+    "slurmd": "slurmd",
+    **{name: "slurm-client" for name in ("sbatch", "srun", "sinfo", "squeue", "scancel")},
+    "scontrol": "slurm-client",
+    "timeout": "coreutils",
+}
 
 _CLIENT_TIMEOUT_S = 10.0
 
@@ -54,35 +53,15 @@ class SlurmClusterError(RuntimeError):
     """The test cluster could not start, or a Slurm command did not answer."""
 
 
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
-    """Poll ``predicate`` until it is true; raise on timeout.
-
-    Args:
-        predicate: the condition, called repeatedly.
-        timeout_s: how long to wait in all.
-        what: what is awaited, for the error message.
-
-    Raises:
-        TimeoutError: the predicate stayed false for ``timeout_s``.
-    """
-    deadline = time.monotonic() + timeout_s
-    delay_s = 0.01
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise TimeoutError(f"timed out after {timeout_s} s waiting for {what}")
-        time.sleep(delay_s)  # a poll interval, not a settle delay
-        delay_s = min(delay_s * 2, 0.2)
-
-
 def slurm_unavailable_reason() -> str | None:
-    """Say why a real Slurm cannot run here, for a pytest skip message.
+    """Say why a real Slurm cannot run here, for a test's failure message.
 
     Returns:
         None when the binaries are there and the platform can run them; else a sentence.
     """
     if not sys.platform.startswith("linux"):
         return f"a test Slurm needs Linux, not {sys.platform}"
-    missing = [name for name in _REQUIRED_BINARIES if _which(name) is None]
+    missing = [name for name in REQUIRED_PROGRAMS if _which(name) is None]
     if missing:
         return (
             f"Slurm/munge binaries missing: {', '.join(missing)} "
@@ -245,7 +224,7 @@ class SlurmCluster:
         except BaseException as exc:
             logs = self.log_tails()
             self.stop()
-            if isinstance(exc, (SlurmClusterError, TimeoutError, OSError)):
+            if isinstance(exc, (SlurmClusterError, WaitTimeout, TimeoutError, OSError)):
                 raise SlurmClusterError(f"test Slurm did not start: {exc}\n{logs}") from exc
             raise
 
@@ -563,7 +542,7 @@ class SlurmCluster:
                 return not self.job_ids()
 
             wait_until(queue_empty, timeout_s, "squeue to be empty")
-        except (SlurmClusterError, TimeoutError, subprocess.TimeoutExpired):
+        except (SlurmClusterError, WaitTimeout, subprocess.TimeoutExpired):
             # The daemons are stopped next regardless; leftovers are killed by session.
             pass
 

@@ -8,7 +8,6 @@ both nodes and leaves no process behind.
 
 from __future__ import annotations
 
-import shutil
 import sys
 from collections.abc import Iterator
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.machine import require_etcd
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import Job, start_job, stop_job  # noqa: E402
@@ -26,8 +26,7 @@ pytestmark = pytest.mark.timeout(240)
 
 @pytest.fixture(name="cluster")
 def cluster_fixture() -> Iterator[EtcdServer]:
-    if shutil.which("etcd") is None:
-        pytest.fail("etcd is not installed: run scripts/setup.sh as root")
+    require_etcd()
     server = EtcdServer(members=3)
     server.start(timeout_s=60)
     try:

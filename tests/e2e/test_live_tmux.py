@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 import shlex
-import shutil
 import signal
 import subprocess
 import sys
@@ -21,8 +20,14 @@ import pytest
 
 from tests.conftest import TEST_MARKER_VARIABLE
 from tests.helpers import REPO_ROOT, free_port, is_alive, run_cli, wait_until
+from tests.machine import require_program
 
-pytestmark = pytest.mark.skipif(shutil.which("tmux") is None, reason="tmux is not installed")
+
+@pytest.fixture(autouse=True)
+def _tmux_installed() -> None:
+    """Fail (not skip) every test here when tmux is missing."""
+    require_program("tmux", "tmux")
+
 
 TRAIN = Path(__file__).resolve().parent / "hang_scripts" / "train.py"
 WIDTH, HEIGHT = 150, 60

@@ -17,6 +17,8 @@ asserts on a duration: each waits for the agent's exit.
 
 from __future__ import annotations
 
+import os
+import signal
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +27,7 @@ import pytest
 from cli_harness import Agent, Launch, only_run_dir, read_events
 
 from tests.e2e.test_multinode import FAST_CONF, Job, make_job_fixture  # noqa: F401 - a fixture
-from tests.helpers import no_process_left
+from tests.helpers import no_process_left, wait_until
 
 launch = cli_harness.launch
 
@@ -43,6 +45,7 @@ def _run(
     *args: str,
     nproc: int = 2,
     options: tuple[str, ...] = (),
+    bound: str = "2",
 ) -> Agent:
     return launch(
         [
@@ -51,7 +54,7 @@ def _run(
             "--nproc-per-node",
             str(nproc),
             "--script-exit-timeout",
-            "2",
+            bound,
             "--log-dir",
             str(tmp_path / "logs"),
             *options,
@@ -198,3 +201,25 @@ def test_a_cold_worker_that_aborts_after_its_script_fails_as_under_torchrun(
     assert agent.wait(RUN) == 1, agent.describe()
     assert "LAST LINE rank=0" in agent.stdout and "SIGABRT" in agent.stderr, agent.describe()
     assert _died(tmp_path) == []
+
+
+def test_a_warm_worker_its_agent_stopped_after_its_script_raised_is_no_shutdown_crash(
+    launch: Launch, tmp_path: Path
+) -> None:
+    """The agent's own stop is said as such (``workers.stopped``: by the agent, why), never as a
+    crash in the interpreter's shutdown (issue 28: a node loss read as ``died_after_script``)."""
+    marker = tmp_path / "in-shutdown"
+    agent = _run(launch, tmp_path, "warm", "marked", str(marker), nproc=1, bound="off")
+    # The marker is written in the shutdown, after the worker told its end (status 1).
+    wait_until(lambda: marker.exists() or agent.proc.poll() is not None, RUN)
+    assert agent.proc.poll() is None, agent.describe()
+    pid = int(marker.read_text())
+    os.kill(agent.pid, signal.SIGTERM)
+    assert agent.wait(RUN) == 128 + signal.SIGTERM, agent.describe()
+    assert no_process_left([pid])
+    events = read_events(only_run_dir(tmp_path / "logs"))
+    assert _died(tmp_path) == [], agent.describe()
+    assert "interpreter's shutdown" not in agent.stderr, agent.describe()
+    (stopped,) = [dict(e["fields"]) for e in events if e["kind"] == "workers.stopped"]
+    assert stopped["by"] == "agent" and stopped["reason"] == "signal", stopped
+    assert stopped["signal"] == "SIGTERM", stopped

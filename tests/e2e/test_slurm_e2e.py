@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import json
 import re
-import shutil
 import socket
 import subprocess
 import sys
@@ -19,6 +18,8 @@ from pathlib import Path
 import pytest
 from slurm_cluster import SlurmCluster, wait_until
 from slurm_fixtures import slurm_cluster  # noqa: F401  (the fixture)
+
+from tests.helpers import WaitTimeout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 SLURM_DIR = REPO_ROOT / "scripts" / "slurm"
@@ -88,7 +89,7 @@ def test_multi_node_c10d_batch_file_trains_across_both_nodes(
 
 
 @pytest.mark.etcd
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="the etcd binary is not on PATH")
+@pytest.mark.usefixtures("etcd_binary")  # fails the test when etcd is missing
 def test_multi_node_etcd_batch_file_trains_across_both_nodes(
     slurm_cluster: SlurmCluster,  # noqa: F811
     tmp_path: Path,
@@ -108,7 +109,7 @@ def test_multi_node_etcd_batch_file_trains_across_both_nodes(
 
 
 @pytest.mark.etcd
-@pytest.mark.skipif(shutil.which("etcd") is None, reason="the etcd binary is not on PATH")
+@pytest.mark.usefixtures("etcd_binary")  # fails the test when etcd is missing
 def test_sigusr1_does_not_stop_the_etcd_job(
     slurm_cluster: SlurmCluster,  # noqa: F811
     tmp_path: Path,
@@ -130,7 +131,7 @@ def test_sigusr1_does_not_stop_the_etcd_job(
         wait_until(
             lambda: "step 3/" in slurm_cluster.output_of(job_id), 60, f"job {job_id} to train"
         )
-    except TimeoutError as exc:
+    except WaitTimeout as exc:
         raise AssertionError(f"{exc}\n{slurm_cluster.output_of(job_id)}") from exc
     slurm_cluster.run_client(["scancel", "--signal=USR1", job_id])
     _wait_job_end(slurm_cluster, job_id, 60)
@@ -166,7 +167,7 @@ def test_sigusr1_sent_to_the_job_reaches_the_workers_which_keep_running(
             60,
             f"job {job_id}'s workers to install their SIGUSR1 handlers",
         )
-    except TimeoutError as exc:
+    except WaitTimeout as exc:
         raise AssertionError(f"{exc}\n{slurm_cluster.output_of(job_id)}") from exc
     # Without --batch/--full, scancel signals every task of every step: the agents, which
     # forward SIGUSR1 to their workers.
@@ -209,7 +210,7 @@ def test_status_and_close_from_the_login_node(
     )
     try:
         wait_until(lambda: len(_rounds(slurm_cluster.output_of(job_id))) == 2, 60, "a round")
-    except TimeoutError as exc:
+    except WaitTimeout as exc:
         raise AssertionError(f"{exc}\n{slurm_cluster.output_of(job_id)}") from exc
 
     # "The login node": SLURM_CONF names the cluster, and nothing else of the job.
@@ -247,7 +248,7 @@ def _wait_job_end(cluster: SlurmCluster, job_id: str, timeout_s: float) -> None:
     """Wait until the job left the queue; fail with its output if it does not."""
     try:
         wait_until(lambda: job_id not in cluster.job_ids(), timeout_s, f"job {job_id} to end")
-    except TimeoutError as exc:
+    except WaitTimeout as exc:
         raise AssertionError(f"{exc}\n{cluster.output_of(job_id)}") from exc
 
 

@@ -10,10 +10,11 @@ from pathlib import Path
 
 import psutil
 import pytest
-from slurm_cluster import SlurmCluster, slurm_unavailable_reason, wait_until
-from slurm_fixtures import slurm_cluster  # noqa: F401  (the fixture)
+from slurm_cluster import SlurmCluster, wait_until
+from slurm_fixtures import require_slurm, slurm_cluster  # noqa: F401  (the fixture)
 
 from elastic_run.cli.slurm.allocation import rdzv_from_slurm_job
+from tests.helpers import WaitTimeout
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
@@ -162,8 +163,8 @@ srun -N1 -n1 bash -c 'touch {ready}; for _ in $(seq 600); do [ -e {go} ] && exit
     ]
 
 
-@pytest.mark.skipif(slurm_unavailable_reason() is not None, reason=str(slurm_unavailable_reason()))
 def test_stop_leaves_no_process_even_with_a_task_ignoring_sigterm(tmp_path: Path) -> None:
+    require_slurm()
     marker = f"elastic-run-slurm-test-{os.getpid()}"
     ready = tmp_path / "ready"
     cluster = SlurmCluster(tmp_path / "cluster", nodes=("127.0.0.1",))
@@ -176,7 +177,7 @@ def test_stop_leaves_no_process_even_with_a_task_ignoring_sigterm(tmp_path: Path
         _, job_id = cluster.sbatch(script, wait=False)
         try:
             wait_until(ready.exists, 60, "the stubborn task to start")
-        except TimeoutError as exc:
+        except WaitTimeout as exc:
             raise AssertionError(
                 f"{exc}\n{cluster.output_of(job_id)}\n{cluster.log_tails()}"
             ) from exc

@@ -10,7 +10,6 @@ from __future__ import annotations
 import json
 import os
 import re
-import shutil
 import subprocess
 import sys
 import uuid
@@ -21,6 +20,7 @@ import psutil
 import pytest
 
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.machine import require_etcd, require_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402
@@ -37,8 +37,7 @@ def _status(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[st
 
 @pytest.fixture(name="etcd")
 def etcd_fixture() -> Iterator[EtcdServer]:
-    if shutil.which("etcd") is None:
-        pytest.fail("etcd is not installed: run scripts/setup.sh as root")
+    require_etcd()
     server = EtcdServer()
     server.start()
     try:
@@ -102,6 +101,22 @@ def test_status_json_matches_the_running_agents(
         events = body["events"]
         assert isinstance(events, list)
         assert [e["kind"] for e in events].count("rendezvous.complete") == 2
+
+        # The workers never beat: they are never judged hung, so no hang timeout is shown
+        # (it read 600 s, the warm-up allowance of a judgement that never comes).
+        ranks: list[dict[str, object]] = []
+
+        def every_rank_published() -> bool:
+            done = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--json", "--sample", "0")
+            progress = json.loads(done.stdout).get("progress") or {}
+            ranks[:] = progress.get("ranks") or []
+            return len(ranks) == 3
+
+        wait_until(every_rank_published, 60, interval_s=0.2, message=lambda: str(ranks))
+        assert [(r["beats"], r["timeout_s"]) for r in ranks] == [(0, None)] * 3, ranks
+        table = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--sample", "0")
+        assert table.returncode == 0 and "ranks" in table.stdout, table.stdout
+        assert "600.0 s" not in table.stdout, table.stdout
 
         (job.out / "go").touch()
         for agent in job.agents:
@@ -189,8 +204,7 @@ def test_plain_event_lines_when_not_a_terminal(tmp_path: Path) -> None:
 
 
 def test_live_view_in_a_real_terminal(tmp_path: Path) -> None:
-    if shutil.which("tmux") is None:
-        pytest.fail("tmux is not installed: run scripts/setup.sh as root")
+    require_program("tmux", "tmux")
     worker = tmp_path / "worker.py"
     worker.write_text(WORKER)
     out = tmp_path / "out"

@@ -102,11 +102,22 @@ def test_watchdog_warm(warm: Launch, tmp_path: Path, client: str) -> None:
 # -- a warm worker starts as a cold one ---------------------------------------------------
 
 
-def _probe(launch: Launch, out: Path, *args: str, env: dict[str, str] | None = None) -> Agent:
+def _probe(
+    launch: Launch,
+    out: Path,
+    *args: str,
+    env: dict[str, str] | None = None,
+    module: bool = False,
+) -> Agent:
+    """The probe's job (``-m probe_start`` with ``module``); it writes its probes to ``out``."""
     out.mkdir()
+    probe = script("probe_start.py")
+    target, found = [probe], {}
+    if module:  # found on PYTHONPATH, as a user's module is
+        target, found = ["-m", "probe_start"], {"PYTHONPATH": f"{REPO_ROOT}:{Path(probe).parent}"}
     return launch(
-        ["--standalone", "--nproc-per-node", "2", *args, script("probe_start.py"), "x", "-y"],
-        env={"OUT_DIR": str(out), **(env or {})},
+        ["--standalone", "--nproc-per-node", "2", *args, *target, "x", "-y"],
+        env={"OUT_DIR": str(out), **found, **(env or {})},
     )
 
 
@@ -128,10 +139,11 @@ def _first_probes(agent: Agent, out: Path) -> list[dict[str, Any]]:
     return [_read(out, 0, lr) for lr in (0, 1)]
 
 
-def test_a_warm_worker_starts_as_a_cold_one(launch: Launch, tmp_path: Path) -> None:
+@pytest.mark.parametrize("how", ["script", "module"])
+def test_a_warm_worker_starts_as_a_cold_one(launch: Launch, tmp_path: Path, how: str) -> None:
     runs = {}
     for mode in ("--warm-start", "--no-warm-start"):
-        agent = _probe(launch, tmp_path / mode, mode)
+        agent = _probe(launch, tmp_path / mode, mode, module=how == "module")
         assert agent.wait(RUN) == 0, agent.describe()
         runs[mode] = [_read(tmp_path / mode, 0, lr) for lr in (0, 1)]
     for lr in (0, 1):
@@ -142,13 +154,14 @@ def test_a_warm_worker_starts_as_a_cold_one(launch: Launch, tmp_path: Path) -> N
                 probe["env"].pop(key, None)
         assert warm_probe["env"] == cold_probe["env"]
         same = [
-            "argv", "cmdline", "proc_environ_is_os_environ", "path0", "cwd", "name", "file", "own_session", "own_group",
+            "argv", "cmdline", "proc_environ_is_os_environ", "path0", "cwd", "name", "file", "main", "own_session", "own_group",
             "pdeathsig", "dispositions", "blocked", "stdin", "stdout_line_buffering",
             "stderr_line_buffering", "stdout_write_through", "threads",
         ]  # fmt: skip
         assert {k: warm_probe[k] for k in same} == {k: cold_probe[k] for k in same}
         assert warm_probe["pdeathsig"] == signal.SIGKILL
         assert warm_probe["proc_environ_is_os_environ"]
+        assert warm_probe["main"]["is_this_module"] and warm_probe["main"]["annotations"]
     warm_runs = runs["--warm-start"]
     assert warm_runs[0]["random"] != warm_runs[1]["random"]  # reseeded in each worker
     assert warm_runs[0]["numpy_random"] != warm_runs[1]["numpy_random"]

@@ -2,35 +2,27 @@
 
     from etcd_fixtures import etcd_cluster3_fixture, etcd_server_fixture  # noqa: F401
 
-The fixtures are named ``etcd_server`` and ``etcd_cluster3``. ``etcd_server`` is one member shared by a test module; ``etcd_cluster3`` is a fresh
-3-member cluster per test. When a test using them fails, the servers' logs are
-written to the terminal.
+The fixtures are named ``etcd_server`` and ``etcd_cluster3``. ``etcd_server`` is one member
+shared by a test module; ``etcd_cluster3`` is a fresh 3-member cluster per test. When a test
+using them fails, the servers' logs are written to the terminal. Without an etcd binary (PATH or
+ELASTIC_RUN_ETCD_BINARY) they fail the test in one ``missing: etcd`` line, as ``requires_etcd``
+(a mark for tests that start an ``EtcdServer`` of their own) does.
 """
 
 from __future__ import annotations
 
-import shutil
-import threading
-import time
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 
 import pytest
 
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.helpers import wait_until
+from tests.machine import require_etcd
 
 __all__ = ["etcd_cluster3_fixture", "etcd_server_fixture", "requires_etcd", "wait_until"]
 
-requires_etcd = pytest.mark.skipif(shutil.which("etcd") is None, reason="etcd is not installed")
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
-    """Wait until ``predicate()`` is true; raise ``AssertionError`` after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    pause = threading.Event()
-    while not predicate():
-        if time.monotonic() >= deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        pause.wait(0.05)
+# The ``etcd_binary`` fixture (the root conftest) fails the test when etcd is missing.
+requires_etcd = pytest.mark.usefixtures("etcd_binary")
 
 
 def _dump_logs_if_failed(
@@ -49,8 +41,7 @@ def _dump_logs_if_failed(
 @pytest.fixture(scope="module", name="etcd_server")
 def etcd_server_fixture(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
     """A started single-member etcd, shared by the tests of one module."""
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed")
+    require_etcd()
     failed_before = request.session.testsfailed
     server = EtcdServer(members=1)
     server.start(timeout_s=30)
@@ -64,8 +55,7 @@ def etcd_server_fixture(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
 @pytest.fixture(name="etcd_cluster3")
 def etcd_cluster3_fixture(request: pytest.FixtureRequest) -> Iterator[EtcdServer]:
     """A fresh, started 3-member etcd cluster."""
-    if shutil.which("etcd") is None:
-        pytest.skip("etcd is not installed")
+    require_etcd()
     failed_before = request.session.testsfailed
     server = EtcdServer(members=3)
     server.start(timeout_s=60)

@@ -52,9 +52,26 @@ def test_peek_reads_without_creating_the_key(server: Any) -> None:
     assert peek(store, "there") == b"x"
 
 
+def _is_open(fd: int) -> bool:
+    try:
+        os.fstat(fd)
+    except OSError:
+        return False
+    return True
+
+
 def test_descriptors_lists_only_open_ones() -> None:
-    for fd in _descriptors():
-        os.fstat(fd)  # raises if the listing's own descriptor were in it
+    read_end, write_end = os.pipe()
+    try:
+        listed = _descriptors()
+        assert {read_end, write_end} <= listed
+        # Every one listed is open: not the listing's own descriptor, closed when it returned.
+        assert [fd for fd in sorted(listed) if not _is_open(fd)] == []
+    finally:
+        os.close(read_end)
+        os.close(write_end)
+    after = _descriptors()
+    assert read_end not in after and write_end not in after
 
 
 def _deadlines_to(port: int) -> list[int]:
@@ -75,6 +92,9 @@ def _deadlines_to(port: int) -> list[int]:
     return found
 
 
+# Kept as a skip: a platform without TCP_USER_TIMEOUT (not Linux) is a difference no set-up can
+# fix, and the product runs there without the deadline. A run with the skip still fails unless
+# ELASTIC_RUN_ALLOW_SKIPS=1 (tests/conftest.py).
 @pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT")
 def test_a_new_client_gets_its_read_deadline(server: Any) -> None:
     before = sorted(_deadlines_to(server.port))

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import threading
@@ -32,6 +31,7 @@ from elastic_run.rendezvous.errors import (
 from elastic_run.rendezvous.etcd.backend import EtcdRendezvousBackend, create_etcd_backend
 from elastic_run.rendezvous.etcd.server import EtcdServer, EtcdServerTLS
 from elastic_run.rendezvous.etcd.store import EtcdStore
+from tests.machine import require_program
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -409,8 +409,7 @@ def _make_ca(cwd: Path, name: str) -> None:
 
 @pytest.fixture(scope="module")
 def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    if shutil.which("openssl") is None:
-        pytest.skip("openssl is not installed")
+    require_program("openssl", "openssl")
     d = tmp_path_factory.mktemp("tls")
     _make_ca(d, "ca")
     _make_ca(d, "other-ca")
@@ -430,10 +429,11 @@ def tls_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def tls_auth_server(tls_dir: Path) -> Iterator[EtcdServer]:
     tls = EtcdServerTLS(str(tls_dir / "server.pem"), str(tls_dir / "server.key"))
     server = EtcdServer(tls=tls)
+    etcdctl = require_program("etcdctl", "etcd-client")
     server.start(timeout_s=30)
     try:
         ctl = [
-            "etcdctl", "--endpoints", f"https://{server.endpoint}",
+            etcdctl, "--endpoints", f"https://{server.endpoint}",
             "--cacert", str(tls_dir / "ca.pem"),
         ]  # fmt: skip
         env = {**os.environ, "ETCDCTL_API": "3"}

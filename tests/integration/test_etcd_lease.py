@@ -30,6 +30,7 @@ from elastic_run.rendezvous.etcd.client import EtcdClient
 from elastic_run.rendezvous.etcd.connection import EtcdConnection
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.machine import require_program
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -253,7 +254,11 @@ def test_a_call_on_a_dropped_client_is_retried_on_the_current_one(
 
 
 def test_a_login_that_reaches_no_member_moves_to_the_next(etcd_cluster3: EtcdServer) -> None:
-    ctl = ["etcdctl", "--endpoints", ",".join(etcd_cluster3.endpoints)]
+    ctl = [
+        require_program("etcdctl", "etcd-client"),
+        "--endpoints",
+        ",".join(etcd_cluster3.endpoints),
+    ]
     env = {**os.environ, "ETCDCTL_API": "3"}
     for args in (["user", "add", "root:rootpw"], ["auth", "enable"]):
         subprocess.run([*ctl, *args], check=True, capture_output=True, env=env, timeout=30)

@@ -9,7 +9,6 @@ import subprocess
 import sys
 import textwrap
 import threading
-import time
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -21,18 +20,9 @@ from elastic_run.agent.workers.guardian import Guardian
 from elastic_run.agent.workers.output import StreamName, set_console_sink
 from elastic_run.agent.workers.processes import WorkerExit, WorkerLaunch, WorkerProcesses
 from elastic_run.errors import AgentError
+from tests.helpers import wait_until
 
 REPO_ROOT = Path(__file__).resolve().parents[2]
-
-
-def wait_until(predicate: Callable[[], bool], timeout_s: float, what: str = "condition") -> None:
-    """Poll ``predicate`` until it is true; raise AssertionError after ``timeout_s``."""
-    deadline = time.monotonic() + timeout_s
-    event = threading.Event()
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out after {timeout_s} s waiting for {what}")
-        event.wait(0.01)
 
 
 def is_gone(pid: int) -> bool:

@@ -1,7 +1,7 @@
 """The rendezvous contract (issue 3's promises) on real stores, with several handlers.
 
 Every test in the contract part runs on a real TCPStore (``c10d``) and on a real etcd
-(``etcd``, skipped where etcd is not installed) through the ``job`` fixture. Handlers of
+(``etcd``, failed where etcd is not installed) through the ``job`` fixture. Handlers of
 one process run in threads; a node that must die for real (SIGKILL) is a subprocess.
 The c10d-only part covers hosting, a store that goes away and the static backend.
 """
@@ -23,12 +23,17 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from etcd_fixtures import etcd_server_fixture, requires_etcd  # noqa: F401 - fixtures
+from etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 
 from elastic_run.rendezvous.api import RendezvousInfo, RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.c10d.backend import create_c10d_backend
-from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler, read_snapshot
+from elastic_run.rendezvous.dynamic.handler import (
+    DynamicRendezvousHandler,
+    close_job,
+    closed_reason_of,
+    read_snapshot,
+)
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
@@ -129,7 +134,7 @@ threading.Event().wait()
 
 @pytest.fixture(
     scope="module",
-    params=["c10d", pytest.param("etcd", marks=[pytest.mark.etcd, requires_etcd])],
+    params=["c10d", pytest.param("etcd", marks=pytest.mark.etcd)],
 )
 def store_endpoint(request: pytest.FixtureRequest) -> Iterator[tuple[str, str]]:
     """(backend name, endpoint): a TCPStore hosted here, or the module's etcd server.
@@ -576,8 +581,6 @@ def test_shutdown_without_close_leaves_the_job_open(job: Job) -> None:
     ("key", "value"),
     [
         ("round", b"not a number"),
-        ("closed", b"\x80\x81 garbage"),
-        ("closed", b'{"v": 99, "reason": "closed"}'),
         ("r0/seal", b"cos\nsystem\n(S'echo pwned'\ntR."),  # a pickle, never unpickled
         ("r0/seal", b'{"v": 1, "round": "zero"}'),
         # Well-formed, but its parts disagree: no worker description for its one member.
@@ -595,6 +598,50 @@ def test_garbage_under_the_jobs_keys_is_a_state_error(job: Job, key: str, value:
     handler = job.handler(1, 2, join_timeout="5")
     with pytest.raises(RendezvousStateError, match=f"'{key}'"):
         handler.next_rendezvous()
+
+
+_NOT_CLOSED_RECORDS = [
+    b"\x80\x81 garbage",
+    b'{"v": 99, "reason": "closed"}',
+    b'{"v": 1, "reason": "bogus", "by": "x"}',
+    b"",
+]
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("value", _NOT_CLOSED_RECORDS)
+def test_a_value_under_closed_that_is_no_record_closes_nothing_and_a_close_replaces_it(
+    job: Job, value: bytes
+) -> None:
+    """Not a record: the job reads as open (a node joins), and a close replaces it, compare-set
+    from the exact bytes read; the first valid close wins after that (issue 28, point 6)."""
+    writer = job.reader()
+    writer.set("closed", value)
+    handler = job.handler(1, 1)
+    assert handler.next_rendezvous().world_size == 1
+    assert not handler.is_closed() and closed_reason_of(writer) is None
+    first = close_job(writer, "failed", "first")
+    assert first.wrote and first.reason == "failed"
+    assert first.replaced is not None and "'closed'" in first.replaced
+    second = close_job(writer, "closed", "second")
+    assert (second.wrote, second.reason, second.replaced) == (False, "failed", None)
+    assert handler.is_closed() and handler.closed_reason() == "failed"
+    with pytest.raises(RendezvousClosedError, match="failed"):
+        handler.next_rendezvous()
+
+
+def test_a_job_exists_while_any_of_its_keys_does(job: Job) -> None:
+    reader = job.reader()
+    assert not reader.exists()
+    job.handler(1, 1).next_rendezvous()
+    assert reader.exists()
+    if job.kind == "etcd":
+        reader.client.delete(reader.key_base + "round")
+    else:
+        from torch.distributed import PrefixStore
+
+        assert PrefixStore(f"elastic-run/{job.run_id}/", reader.store).delete_key("round")
+    assert reader.get("round") is None and reader.exists()
 
 
 # -- c10d only: a store that goes away, hosting ----------------------------------------------

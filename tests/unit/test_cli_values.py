@@ -207,9 +207,19 @@ def test_parse_signals() -> None:
             parse_signals(bad)
 
 
-@pytest.mark.parametrize("endpoint", ["", "host", "host:0", "a:1,b:2", "[::1]:29400", "fe80::1"])
-def test_check_endpoint_ports_accepts(endpoint: str) -> None:
-    check_endpoint_ports(endpoint)
+@pytest.mark.parametrize(
+    ("endpoint", "ports"),
+    [
+        ("", ()),
+        ("host", ()),
+        ("host:0", (0,)),
+        ("a:1, b:65535", (1, 65535)),
+        ("[::1]:29400", (29400,)),
+        ("fe80::1", ()),  # a bare IPv6 address: no port
+    ],
+)
+def test_check_endpoint_ports_accepts(endpoint: str, ports: tuple[int, ...]) -> None:
+    assert check_endpoint_ports(endpoint) == ports
 
 
 @pytest.mark.parametrize("endpoint", ["host:99999", "host:x", "host:\u00b2", "a:1,b:65536"])
@@ -281,16 +291,38 @@ def test_parse_rdzv_conf() -> None:
 
 
 @pytest.mark.parametrize(
-    "text",
+    ("text", "parsed"),
     [
-        "join_timeout=600,last_call_timeout=0,close_timeout=30,heartbeat_timeout=5",
-        "keep_alive_interval=0.5,keep_alive_max_attempt=1000,read_timeout=31536000,timeout=1",
-        "is_host=TRUE,use_libuv=n,store_type=File,protocol=HTTPS",
-        "no_such_key=nan,rank=3,ca_cert=/x",  # unknown keys pass through untouched
+        (
+            "join_timeout=600,last_call_timeout=0,close_timeout=30,heartbeat_timeout=5",
+            {
+                "join_timeout": 600.0,
+                "last_call_timeout": 0.0,
+                "close_timeout": 30.0,
+                "heartbeat_timeout": 5.0,
+            },
+        ),
+        (
+            "keep_alive_interval=0.5,keep_alive_max_attempt=1000,read_timeout=31536000,timeout=1",
+            {
+                "keep_alive_interval": 0.5,
+                "keep_alive_max_attempt": 1000,
+                "read_timeout": 31536000.0,
+                "timeout": 1.0,
+            },
+        ),
+        (
+            "is_host=TRUE,use_libuv=n,store_type=File,protocol=HTTPS",
+            {"is_host": True, "use_libuv": False, "store_type": "file", "protocol": "https"},
+        ),
+        ("no_such_key=nan,rank=3,ca_cert=/x", {}),  # unknown keys: not this check's to read
     ],
 )
-def test_validate_rdzv_conf_accepts(text: str) -> None:
-    validate_rdzv_conf(parse_rdzv_conf(text))
+def test_validate_rdzv_conf_accepts(text: str, parsed: dict[str, object]) -> None:
+    values = validate_rdzv_conf(parse_rdzv_conf(text))
+    assert values == parsed
+    # Each value has the kind the rendezvous reads (2 == 2.0 would hide an int for a float).
+    assert {k: type(v) for k, v in values.items()} == {k: type(v) for k, v in parsed.items()}
 
 
 @pytest.mark.parametrize(

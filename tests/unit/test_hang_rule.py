@@ -90,6 +90,13 @@ def test_fixed_is_fixed_and_off_is_never() -> None:
     assert hang.timeout_s(history, hang.parse_hang_timeout("off")) is None
 
 
+def test_a_worker_that_never_beat_has_no_timeout_to_show() -> None:
+    # It is never judged (see judge): a timeout shown for it would be a number nothing uses.
+    for text in ("auto", "auto:5", "5"):
+        assert hang.timeout_s(hang.BeatHistory(), hang.parse_hang_timeout(text)) is None
+    assert hang.timeout_s(_beats([]), hang.parse_hang_timeout("5")) == 5.0  # one beat: judged
+
+
 def test_auto_during_warm_up_allows_the_long_first_steps() -> None:
     rule = hang.HangRule()
     assert hang.timeout_s(_beats([]), rule) == rule.warmup_allowance_s

@@ -3,6 +3,7 @@ the published records become, and a live frame that always fits its terminal."""
 
 from __future__ import annotations
 
+import dataclasses
 import io
 from typing import Any
 
@@ -169,3 +170,33 @@ def test_the_live_frame_shows_each_ranks_progress_and_the_job_line() -> None:
     text = "\n".join(_frame(view, console))
     assert "median step 0.100 s over 4 ranks  slowest rank 3 0.200 s (2.00x)" in text
     assert "hung: Event.wait at train.py:39 ?" in text
+
+
+def test_a_rank_that_never_beat_shows_no_hang_timeout() -> None:
+    """Nothing to judge, nothing shown: ``-`` in the status table and the live panel, null in
+    ``status --json`` (also for a record of an agent that still published its warm-up 600 s)."""
+    idle = _record("ha", 3, [(0, 0.05)])
+    idle["ranks"][0].update(beats=0, step=-1, step_s=None, work_s=None, age_s=None)
+    idle["ranks"][0]["timeout_s"] = 600.0
+    picture = progress_picture({"a": idle, "b": RECORDS["b"]}, None, 3)
+    by_rank = {r["rank"]: r for r in picture["ranks"]}
+    assert by_rank[0]["timeout_s"] is None and by_rank[2]["timeout_s"] == 30.0
+    console = Console(file=io.StringIO(), width=160, force_terminal=False)
+    shown = render_progress(picture)
+    assert shown is not None
+    console.print(shown)
+    text = console.file.getvalue()  # type: ignore[attr-defined]
+    row = next(line for line in text.splitlines() if line.strip().startswith("│ 0 "))
+    assert "600" not in row and row.rstrip(" │").endswith("-"), row
+
+    class _Idle(_Agent):
+        def snapshot(self) -> AgentSnapshot:
+            snap = super().snapshot()
+            never = WorkerProgress(beats=0, timeout_s=None)
+            return dataclasses.replace(
+                snap, workers=tuple(dataclasses.replace(w, progress=never) for w in snap.workers)
+            )
+
+    console = Console(file=io.StringIO(), width=160, height=40, force_terminal=False)
+    frame = "\n".join(_frame(LiveView(_Idle(1), "job", console=console), console))
+    assert "600" not in frame and " s ago" not in frame, frame

@@ -121,6 +121,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._last_loop = time.monotonic()
         self._workers_store: Any = None
         self._published: AgentSnapshot | None = None  # written by the loop only
+        self._workers_up = False  # the attempt's workers were started and not yet stopped
 
     # -- the ElasticAgent interface ---------------------------------------------------
 
@@ -507,19 +508,18 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 text += f": no successful heartbeat for {report.since_ok_s:.1f} s"
                 if report.error:
                     text += f" ({report.error})"
-            text += ": stopping the workers to re-rendezvous"
+            text += _REJOIN_SUFFIX
             fields.update(reason=action.reason, waiting=waiting)
             self._emit("membership.changed", text, publish=not cut_off, **fields)
         self._set_state(action.state)
         if isinstance(action, sm.Restart):
             self._before_failed_stop()
         self._stop_workers(self._worker_group)
+        if isinstance(action, sm.Restart):
+            self._say_stopped("failure", *_first_failure(result))
+        else:
+            self._say_stopped(action.reason, text.removesuffix(_REJOIN_SUFFIX))
         if isinstance(action, sm.Rejoin) and action.reason == "liveness_lost":
-            self._emit(
-                "workers.stopped",
-                "workers stopped (this node lost its liveness)",
-                reason="liveness_lost",
-            )
             self._publish_event("membership.changed", text, fields)
         self._attempt_ended(failed=isinstance(action, sm.Restart))
         if isinstance(action, sm.Rejoin) and action.reason != "liveness_lost":
@@ -569,13 +569,17 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             name = signal.Signals(action.signal).name
             self._emit("signal", f"received {name}: stopping the workers", signal=name)
             self._shutdown(signal.Signals(action.signal), int(self._shutdown_timeout))
+            self._say_stopped("signal", f"received {name}", signal=name)
             self._set_state(action.state)
             self._publish_state("STOPPED", f"received {name}")
-            self._emit("workers.stopped", f"workers stopped ({name})", signal=name, reason="signal")
             return RunResult(action.state, exit_code=action.exit_code, reason=f"stopped by {name}")
         if isinstance(action, (sm.Fail, sm.NoProgress)):
             self._before_failed_stop()
             self._stop_workers(self._worker_group)
+            if isinstance(action, sm.NoProgress):
+                self._say_stopped("no_progress", "no progress over the restarts allowed")
+            else:
+                self._say_stopped("failure", *_first_failure(result))
             reason = (
                 f"worker failure and {spec.max_restarts} restart"
                 f"{'' if spec.max_restarts == 1 else 's'} used up"
@@ -611,6 +615,10 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             )
         if isinstance(action, sm.End):
             self._stop_workers(self._worker_group)
+            if action.closed is not None:
+                self._say_stopped("closed", action.reason, closed=action.closed)
+            else:
+                self._say_stopped("rendezvous_error", action.reason)
             self._set_state(action.state)
             if action.closed is not None:
                 self._leave_last()
@@ -624,6 +632,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
 
     def _fail_run(self, exit_code: int, reason: str) -> RunResult:
         self._stop_workers(self._worker_group)
+        self._say_stopped("error", reason)
         self._set_state(WorkerState.FAILED)
         self._emit("failed", reason, reason=reason, exit_code=exit_code)
         return RunResult(WorkerState.FAILED, exit_code=exit_code, reason=reason)
@@ -695,6 +704,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _start_attempt(self, group: WorkerGroup) -> None:
         self._attempt += 1
         pids = self._start_workers(group)
+        self._workers_up = True
         self._set_state(sm.Start().state)
         self._publish_state("HEALTHY")
         self._emit(
@@ -704,6 +714,31 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             pids=[pids.get(w.local_rank) for w in group.workers],
             ranks=[w.global_rank for w in group.workers],
             attempt=self._attempt,
+        )
+
+    def _say_stopped(
+        self, reason: str, why: str, fields: dict[str, Any] | None = None, **more: Any
+    ) -> None:
+        """Say once per attempt that this node's agent stopped its workers, and why.
+
+        Args:
+            reason: ``member_lost``, ``nodes_waiting``, ``round_ended``, ``liveness_lost``,
+                ``failure``, ``no_progress``, ``signal``, ``closed``, ``rendezvous_error`` or
+                ``error``.
+            why: the same for people.
+            fields: more event fields (the failed rank...).
+            more: more event fields (the signal...).
+        """
+        if not self._workers_up:
+            return  # nothing ran (an end during a rendezvous), or already said
+        self._workers_up = False
+        self._emit(
+            "workers.stopped",
+            f"this node's agent stopped its workers: {why}",
+            by="agent",
+            reason=reason,
+            **(fields or {}),
+            **more,
         )
 
     def _set_state(self, state: WorkerState) -> None:
@@ -762,6 +797,18 @@ def _closed_reason(text: str | None) -> sm.ClosedReason | None:
     if text == "failed":
         return "failed"
     return "closed"
+
+
+_REJOIN_SUFFIX = ": stopping the workers to re-rendezvous"
+
+
+def _first_failure(result: Any) -> tuple[str, dict[str, Any]]:
+    """The first failure of a failed group, for ``workers.stopped``: (text, fields)."""
+    failures = sorted(getattr(result, "failures", {}).values(), key=lambda f: f.timestamp)
+    if not failures:
+        return "the worker group failed", {}
+    rank = failures[0].global_rank
+    return f"worker rank {rank} failed", {"rank": rank}
 
 
 def _rejoin_text(reason: sm.RejoinReason, waiting: int) -> str:

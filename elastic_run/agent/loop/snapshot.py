@@ -17,7 +17,8 @@ class WorkerProgress:
         step_time_s: the mean gap between its beats lately (None: not known yet).
         work_time_s: its own work per step (beat to ``sync_point()``), or the step time.
         last_beat_age_s: seconds since its last beat (None: never beat).
-        timeout_s: the silence after which it is hung (learned or given; None: off).
+        timeout_s: the silence after which it is hung (learned or given; None: never judged,
+            the rule is off or it has not beaten yet).
         verdict: ``""``, ``"silent"`` (past its timeout, being looked at), ``"hung"``.
         where: where it was last seen stuck (``all_reduce at train.py:88``), or ``""``.
     """

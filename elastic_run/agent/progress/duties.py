@@ -112,6 +112,11 @@ class ProgressDuties:
         self.script_end.started(pids, warm)
         self._emit = emit
 
+    def workers_stopping(self, signals: Iterable[int], at: float) -> None:
+        """The agent stops the workers with ``signals`` from ``at`` (epoch seconds): an exit by
+        one of them is the agent's stop, never a crash after the script (``ScriptEndWatch``)."""
+        self.script_end.stopping(signals, at)
+
     def attempt_ended(self, failed: bool) -> None:
         """The attempt's workers were stopped (``failed``: by a worker failure)."""
         self.watch.end_attempt(failed)

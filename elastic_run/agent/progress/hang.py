@@ -223,8 +223,12 @@ def _percentile(values: tuple[float, ...], q: float) -> float:
 
 
 def timeout_s(history: BeatHistory, rule: HangRule) -> float | None:
-    """The silence after which this worker is hung, in seconds; None: never (off)."""
-    if rule.mode == "off":
+    """The silence after which this worker is hung, in seconds.
+
+    None: never judged, so there is no timeout to show: the rule is ``off``, or the worker has
+    not beaten yet (a worker that never beats is never judged hung).
+    """
+    if rule.mode == "off" or history.beats == 0:
         return None
     if rule.mode == "fixed":
         return rule.timeout_s

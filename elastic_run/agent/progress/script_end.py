@@ -9,8 +9,8 @@ default; ``off`` never).
 
 How the agent learns that the script ended:
 
-- a warm worker (forked by the zygote, which runs the script with runpy) says so itself, with
-  the exit status Python will exit with, the moment runpy returns or the script raises;
+- a warm worker (forked by the zygote, which runs the script as ``__main__``) says so itself,
+  with the exit status Python will exit with, the moment the script's code returns or raises;
 - a cold worker (``python -u script``, left exactly as torchrun starts it) cannot, so the agent
   looks at its stacks (py-spy) when its process has been idle (:class:`IdleTrack`): the script
   is over when the main thread's outermost frame is not the script's (:func:`after_script`):
@@ -75,7 +75,7 @@ def after_script(report: StackReport) -> str | None:
     """Where a process is when its script is over, or None while it runs (or is unknown).
 
     The main thread (the one whose id is the pid) runs the script while its outermost frame is
-    a ``<module>`` frame (``python script``, the zygote's runpy) or runpy's
+    a ``<module>`` frame (``python script``, the zygote's worker) or runpy's
     ``_run_module_as_main`` (``python -m``); anything else there, or no frame at all, is the
     interpreter's shutdown. A main thread that cannot be told from the others is no evidence.
 

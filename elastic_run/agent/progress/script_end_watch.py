@@ -9,7 +9,9 @@ the workers whose process outlived its script's end past the bound. The agent ki
 one's exit as its script's own status instead of the SIGKILL. ``amend`` also counts a warm
 worker killed by a signal after its script ended as the script's status
 (``script_end.counted_exit``); :meth:`ScriptEndWatch.died_after_script` names each such worker
-once, for the agent to say so.
+once, for the agent to say so. A worker killed by its own agent's stop (:meth:`ScriptEndWatch.
+stopping`: the stop's signals, from the moment the stop began) is neither: its exit stays the
+agent's signal.
 
 Threads: everything runs on the agent's loop.
 """
@@ -179,6 +181,7 @@ class ScriptEndWatch:
         self._warm: WarmEnds = _NoWarm()
         self._died: dict[int, DiedAfterScript] = {}
         self._said: set[int] = set()
+        self._stop: tuple[frozenset[int], float] | None = None
 
     def start_attempt(
         self, workers: Sequence[tuple[int, int]], log_dirs: Mapping[int, Path]
@@ -189,11 +192,28 @@ class ScriptEndWatch:
     def started(self, pids: Mapping[int, int], warm: WarmEnds | None = None) -> None:
         """The attempt's workers run (local rank -> pid); ``warm`` knows the warm ones' ends."""
         self._warm = warm if warm is not None else _NoWarm()
+        self._stop = None
         track = script_end.IdleTrack(backoff_s=self._idle_s, idle_s=self._idle_s)
         for lr, pid in pids.items():
             if lr in self._workers:
                 self._workers[lr].pid = pid
                 self._workers[lr].track = track
+
+    def stopping(self, signals: Iterable[int], at: float) -> None:
+        """The agent stops the attempt's workers with ``signals`` from ``at`` (epoch seconds).
+
+        A worker that exits by one of them from then on was stopped by its agent (to
+        re-rendezvous, on a failure, a signal, a close): that is no crash after its script, and
+        its exit stays what it was (see :meth:`amend`).
+        """
+        self._stop = (frozenset(int(s) for s in signals), at)
+
+    def _stopped_by_agent(self, exit_: WorkerExit) -> bool:
+        stop = self._stop
+        if stop is None or exit_.exitcode >= 0:
+            return False
+        signals, at = stop
+        return -exit_.exitcode in signals and exit_.finished_at >= at
 
     def ended(self) -> set[int]:
         """The local ranks whose script is known to have ended (not to be judged hung)."""
@@ -293,7 +313,8 @@ class ScriptEndWatch:
         """The exits, each one after the script's end counted as the script's own status.
 
         A worker killed for outliving its script, or a warm one killed by a signal after its
-        script ended (``script_end.counted_exit``), counts as its script's status.
+        script ended (``script_end.counted_exit``), counts as its script's status. A worker its
+        own agent stopped (:meth:`stopping`) keeps its exit: the agent's signal killed it.
         """
         out = dict(exits)
         for lr, exit_ in exits.items():
@@ -303,6 +324,8 @@ class ScriptEndWatch:
             if worker.settled is not None:
                 out[lr] = replace(exit_, exitcode=worker.settled)
                 continue
+            if self._stopped_by_agent(exit_):
+                continue  # the agent's stop, not a crash in the interpreter's shutdown
             end = self._warm.script_end(exit_.pid) if exit_.exitcode < 0 else None
             counted = script_end.counted_exit(end[0] if end else None, exit_.exitcode)
             if counted != exit_.exitcode:

@@ -13,7 +13,7 @@ Supervision is the cold one (``processes.py``): a warm worker has a pid, its own
 the zygote dies, its workers die by their parent-death signal; each is then waited for through a
 pidfd opened when its pid arrived and reported as killed by SIGKILL.
 
-The zygote also reports when a worker's script ended (``ended``: runpy returned or the script
+The zygote also reports when a worker's script ended (``ended``: the script's code returned or
 raised, with the exit status Python will exit with): :meth:`Zygote.script_end` gives it, with the
 monotonic time it arrived, so the agent can bound how long a worker outlives its script
 (``script_end.py``).

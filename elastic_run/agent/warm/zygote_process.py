@@ -14,17 +14,20 @@ message each, the worker's stdout and stderr descriptors attached with ``SCM_RIG
                                                     or called sys.exit; the exit status it set)
     zygote -> agent   {"exit": 1234, "code": -9}   (exit status; ``-signum`` for a signal)
 
-The script's end: each child gets the write end of a pipe of its own (close-on-exec); when runpy
-returns or the script raises, the child writes the exit status Python will exit with, before the
-interpreter's own shutdown (joining non-daemon threads, atexit handlers, finalizers) begins. The
-zygote forwards it as ``ended``: the agent can then bound how long a worker outlives its script.
+The script's end: each child gets the write end of a pipe of its own (close-on-exec); when the
+script's code returns or raises, the child writes the exit status Python will exit with, before
+the interpreter's own shutdown (joining non-daemon threads, atexit handlers, finalizers) begins.
+The zygote forwards it as ``ended``: the agent can then bound how long a worker outlives its
+script.
 
 The forked child becomes the worker exactly as a cold ``python -u script`` would start: its own
 session, parent-death signal SIGKILL (it dies with the zygote, which dies with the agent),
 Python's default signal dispositions and an empty signal mask, stdin ``/dev/null``, the given
 stdout and stderr, the worker's cwd and complete environment, ``sys.argv`` and ``sys.path[0]``,
-fresh random seeds; then it leaves every frame of the zygote and runs the script with runpy as
-``__main__``, so interpreter exit (atexit, thread joins, flushes, exit status) is Python's own.
+fresh random seeds; then it leaves every frame of the zygote and runs the script in a new real
+``__main__`` module, as ``python`` does (``-m``: with runpy's ``_run_module_as_main``, which
+``python -m`` calls), so interpreter exit (atexit, thread joins, flushes, finalizers, exit status)
+is Python's own.
 
 Invariants:
 - Standard library only, besides torch and the preloads: no elastic_run import (run by path);
@@ -38,24 +41,33 @@ Invariants:
   ends it by closing the socket (EOF) or with SIGKILL.
 - It reaps its children and reports each exit after the pid reply of that child, and a child's
   ``ended`` (when it wrote one) before its ``exit``.
+- A worker's ``__main__`` stays in ``sys.modules`` to the end: the script's globals are freed
+  in the interpreter's finalization, never before (a native destructor that needs the GIL from
+  another thread deadlocks while the interpreter is fully alive; torch skips that at shutdown).
 """
 
 from __future__ import annotations
 
+import builtins
 import ctypes
 import gc
 import importlib
+import importlib.abc
+import importlib.machinery
 import io
 import json
 import os
+import pkgutil
+import runpy
 import select
 import signal
 import socket
 import sys
 import traceback
+import types
 from typing import Any
 
-__all__ = ["IGNORED_SIGNALS", "main", "script_ended"]
+__all__ = ["IGNORED_SIGNALS", "main", "run_worker", "script_ended"]
 
 IGNORED_SIGNALS = (
     signal.SIGINT,
@@ -305,7 +317,7 @@ def _serve(sock: socket.socket) -> dict[str, Any] | None:
 def script_ended(code: int) -> None:
     """In a worker: tell the zygote (and so the agent) that the script ended with ``code``.
 
-    Called once, when runpy returned or the script raised, before the interpreter's shutdown.
+    Called once, when the script's code returned or raised, before the interpreter's shutdown.
     """
     global _end_fd
     fd, _end_fd = _end_fd, -1
@@ -329,14 +341,74 @@ def _exit_status(exc: SystemExit) -> int:
     return 1
 
 
-def _exit_like_python(exc: BaseException) -> None:
-    """Print an uncaught exception without the zygote's and runpy's frames; exit as Python."""
+def _fresh_main() -> types.ModuleType:
+    """A new ``__main__`` module as the interpreter makes it at its start, put in sys.modules.
+
+    It replaces the zygote's own and is never dropped: the script's globals then live until the
+    interpreter's finalization, as in a cold start. (runpy.run_path ran the script in a
+    temporary module and freed its globals the moment it returned, with the interpreter fully
+    alive: a DDP model's gloo process group then joined its worker thread while holding the
+    GIL, and that thread waited for the GIL to free a tensor: a deadlock, issue 28.)
+    """
+    main = types.ModuleType("__main__")
+    vars(main).update(__annotations__={}, __builtins__=builtins)
+    sys.modules["__main__"] = main
+    return main
+
+
+def _run_module(name: str, *, alter_argv: bool) -> None:
+    """Run module ``name`` in ``sys.modules["__main__"]``, as ``python -m`` does.
+
+    With runpy's ``_run_module_as_main``: the function the interpreter itself calls for ``-m``
+    (and for a directory or zip file), so the globals, ``sys.argv[0]``, the errors and the
+    traceback's frames are a cold start's.
+    """
+    runpy._run_module_as_main(name, alter_argv)  # type: ignore[attr-defined]
+
+
+def _run_file(main: types.ModuleType, path: str) -> None:
+    """Run the script file at ``path`` (absolute) in ``main``, as ``python script`` does.
+
+    A compiled file runs its code; any other file is compiled from source (its coding cookie
+    honoured, none of the zygote's ``__future__`` flags).
+    """
+    try:
+        with io.open_code(path) as stream:
+            code = pkgutil.read_code(stream)
+    except OSError as exc:  # as python says it, with its exit status
+        message = f"can't open file {path!r}: [Errno {exc.errno}] {exc.strerror}"
+        print(f"{sys.executable}: {message}", file=sys.stderr)
+        sys.exit(2)
+    loader: importlib.abc.FileLoader
+    if code is None:
+        with io.open_code(path) as stream:
+            code = compile(stream.read(), path, "exec", dont_inherit=True)
+        loader = importlib.machinery.SourceFileLoader("__main__", path)
+    else:
+        loader = importlib.machinery.SourcelessFileLoader("__main__", path)
+    vars(main).update(__loader__=loader, __file__=path, __cached__=None)
+    exec(code, vars(main))
+
+
+def _forget_file(main: types.ModuleType) -> None:
+    """Drop ``__file__`` and ``__cached__`` after the script's end, as ``python script`` does."""
+    vars(main).pop("__file__", None)
+    vars(main).pop("__cached__", None)
+
+
+def _print_uncaught(exc: BaseException) -> None:
+    """Print an uncaught exception as Python does, without the zygote's frames."""
     tb = exc.__traceback__
-    while tb is not None and tb.tb_frame.f_code.co_filename in (__file__, "<frozen runpy>"):
+    while tb is not None and tb.tb_frame.f_code.co_filename == __file__:
         tb = tb.tb_next
-    script_ended(-int(signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else 1)
+    exc.__traceback__ = tb  # the default hook prints the exception's own traceback
+    sys.last_type, sys.last_value, sys.last_traceback = type(exc), exc, tb
     sys.excepthook(type(exc), exc, tb)
-    if isinstance(exc, KeyboardInterrupt):  # Python ends by SIGINT then
+
+
+def _exit_after_uncaught(exc: BaseException) -> None:
+    """Exit as Python does after an uncaught exception: by SIGINT after KeyboardInterrupt, else 1."""
+    if isinstance(exc, KeyboardInterrupt):
         sys.stdout.flush()
         sys.stderr.flush()
         signal.signal(signal.SIGINT, signal.SIG_DFL)
@@ -364,6 +436,43 @@ def _arm_auto_progress() -> None:
         )
 
 
+def run_worker(request: dict[str, Any]) -> None:
+    """In a worker: run its script (or ``-m`` module) as ``__main__``, as a cold start does.
+
+    The script's code runs in a real ``__main__`` module (:func:`_fresh_main`), so nothing of it
+    is freed before the interpreter's shutdown. :func:`script_ended` is called the moment its
+    code is over (returned, raised, or called ``sys.exit``), before anything else runs.
+    Returns after a normal end; raises SystemExit otherwise (or ends by SIGINT after an
+    uncaught KeyboardInterrupt), so that the interpreter's exit is Python's own.
+    """
+    module = bool(request["module"])
+    main = _fresh_main()
+    path = os.path.abspath(sys.argv[0])  # as the interpreter makes its run_filename absolute
+    from_file = not module and pkgutil.get_importer(path) is None
+    try:
+        if module:
+            _run_module(sys.argv[0], alter_argv=True)
+        elif from_file:
+            _run_file(main, path)
+        else:  # a directory or a zip file: its __main__ module, from there, as python runs it
+            sys.path[0] = path
+            _run_module("__main__", alter_argv=False)
+    except SystemExit as exc:
+        script_ended(_exit_status(exc))
+        raise
+    except BaseException as exc:  # shown as a cold start shows it: from the script's frame
+        script_ended(-int(signal.SIGINT) if isinstance(exc, KeyboardInterrupt) else 1)
+        sys.stdout.flush()
+        sys.stderr.flush()
+        _print_uncaught(exc)
+        if from_file:
+            _forget_file(main)
+        _exit_after_uncaught(exc)
+    script_ended(0)
+    if from_file:
+        _forget_file(main)
+
+
 def main(argv: list[str]) -> dict[str, Any] | None:
     """The zygote: ``zygote_process.py SOCK_FD PATH0 [PRELOAD,...]``; returns in a worker only."""
     for sig in IGNORED_SIGNALS:
@@ -384,17 +493,4 @@ if __name__ == "__main__":
         sys.exit(0)
     del _worker["env"]
     _arm_auto_progress()
-    import runpy
-
-    try:
-        if _worker["module"]:
-            runpy.run_module(sys.argv[0], run_name="__main__", alter_sys=True)
-        else:
-            runpy.run_path(sys.argv[0], run_name="__main__")
-    except SystemExit as _exit:
-        script_ended(_exit_status(_exit))
-        raise
-    except BaseException as _exc:  # shown as a cold start shows it: from the script's frame
-        _exit_like_python(_exc)
-    else:
-        script_ended(0)
+    run_worker(_worker)

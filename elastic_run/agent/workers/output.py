@@ -11,7 +11,7 @@ that contain one of the duplicate filters' strings also go to a shared file (tor
 stream is ...          rank shown on the console   rank filtered out of the console
 =====================  ==========================  ====================================
 redirected             file only                   file only
-teed                   file and console            file only
+teed (redirected too)  file and console            file only
 neither                console only                discarded
 =====================  ==========================  ====================================
 
@@ -193,8 +193,10 @@ def plan_stream(
         ValueError: the stream is redirected or teed but there is no log directory.
     """
     flag = Std.OUT if stream is StreamName.STDOUT else Std.ERR
-    redirected = bool(redirect & flag)
-    teed = bool(tee & flag) and not redirected
+    # As torchrun: a teed stream is redirected to its file and tailed to the console, whether
+    # or not --redirects names it too (`-r 3 -t 3` shows both streams, prefixed).
+    teed = bool(tee & flag)
+    redirected = bool(redirect & flag) and not teed
     to_file = redirected or teed
     if to_file and log_dir is None:
         raise ValueError(f"{stream.value} is redirected or teed but the worker has no log dir")

@@ -52,7 +52,7 @@ __all__ = [
     "parse_launch_config",
 ]
 
-_ELASTIC_BACKENDS = ("c10d", "etcd", "etcd-v2")
+_ELASTIC_BACKENDS = ("c10d", "etcd", "etcd-v2", "embedded-etcd")
 _SHOWN_IN_PRINT_CONFIG = ("nnodes", "nproc_per_node", "rdzv_backend", "rdzv_endpoint", "rdzv_id")
 
 Chosen = list[tuple[str, object, str]]
@@ -89,7 +89,11 @@ class _Durations:
 
 
 def _apply_slurm_defaults(
-    params: dict[str, Any], explicit: set[str], env: dict[str, str], chosen: Chosen
+    params: dict[str, Any],
+    explicit: set[str],
+    env: dict[str, str],
+    chosen: Chosen,
+    notices: list[str],
 ) -> None:
     """Fill the gaps the user left from the Slurm allocation (explicit flags win)."""
     from elastic_run.cli.slurm.allocation import slurm_defaults
@@ -103,6 +107,8 @@ def _apply_slurm_defaults(
         params[default.name] = default.value
         explicit.add(default.name)
         chosen.append((default.name, default.value, default.reason))
+        if default.notice:
+            notices.append(default.notice)
 
 
 def _current_directory() -> Path:
@@ -244,9 +250,33 @@ def _rendezvous(
         check_static_nodes(min_nodes, max_nodes, node_rank)
         endpoint = f"{params['master_addr']}:{master_port}"
         conf = (*conf, ("rank", str(node_rank)))
+    elif backend == "embedded-etcd":
+        _embedded_members(endpoint, run_id, local_addr, chosen)
     elif backend in _ELASTIC_BACKENDS and not endpoint:
         raise ConfigurationError(f"--rdzv-backend {backend} needs --rdzv-endpoint host:port")
     return _Rendezvous(backend, endpoint, run_id, local_addr, conf, min_nodes, max_nodes)
+
+
+def _embedded_members(endpoint: str, run_id: str, local_addr: str | None, chosen: Chosen) -> None:
+    """Check the embedded etcd members and say them (and which one is this host) in
+    --print-config."""
+    from elastic_run.rendezvous.embedded.cluster import (
+        find_local_member,
+        local_identity,
+        parse_cluster,
+    )
+
+    cluster = parse_cluster(endpoint, run_id)
+    found = find_local_member(cluster, local_identity(local_addr))
+    here = f"this host runs {found[0].name}, bound to {found[1]}" if found else "none on this host"
+    chosen.append(
+        (
+            "etcd_members",
+            cluster.describe(),
+            f"embedded etcd, peer port = client port + 1, {cluster.majority} of "
+            f"{cluster.size} needed; {here}",
+        )
+    )
 
 
 def _progress(params: dict[str, Any], explicit: set[str], chosen: Chosen) -> ProgressOptions:
@@ -329,7 +359,7 @@ def parse_launch_config(
     env = dict(os.environ if environ is None else environ)
     notices: list[str] = []
     chosen: Chosen = []
-    _apply_slurm_defaults(params, explicit, env, chosen)
+    _apply_slurm_defaults(params, explicit, env, chosen, notices)
     script = params["script"]
     if script is None:
         raise ConfigurationError("missing SCRIPT: elastic-run [OPTIONS] SCRIPT [ARGS]...")

@@ -48,14 +48,18 @@ def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
     return tuple(conf.items())
 
 
-def validate_rdzv_conf(conf: Iterable[tuple[str, str]]) -> None:
+def validate_rdzv_conf(conf: Iterable[tuple[str, str]]) -> dict[str, float | int | bool | str]:
     """Check the value of every key whose meaning is known (see the module docstring).
 
     Args:
         conf: the pairs from :func:`parse_rdzv_conf`.
 
+    Returns:
+        The parsed values of the known keys given (seconds as floats, attempts as ints, bools,
+        choices in lower case); unknown keys are left out, as the rendezvous reads them itself.
+
     Raises:
         ConfigurationError: a known key has a value the rendezvous could not use; the
             message names the key and the value. Unknown keys are never an error here.
     """
-    check_conf_values(dict(conf))
+    return check_conf_values(dict(conf))

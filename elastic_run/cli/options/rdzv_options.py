@@ -40,7 +40,7 @@ __all__ = [
 F = TypeVar("F", bound=Callable[..., Any])
 
 RDZV_OPTION_NAMES = ("rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "nnodes", "slurm_job")
-_READABLE_BACKENDS = ("c10d", "etcd", "etcd-v2")
+_READABLE_BACKENDS = ("c10d", "etcd", "etcd-v2", "embedded-etcd")
 
 
 def _option(flag: str, **kwargs: Any) -> Callable[[F], F]:
@@ -76,7 +76,7 @@ def rdzv_options(fn: F) -> F:
         _option(
             "--rdzv-endpoint",
             default=None,
-            help="host[:port] of the backend (c10d port 29400, etcd 2379; etcd: a,b,c).",
+            help="host[:port] of the backend (c10d port 29400, etcd 2379, embedded-etcd 29410; a,b,c).",
         ),
         _option("--rdzv-id", default=None, help="The job id (the run command's --rdzv-id)."),
         _option(
@@ -108,7 +108,7 @@ class RendezvousTarget:
     """Which job's rendezvous a command reads or closes.
 
     Attributes:
-        backend: ``c10d``, ``etcd`` or ``etcd-v2``.
+        backend: ``c10d``, ``etcd``, ``etcd-v2`` or ``embedded-etcd``.
         endpoint: ``host[:port]`` (several, comma-separated, for etcd).
         run_id: the job id.
         conf: the backend configuration (``--rdzv-conf``).

@@ -57,7 +57,10 @@ RUN_OPTIONS: list[Callable[[Callable[..., Any]], Callable[..., Any]]] = [
         help="Workers per node: N, cpu, gpu, xpu or auto.",
     ),
     _opt(
-        "--rdzv-backend", default="static", show_default=True, help="static, c10d, etcd or etcd-v2."
+        "--rdzv-backend",
+        default="static",
+        show_default=True,
+        help="static, c10d, etcd, etcd-v2 or embedded-etcd.",
     ),
     _opt("--rdzv-endpoint", default="", help="host[:port] of the rendezvous backend."),
     _opt("--rdzv-id", default="none", show_default=True, help="The job id shared by all nodes."),

@@ -311,7 +311,7 @@ def check_port(value: int | None, what: str) -> int | None:
     return check_count(value, what, 0, 65535)
 
 
-def check_endpoint_ports(endpoint: str) -> None:
+def check_endpoint_ports(endpoint: str) -> tuple[int, ...]:
     """Check the ports of ``--rdzv-endpoint`` (``host[:port][,host[:port]...]``).
 
     A bare IPv6 address (several colons, no brackets) has no port to check.
@@ -319,9 +319,13 @@ def check_endpoint_ports(endpoint: str) -> None:
     Args:
         endpoint: the value.
 
+    Returns:
+        The ports given, in order; a host without a port adds none.
+
     Raises:
         ConfigurationError: a port is not a number in 0..65535.
     """
+    ports = []
     for part in endpoint.split(","):
         part = part.strip()
         host, sep, port = part.rpartition(":")
@@ -331,6 +335,8 @@ def check_endpoint_ports(endpoint: str) -> None:
             raise ConfigurationError(
                 f"--rdzv-endpoint {shown(endpoint)}: port {shown(port)} is not in 0..65535"
             )
+        ports.append(int(port))
+    return tuple(ports)
 
 
 def check_seconds(value: float, what: str, *, allow_zero: bool = False) -> float:

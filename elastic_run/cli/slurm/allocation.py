@@ -31,11 +31,12 @@ import subprocess
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 
-from elastic_run.cli.slurm.hostlist import first_host
+from elastic_run.cli.slurm.hostlist import expand_hostlist, first_host
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "C10D_DEFAULT_PORT",
+    "EMBEDDED_ETCD_MEMBERS",
     "ETCD_DEFAULT_PORT",
     "SlurmDefault",
     "format_print_config",
@@ -56,6 +57,9 @@ _ENDPOINT_PORTS: dict[str, int] = {
     "etcd-v2": ETCD_DEFAULT_PORT,
 }
 
+# How many hosts of an allocation run the members of an embedded etcd cluster (the first ones).
+EMBEDDED_ETCD_MEMBERS = 3
+
 # Slurm's step ids at and above this are its own pseudo steps (batch, extern, interactive),
 # never an `srun` the user started.
 _FIRST_PSEUDO_STEP_ID = 0xFFFFFFF0
@@ -70,11 +74,13 @@ class SlurmDefault:
         name: the option's name, spelled as the launcher's parameter (``nnodes``).
         value: the option's value, as the user would have typed it.
         reason: where it came from, e.g. ``from SLURM_JOB_NODELIST=127.0.0.[1-2]``.
+        notice: a line to print before the job starts, or ``""``.
     """
 
     name: str
     value: str
     reason: str
+    notice: str = ""
 
 
 def _is_number(text: str) -> bool:
@@ -196,7 +202,8 @@ def slurm_defaults(
     ``rdzv_id`` (``JOB-STEP``, see the module docstring), ``nnodes`` (the node count, or
     ``MIN:count`` when ``elastic_min`` is given or the user passed ``--nnodes MIN:``),
     ``rdzv_backend`` (c10d), ``rdzv_endpoint`` (first host of the node list, port 29400
-    for c10d or 2379 for etcd; none for static) and ``nproc_per_node`` (from
+    for c10d or 2379 for etcd; the first three hosts for embedded-etcd, one when there are
+    fewer than three; none for static) and ``nproc_per_node`` (from
     ``SLURM_GPUS_ON_NODE`` when positive).
 
     Args:
@@ -243,7 +250,9 @@ def slurm_defaults(
 
     port = _ENDPOINT_PORTS.get(str(backend))
     nodelist = _nodelist(environ)
-    if "rdzv_endpoint" not in given and port is not None and nodelist is not None:
+    if "rdzv_endpoint" not in given and backend == "embedded-etcd" and nodelist is not None:
+        chosen.append(_embedded_members(*nodelist))
+    elif "rdzv_endpoint" not in given and port is not None and nodelist is not None:
         variable, value = nodelist
         chosen.append(
             SlurmDefault(
@@ -259,6 +268,31 @@ def slurm_defaults(
             SlurmDefault("nproc_per_node", str(int(gpus)), f"from SLURM_GPUS_ON_NODE={gpus}")
         )
     return chosen
+
+
+def _embedded_members(variable: str, nodelist: str) -> SlurmDefault:
+    """The members of an embedded etcd cluster: the allocation's first three hosts (or one)."""
+    hosts = expand_hostlist(nodelist)
+    if len(hosts) >= EMBEDDED_ETCD_MEMBERS:
+        members = hosts[:EMBEDDED_ETCD_MEMBERS]
+        return SlurmDefault(
+            "rdzv_endpoint",
+            ",".join(members),
+            f"the first {EMBEDDED_ETCD_MEMBERS} hosts of {variable}={nodelist} run the embedded "
+            "etcd members",
+        )
+    notice = ""
+    if len(hosts) == 2:
+        notice = (
+            f"the allocation has 2 nodes: the embedded etcd cluster has one member, on "
+            f"{hosts[0]} (a two-member cluster survives nothing)"
+        )
+    return SlurmDefault(
+        "rdzv_endpoint",
+        hosts[0],
+        f"the first host of {variable}={nodelist} runs the one embedded etcd member",
+        notice,
+    )
 
 
 def should_exit_as_extra_task(environ: Mapping[str, str]) -> str | None:

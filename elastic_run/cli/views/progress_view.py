@@ -93,7 +93,8 @@ def progress_picture(
                     "work_s": work,
                     "ratio": None if ratio is None else round(ratio, 3),
                     "age_s": _num(entry.get("age_s")),
-                    "timeout_s": _num(entry.get("timeout_s")),
+                    # A rank that never beat is never judged: no timeout to show.
+                    "timeout_s": _num(entry.get("timeout_s")) if entry.get("beats") else None,
                     "verdict": verdict,
                     "where": str(entry.get("where") or ""),
                     "stale": stale,

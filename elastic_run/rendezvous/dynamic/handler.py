@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from elastic_run.rendezvous.api import (
@@ -40,13 +41,13 @@ from elastic_run.rendezvous.api import (
     RoundEnd,
     RoundPoll,
 )
-from elastic_run.rendezvous.backend import RendezvousBackend, require_backend
+from elastic_run.rendezvous.backend import RendezvousBackend, closed_record, require_backend
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.round_state import RoundState
 from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, end_round
 from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
-from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
 from elastic_run.rendezvous.liveness.notices import DeathNotices
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
 from elastic_run.rendezvous.protocol import decisions as proto
@@ -60,6 +61,7 @@ from elastic_run.rendezvous.protocol.records import (
     decode,
     decode_int,
     encode,
+    read_closed,
 )
 from elastic_run.rendezvous.settings import (
     DEFAULT_KEEP_ALIVE_INTERVAL_S,
@@ -71,7 +73,13 @@ from elastic_run.rendezvous.settings import (
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["DynamicRendezvousHandler", "close_job", "closed_reason_of", "create_handler"]
+__all__ = [
+    "CloseOutcome",
+    "DynamicRendezvousHandler",
+    "close_job",
+    "closed_reason_of",
+    "create_handler",
+]
 
 log = logging.getLogger(__name__)
 
@@ -365,7 +373,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def is_closed(self) -> bool:
         """Return whether the job's rendezvous is closed."""
-        return self._backend.get_unwaited([keys.CLOSED])[0] is not None
+        return self.closed_reason() is not None
 
     def closed_reason(self) -> ClosedReason | None:
         """Return why the job is closed, or None while it is open."""
@@ -374,16 +382,25 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def set_closed(self, reason: ClosedReason = "closed") -> None:
         """Close the rendezvous: no round forms any more, every node sees it.
 
-        The first close wins; closing a closed rendezvous again changes nothing.
+        The first valid close wins; closing a closed rendezvous again changes nothing. A
+        value under the ``closed`` key that is not a valid record is replaced (a warning
+        says what it was).
 
         Args:
             reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
 
         Raises:
-            ValueError: ``reason`` is none of those.
+            RendezvousStateError: ``reason`` is none of those.
             RendezvousConnectionError: the backend cannot be reached.
         """
-        close_job(self._backend, reason, self.node_id)
+        outcome = close_job(self._backend, reason, self.node_id)
+        if outcome.replaced is not None:
+            log.warning(
+                "rendezvous '%s': closed (%s), replacing what the closed key held: %s",
+                self._run_id,
+                reason,
+                outcome.replaced,
+            )
 
     def num_nodes_waiting(self) -> int:
         """Return how many nodes wait at the door of this node's round (one store trip)."""
@@ -491,33 +508,77 @@ def _conforms(handler: DynamicRendezvousHandler) -> AgentRendezvous:
 def closed_reason_of(backend: RendezvousBackend) -> ClosedReason | None:
     """Why the job on ``backend`` is closed, or None while it is open (one read).
 
+    A value under the ``closed`` key that is not a valid closed record reads as open (with a
+    warning, see ``backend.closed_record``): it closes nothing until a close replaces it.
+
     Raises:
-        RendezvousStateError: the closed key holds something that is not a closed record.
         RendezvousConnectionError: the backend cannot be reached.
     """
     (raw,) = backend.get_unwaited([keys.CLOSED])
-    return decode(ClosedRecord, keys.CLOSED, raw).reason if raw is not None else None
+    record = closed_record(raw, f"{backend.name} {backend.endpoint}")
+    return record.reason if record is not None else None
 
 
-def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> None:
+@dataclass(frozen=True)
+class CloseOutcome:
+    """What one close did.
+
+    Attributes:
+        reason: why the job is closed now: this close's reason, or the first valid close's.
+        wrote: whether this close wrote the record (False: the job was closed already).
+        replaced: what was wrong with the value this close replaced under the ``closed`` key
+            (not a valid closed record), or None when it replaced nothing.
+    """
+
+    reason: ClosedReason
+    wrote: bool
+    replaced: str | None = None
+
+
+_CLOSE_ATTEMPTS = 8  # a value that changed under each one: something keeps writing the key
+
+
+def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> CloseOutcome:
     """Close the job's rendezvous on ``backend``: no round forms any more, every node sees it.
 
-    What ``set_closed`` and ``elastic-run close`` do; the first close wins.
+    What ``set_closed`` and ``elastic-run close`` do; the first valid close wins. Whatever the
+    ``closed`` key holds cannot disable a close: a value that is not a valid closed record is
+    replaced, compare-set from the exact bytes read (so a valid close that lands meanwhile
+    still wins). The epoch is bumped after, so every member reads the record within a tick.
 
     Args:
         backend: the job's backend.
         reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
         closed_by: who closes it (a node id, or ``elastic-run close@host``).
 
+    Returns:
+        What the close did.
+
     Raises:
-        ValueError: ``reason`` is none of those.
+        RendezvousStateError: ``reason`` is none of those, or the ``closed`` key changed under
+            every attempt (something keeps writing it).
         RendezvousConnectionError: the backend cannot be reached.
     """
-    record = ClosedRecord(reason, closed_by)
-    encoded = encode(record)
+    encoded = encode(ClosedRecord(reason, closed_by))
     decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
-    backend.compare_set(keys.CLOSED, None, encoded)
-    backend.add(keys.EPOCH, 1)
+    (raw,) = backend.get_unwaited([keys.CLOSED])
+    for _ in range(_CLOSE_ATTEMPTS):
+        record, problem = read_closed(raw)
+        if record is not None:
+            backend.add(keys.EPOCH, 1)  # a member that missed the close reads it now
+            return CloseOutcome(record.reason, False)
+        # From exactly what was read (absent, or not a record): a close that landed meanwhile
+        # fails the compare and is read on the next attempt.
+        _, wrote = backend.compare_set(keys.CLOSED, raw, encoded)
+        if wrote:
+            backend.add(keys.EPOCH, 1)
+            return CloseOutcome(reason, True, problem)
+        (raw,) = backend.get_unwaited([keys.CLOSED])
+    raise RendezvousStateError(
+        f"could not close rendezvous on {backend.name} {backend.endpoint}: the key "
+        f"'{keys.CLOSED}' changed under each of {_CLOSE_ATTEMPTS} attempts (something else "
+        "keeps writing it)"
+    )
 
 
 def create_handler(

@@ -19,12 +19,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from elastic_run.rendezvous.api import RoundPoll
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
-from elastic_run.rendezvous.protocol.records import ClosedRecord, LostRecord, decode, decode_int
+from elastic_run.rendezvous.protocol.records import LostRecord, decode_int
 
 __all__ = ["RoundState"]
 
@@ -107,7 +107,9 @@ class RoundState:
         raw_round, raw_closed, raw_arrivals = self._backend.get_unwaited(
             [keys.ROUND, keys.CLOSED, keys.arrivals(r)]
         )
-        closed = decode(ClosedRecord, keys.CLOSED, raw_closed) if raw_closed is not None else None
+        # Never raises: a value under `closed` that is not a record must not blind this read
+        # to the round and the door; it reads as open until a close replaces it.
+        closed = closed_record(raw_closed, f"{self._backend.name} {self._backend.endpoint}")
         arrivals = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
         self._epoch_seen = (epoch, r)
         changed = self._update(

@@ -29,7 +29,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_run.rendezvous.api import Assignment
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import Coordinator
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
@@ -41,7 +41,6 @@ from elastic_run.rendezvous.errors import (
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import (
-    ClosedRecord,
     LostRecord,
     NodeRecord,
     SealRecord,
@@ -194,9 +193,9 @@ class Rounds:
         if self._is_interrupted():
             raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
         (raw,) = self._backend.get_unwaited([keys.CLOSED])
-        if raw is not None:
-            reason = decode(ClosedRecord, keys.CLOSED, raw).reason
-            raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({reason})")
+        record = closed_record(raw, f"{self._backend.name} {self._backend.endpoint}")
+        if record is not None:
+            raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({record.reason})")
 
     def current_round(self) -> int:
         """The store's current round (created at 0 by the job's first arrival)."""

@@ -105,6 +105,25 @@ def _job_size(
     return (rec.min_nodes, rec.max_nodes) if rec is not None else (0, 0)
 
 
+_PROBE_ROUNDS = 32
+
+
+def _last_arrived_round(backend: RendezvousBackend) -> int | None:
+    """The last round with an arrival count (rounds follow one another from 0), or None.
+
+    Only for a job whose ``round`` key is missing: a batch read per ``_PROBE_ROUNDS`` rounds.
+    """
+    last: int | None = None
+    start = 0
+    while True:
+        batch = range(start, start + _PROBE_ROUNDS)
+        for r, raw in zip(batch, backend.get_many([keys.arrivals(r) for r in batch]), strict=True):
+            if raw is None:
+                return last
+            last = r
+        start += _PROBE_ROUNDS
+
+
 def read_snapshot(
     backend: RendezvousBackend, run_id: str, min_nodes: int = 0, max_nodes: int = 0
 ) -> RendezvousSnapshot | None:
@@ -117,7 +136,10 @@ def read_snapshot(
         max_nodes: the job's maximum, when the reader knows it (0: read it from the records).
 
     Returns:
-        The snapshot, or None when nothing was ever written for ``run_id``.
+        The snapshot, or None when nothing was ever written for ``run_id``. A job whose
+        ``round`` key is missing is shown at the last round any node arrived in, and says so
+        in ``problems``. A value under ``closed`` that is not a valid record shows the job
+        open (it closes nothing), named in ``problems``.
 
     Raises:
         RendezvousStateError: the ``round`` key itself is not ours (nothing can be shown).
@@ -125,9 +147,19 @@ def read_snapshot(
     """
     reader = _Reader(backend)
     raw_round, raw_closed = backend.get_many([keys.ROUND, keys.CLOSED])
-    if raw_round is None:
-        return None
-    r = decode_int(keys.ROUND, raw_round)
+    if raw_round is not None:
+        r = decode_int(keys.ROUND, raw_round)
+    else:
+        # A running job whose `round` key was deleted still exists (its other keys do): show
+        # the last round anyone arrived in, and say why.
+        found = _last_arrived_round(backend)
+        if found is None and not backend.exists():
+            return None
+        r = found if found is not None else 0
+        reader.problems.append(
+            f"the rendezvous key '{keys.ROUND}' is missing: showing round {r}, the last one "
+            "any node arrived in"
+        )
     closed = reader.record(ClosedRecord, keys.CLOSED, raw_closed)
     # The latest sealed round is r, or r-1 while r forms.
     candidates = [c for c in (r, r - 1) if c >= 0]
@@ -159,7 +191,7 @@ def read_snapshot(
         waiting += reader.members(r, range(arrivals), [-1] * arrivals)
     if not (min_nodes or max_nodes):
         min_nodes, max_nodes = _job_size(backend, shown, 1 if seal else arrivals, reader)
-    if raw_closed is not None:
+    if closed is not None:
         state = "closed"
     elif seal is not None and shown == r:
         state = "complete"
@@ -176,7 +208,7 @@ def read_snapshot(
         state=state,
         min_nodes=min_nodes,
         max_nodes=max_nodes,
-        closed=raw_closed is not None,
+        closed=closed is not None,
         members=tuple(members),
         waiting=tuple(waiting),
         arrivals=arrivals,

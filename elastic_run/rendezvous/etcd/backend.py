@@ -38,6 +38,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend, heartbeat_values
 from elastic_run.rendezvous.endpoints import format_endpoint, parse_endpoints
 from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.etcd.client import EtcdClient
+from elastic_run.rendezvous.etcd.connection import ConnectionOptions
 from elastic_run.rendezvous.etcd.counter import counter_value
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd.kv import KeyValue, range_request
@@ -53,6 +54,9 @@ __all__ = [
     "EtcdRendezvousBackend",
     "create_backend",
     "create_etcd_backend",
+    "etcd_connection_options",
+    "key_prefix_of",
+    "lease_ttl_of",
 ]
 
 CONF_KEYS = frozenset(
@@ -326,6 +330,10 @@ class EtcdRendezvousBackend(RendezvousBackend):
 
         return EtcdStore(self._client, self._key(prefix))
 
+    def exists(self) -> bool:
+        """Return whether any key lives under this job's prefix (one counting request)."""
+        return self._client.count_prefix(self._base) > 0
+
     def delete_all(self) -> int:
         """Delete every key of this job (for tests and cleanup); return how many."""
         return self._client.delete_prefix(self._base)
@@ -337,6 +345,41 @@ class EtcdRendezvousBackend(RendezvousBackend):
         expire after their TTL, as a crashed node's would.
         """
         self._client.close()
+
+
+def etcd_connection_options(params: RendezvousParameters) -> ConnectionOptions:
+    """The etcd client's settings from ``--rdzv-conf`` (see :func:`create_etcd_backend`).
+
+    Raises:
+        ConfigurationError: a config value is invalid.
+    """
+    settings = RendezvousSettings.from_params(params)
+    ca_cert = params.get("ca_cert", params.get("cacert"))
+    cert = params.get("ssl_cert", params.get("cert"))
+    key = params.get("ssl_cert_key", params.get("key"))
+    read_timeout_s = settings.read_timeout_s
+    user = params.get("user")
+    password = params.get("password")
+    return ConnectionOptions(
+        protocol=settings.protocol,
+        ca_cert=str(ca_cert) if ca_cert else None,
+        cert=str(cert) if cert else None,
+        key=str(key) if key else None,
+        user=str(user) if user is not None else None,
+        password=str(password) if password is not None else None,
+        timeout_s=read_timeout_s,
+        retry_window_s=min(read_timeout_s, 15.0),
+    )
+
+
+def lease_ttl_of(params: RendezvousParameters) -> int:
+    """The heartbeat lease TTL: the handler's staleness budget, rounded up to whole seconds."""
+    return math.ceil(RendezvousSettings.from_params(params).stale_after_s)
+
+
+def key_prefix_of(params: RendezvousParameters) -> str:
+    """The prefix every job's keys live under (``key_prefix``, default ``/elastic-run/``)."""
+    return str(params.get("key_prefix", DEFAULT_KEY_PREFIX))
 
 
 def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
@@ -360,32 +403,13 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
     if not params.endpoint:
         raise ConfigurationError("the etcd backend needs --rdzv-endpoint host:port[,host:port]")
     endpoints = [format_endpoint(h, p) for h, p in parse_endpoints(params.endpoint)]
-    settings = RendezvousSettings.from_params(params)
-    protocol = settings.protocol
-    ca_cert = params.get("ca_cert", params.get("cacert"))
-    cert = params.get("ssl_cert", params.get("cert"))
-    key = params.get("ssl_cert_key", params.get("key"))
-    read_timeout_s = settings.read_timeout_s
-    # The lease outlives a heartbeat by the handler's staleness budget.
-    stale_after_s = settings.stale_after_s
-    user = params.get("user")
-    password = params.get("password")
-    client = EtcdClient(
-        endpoints,
-        protocol=protocol,
-        ca_cert=str(ca_cert) if ca_cert else None,
-        cert=str(cert) if cert else None,
-        key=str(key) if key else None,
-        user=str(user) if user is not None else None,
-        password=str(password) if password is not None else None,
-        timeout_s=read_timeout_s,
-        retry_window_s=min(read_timeout_s, 15.0),
-    )
+    client = EtcdClient(endpoints, **etcd_connection_options(params))
     return EtcdRendezvousBackend(
         client,
         params.run_id,
-        key_prefix=str(params.get("key_prefix", DEFAULT_KEY_PREFIX)),
-        lease_ttl_s=math.ceil(stale_after_s),
+        key_prefix=key_prefix_of(params),
+        # The lease outlives a heartbeat by the handler's staleness budget.
+        lease_ttl_s=lease_ttl_of(params),
     )
 
 

@@ -7,7 +7,13 @@ use and turns every failure into a typed error (see ``etcd_errors``):
 - the auth token expired (UNAUTHENTICATED after an idle spell): log in again, once;
 - the call ran on a raw client that is no longer the current one: retry on the current one.
 
-That last rule is decided from state, not from the error: each raw client carries the
+A cut node leaves promptly: once a call found no endpoint answering ("cannot be reached"), every
+RPC gets at most ``SHORT_RPC_TIMEOUT_S`` (a few seconds instead of ``read_timeout``) until a call
+succeeds again, so the calls on a cut node's way out (the failure event, the lease grant of the
+rejoin, the revoke) fail in seconds, not minutes each; the first success ends that state and the
+next call gets the full timeout back.
+
+That last-but-one rule is decided from state, not from the error: each raw client carries the
 *generation* it was built in, and dropping or closing it starts a new generation. A client
 dropped by another thread (after its own failure) or by ``close()`` fails the calls still
 using it (a ValueError before they start, CANCELLED in flight); such a failure says nothing
@@ -34,10 +40,14 @@ import pyetcd.exceptions as etcd_exc
 
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.endpoints import format_endpoint
-from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+from elastic_run.rendezvous.errors import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousUnreachableError,
+)
 from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
 
-__all__ = ["ConnectionOptions", "EtcdConnection"]
+__all__ = ["SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -49,6 +59,8 @@ _GRPC_OPTIONS = [
     ("grpc.min_reconnect_backoff_ms", 100),
     ("grpc.max_reconnect_backoff_ms", 1000),
 ]
+# The deadline of each RPC while the cluster could not be reached (see the module docstring).
+SHORT_RPC_TIMEOUT_S = 2.0
 # The shortest deadline given to an RPC: gRPC fails one of 0 s at once, which is what a
 # caller whose deadline has passed gets.
 _MIN_RPC_TIMEOUT_S = 0.001
@@ -65,6 +77,9 @@ class ConnectionOptions(TypedDict, total=False):
     password: str | None
     timeout_s: float
     retry_window_s: float
+    require_leader: bool
+    gone_reason: Callable[[], str | None] | None
+    silence_may_heal: bool
 
 
 class EtcdConnection:
@@ -80,6 +95,14 @@ class EtcdConnection:
         password: the user's password.
         timeout_s: the deadline of one RPC.
         retry_window_s: how long a call keeps retrying over the endpoints while none answers.
+        require_leader: ask every member to refuse at once ("no leader") while it has no
+            leader, instead of holding the request until its deadline: a member cut off from
+            the others answers quickly, and the call moves on to another.
+        gone_reason: says why the cluster will never answer again (None while it may): a
+            call checks it before each try and raises ``RendezvousConnectionError`` with it.
+        silence_may_heal: a call that no endpoint answered raises ``RendezvousUnreachableError``
+            (a partition that may heal: the join retries until its timeout) instead of
+            ``RendezvousConnectionError`` (exit 4), unless ``gone_reason`` says otherwise.
 
     Raises:
         ConfigurationError: when the protocol, the TLS or the credential settings are wrong.
@@ -97,6 +120,9 @@ class EtcdConnection:
         password: str | None = None,
         timeout_s: float = 60.0,
         retry_window_s: float = 10.0,
+        require_leader: bool = False,
+        gone_reason: Callable[[], str | None] | None = None,
+        silence_may_heal: bool = False,
     ) -> None:
         if not endpoints:
             raise ConfigurationError("no etcd endpoint given")
@@ -114,7 +140,11 @@ class EtcdConnection:
         self._user = user
         self._password = password
         self._timeout_s = timeout_s
+        self._unreached = False  # the latest call found no endpoint answering
         self._retry_window_s = retry_window_s
+        self._require_leader = require_leader
+        self._gone_reason = gone_reason
+        self._silence_may_heal = silence_may_heal
         self._lock = threading.Lock()
         self._index = 0
         self._raw: Any = None
@@ -136,11 +166,17 @@ class EtcdConnection:
         """The deadline of one RPC."""
         return self._timeout_s
 
+    def _rpc_limit_s(self) -> float:
+        if self._unreached:
+            return min(self._timeout_s, SHORT_RPC_TIMEOUT_S)
+        return self._timeout_s
+
     def rpc_timeout_s(self, deadline_s: float | None) -> float:
-        """The deadline to give one RPC: the client's, cut to what is left until ``deadline_s``."""
+        """The deadline to give one RPC: the client's (short while the cluster could not be
+        reached), cut to what is left until ``deadline_s``."""
         if deadline_s is None:
-            return self._timeout_s
-        return max(_MIN_RPC_TIMEOUT_S, min(self._timeout_s, deadline_s - time.monotonic()))
+            return self._rpc_limit_s()
+        return max(_MIN_RPC_TIMEOUT_S, min(self._rpc_limit_s(), deadline_s - time.monotonic()))
 
     # -- the raw client ----------------------------------------------------------------
 
@@ -181,7 +217,7 @@ class EtcdConnection:
         try:
             raw = pyetcd.MultiEndpointEtcd3Client(
                 endpoints=[ep],
-                timeout=self._timeout_s,
+                timeout=self._rpc_limit_s(),
                 user=self._user,
                 password=self._password,
                 failover=False,
@@ -190,6 +226,9 @@ class EtcdConnection:
                 # gRPC refuses call credentials on a plain channel; the token still
                 # travels in the metadata, which is all etcd reads.
                 raw.call_credentials = None
+            if self._require_leader:
+                # etcd's own clients' WithRequireLeader: refused at once without a leader.
+                raw.metadata = (*(raw.metadata or ()), ("hasleader", "true"))
             _fix_stubs(raw)
             return raw
         except BaseException:
@@ -271,9 +310,17 @@ class EtcdConnection:
             raw: Any = None
             generation = -1
             endpoint = self.endpoint
+            gone = self._gone_reason() if self._gone_reason is not None else None
+            if gone is not None:
+                raise RendezvousConnectionError(gone)
             try:
                 raw, endpoint, generation = self._current()
-                return fn(raw)
+                result = fn(raw)
+                if self._unreached:
+                    # Reached again: the next raw client gets the full RPC deadline back.
+                    self._unreached = False
+                    self.drop(raw)
+                return result
             except (ConfigurationError, RendezvousError):
                 raise
             except (grpc.RpcError, etcd_exc.Etcd3Exception, ValueError) as exc:
@@ -310,7 +357,16 @@ class EtcdConnection:
                 if now_s >= give_up_at_s and (
                     deadline_s is not None or tried >= len(self._endpoints)
                 ):
-                    raise RendezvousConnectionError(
+                    self._unreached = True
+                    gone = self._gone_reason() if self._gone_reason is not None else None
+                    if gone is not None:
+                        raise RendezvousConnectionError(gone) from exc
+                    error = (
+                        RendezvousUnreachableError
+                        if self._silence_may_heal
+                        else RendezvousConnectionError
+                    )
+                    raise error(
                         f"etcd {', '.join(self.endpoints)} cannot be reached to {what}: {reason}"
                     ) from exc
                 if tried % len(self._endpoints) == 0:

@@ -32,7 +32,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from elastic_run.rendezvous.api import LivenessReport
-from elastic_run.rendezvous.backend import RendezvousBackend
+from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.liveness.pool import Turns, liveness_pool
 from elastic_run.rendezvous.protocol import decisions as proto
@@ -208,6 +208,8 @@ class LivenessThread:
         verdict = judge(closed=False)
         if isinstance(verdict, proto.MemberLost):
             # A finished job loses no one: read the closed record only when it matters.
-            verdict = judge(closed=self._backend.get(keys.CLOSED) is not None)
+            raw = self._backend.get(keys.CLOSED)
+            where = f"{self._backend.name} {self._backend.endpoint}"
+            verdict = judge(closed=closed_record(raw, where) is not None)
         if not isinstance(verdict, proto.Keep):
             self._on_verdict(position.round, verdict)

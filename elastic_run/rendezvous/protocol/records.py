@@ -13,6 +13,7 @@ from dataclasses import asdict, dataclass
 from typing import Any, Literal, TypeVar, get_args, get_origin, get_type_hints
 
 from elastic_run.rendezvous.errors import RendezvousStateError
+from elastic_run.rendezvous.protocol import keys
 
 __all__ = [
     "CLOSED_REASONS",
@@ -29,6 +30,7 @@ __all__ = [
     "decode",
     "decode_heartbeat",
     "read_heartbeat",
+    "read_closed",
     "decode_int",
     "encode",
     "load_versioned",
@@ -320,6 +322,29 @@ def read_heartbeat(raw: bytes | None) -> tuple[int | None, bool]:
     except (UnicodeDecodeError, ValueError):
         return FOREIGN_BEAT_BASE + zlib.crc32(raw), True
     return (count if count >= 0 else None), False
+
+
+def read_closed(raw: bytes | None) -> tuple[ClosedRecord | None, str | None]:
+    """Read the ``closed`` key for a verdict; never raises.
+
+    Only ``close_job`` writes the key, but anything that can write to the store can put
+    something else there (garbage, a pickle, a record with a reason we do not know). Such a
+    value closes nothing and stops no reader: the job reads as open, and the next close (by a
+    user, or by the job's own end) replaces it, compare-set from the exact bytes read.
+
+    Args:
+        raw: the stored value, or None when the key is absent.
+
+    Returns:
+        (the closed record or None while the job is open, what is wrong with the value or
+        None when nothing is).
+    """
+    if raw is None:
+        return None, None
+    try:
+        return decode(ClosedRecord, keys.CLOSED, raw), None
+    except RendezvousStateError as exc:
+        return None, str(exc)
 
 
 def ranges(indices: list[int]) -> tuple[tuple[int, int], ...]:

@@ -7,6 +7,8 @@
     outlive.py gloo            a gloo all_reduce across the job, then as ``thread``
     outlive.py abort [CODE]    an atexit handler that aborts the process (SIGABRT, as a native
                                crash in the interpreter's shutdown); then ``sys.exit(CODE)``
+    outlive.py marked MARKER   an atexit handler that writes the file MARKER and blocks forever;
+                               then an exception (status 1)
 
 Each prints ``LAST LINE rank=R`` as its script's last act.
 """
@@ -28,7 +30,7 @@ def block_at_exit() -> None:
 @record
 def main() -> int:
     how = sys.argv[1]
-    code = int(sys.argv[2]) if len(sys.argv) > 2 else 0
+    code = int(sys.argv[2]) if len(sys.argv) > 2 and how != "marked" else 0
     if how == "beat":
         for step in range(8):
             progress(step)
@@ -48,8 +50,18 @@ def main() -> int:
         atexit.register(block_at_exit)
     elif how == "abort":
         atexit.register(os.abort)
+    elif how == "marked":
+        marker = sys.argv[2]
+
+        def in_shutdown() -> None:  # runs after the zygote was told the script's end
+            with open(marker + ".tmp", "w") as file:
+                file.write(str(os.getpid()))
+            os.replace(marker + ".tmp", marker)  # whole, or not there
+            never.wait()
+
+        atexit.register(in_shutdown)
     print(f"LAST LINE rank={os.environ['RANK']}", flush=True)
-    if how == "raise":
+    if how in ("raise", "marked"):
         raise RuntimeError("the script failed at its end")
     return code
 

@@ -1,8 +1,9 @@
 """Write how this worker was started to $OUT_DIR/probe_<restart>_<local rank>.json.
 
 Everything a cold and a warm start must agree on (environment, argv, sys.path[0], cwd, session,
-signal dispositions and mask, parent-death signal, stdio), and what must differ per worker
-(random seeds). With HANG_ATTEMPTS=N it then waits for SIGKILL on attempts 0..N-1.
+signal dispositions and mask, parent-death signal, stdio, the ``__main__`` module and how the
+script's code was compiled), and what must differ per worker (random seeds). Runs as a script
+or as a module (``-m probe_start``). With HANG_ATTEMPTS=N it then waits for SIGKILL on attempts 0..N-1.
 """
 
 import ctypes
@@ -36,6 +37,24 @@ if "numpy" in sys.modules:
     import numpy
 
     numpy_random = float(numpy.random.random())
+
+
+def annotated(x: int) -> None:  # evaluated annotations: no __future__ flag leaked in
+    pass
+
+
+main = sys.modules["__main__"]
+main_module = {
+    "is_this_module": vars(main) is globals(),
+    "dunders": [k for k in globals() if k.startswith("__")],  # in their order
+    "loader": [type(__loader__).__name__, getattr(__loader__, "name", None)],
+    "loader_path": getattr(__loader__, "path", None),
+    "spec": None if __spec__ is None else [__spec__.name, __spec__.origin],
+    "package": __package__,
+    "cached": globals().get("__cached__"),
+    "builtins": type(__builtins__).__name__,
+    "annotations": annotated.__annotations__["x"] is int,
+}
 probe = {
     "env": dict(os.environ),
     "argv": sys.argv,
@@ -45,6 +64,7 @@ probe = {
     "cwd": os.getcwd(),
     "name": __name__,
     "file": __file__,
+    "main": main_module,
     "own_session": os.getsid(0) == os.getpid(),
     "own_group": os.getpgid(0) == os.getpid(),
     "pdeathsig": pdeathsig.value,

@@ -1,0 +1,201 @@
+"""Benchmark: the rendezvous host dies. torchrun and elastic-run on c10d, elastic-run on
+embedded-etcd, side by side (issue 26).
+
+Three hosts as network namespaces on a bridge (``tests/netns_hosts.py``), each with its own
+address; one agent per host (``--nnodes 2:3``), one worker each running
+``scripts/bench_workers/train_steps.py`` (a gloo all_reduce loop that stamps every step). Once
+all three train, the bench SIGKILLs host a's agent, its process group and its workers:
+
+- ``torchrun c10d``: a's agent hosts the TCPStore (the endpoint is a's address);
+- ``elastic-run c10d``: the same (``is_host`` by address);
+- ``elastic-run embedded-etcd``: a, b and c each run one etcd member (``--rdzv-endpoint a,b,c``);
+  a's member dies with its agent.
+
+Per launcher it prints the outcome (trains on at WORLD_SIZE 2, or the survivors' exit codes) and
+first/median/p90/last over the runs of: the time from the kill to the moment both survivors took
+a step at WORLD_SIZE 2 (``trains again``), or to the moment both survivors exited (``exit``).
+Heartbeat budget for both elastic-run backends: ``keep_alive_interval=0.25,
+keep_alive_max_attempt=4`` (1 s), ``last_call_timeout=1``; torchrun with ``last_call_timeout=1``.
+No assertions: figures only; the load average is printed beside them. Root only (``ip netns``).
+
+    PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --runs 3
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
+
+import psutil
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO_ROOT))
+
+from tests.netns_hosts import Hosts, can_make_hosts  # noqa: E402
+
+WORKER = Path(__file__).resolve().parent / "bench_workers" / "train_steps.py"
+BIN = Path(sys.executable).parent
+START_TIMEOUT_S = 240.0
+POLL_S = 0.05
+CONF = "last_call_timeout=1,keep_alive_interval=0.25,keep_alive_max_attempt=4,read_timeout=3"
+LAUNCHERS = ("torchrun-c10d", "elastic-run-c10d", "elastic-run-embedded-etcd")
+
+
+@dataclass
+class Outcome:
+    trains_again_s: float | None  # both survivors stepped at WORLD_SIZE 2
+    exit_s: float | None  # both survivors exited
+    codes: tuple[int | None, ...]
+
+
+def _steps(path: Path) -> list[tuple[float, str, int]]:
+    """(time, node, world size) of every step line."""
+    found = []
+    try:
+        text = path.read_text()
+    except OSError:
+        return []
+    for line in text.splitlines():
+        parts = line.split()
+        if len(parts) >= 6 and parts[0] == "step":
+            found.append((float(parts[1]), parts[2], int(parts[4])))
+    return found
+
+
+def _command(launcher: str, hosts: Hosts, i: int, run_id: str, tmp: Path) -> list[str]:
+    addr = hosts.addr(i)
+    common = ["--nnodes", "2:3", "--nproc-per-node", "1", "--rdzv-id", run_id]
+    script = [str(WORKER), str(tmp / "steps"), str(tmp / "stop"), "-1"]
+    if launcher == "torchrun-c10d":
+        return [
+            str(BIN / "torchrun"), *common, "--rdzv-backend", "c10d",
+            "--rdzv-endpoint", f"{hosts.addr(1)}:29400",
+            # torch matches the endpoint against the host name, which resolves to loopback in
+            # every namespace here: say which agent hosts the store.
+            "--rdzv-conf", f"last_call_timeout=1,is_host={'true' if i == 1 else 'false'}",
+            "--local-addr", addr, *script,
+        ]  # fmt: skip
+    conf = CONF
+    if launcher == "elastic-run-c10d":
+        backend, endpoint = "c10d", f"{hosts.addr(1)}:29400"
+        conf += f",is_host={'true' if i == 1 else 'false'}"
+    else:
+        backend, endpoint = "embedded-etcd", ",".join(hosts.addrs)
+    return [
+        sys.executable, "-m", "elastic_run", *common, "--rdzv-backend", backend,
+        "--rdzv-endpoint", endpoint, "--rdzv-conf", conf, "--local-addr", addr, "--no-live",
+        "--log-dir", str(tmp / f"logs{i}"), *script,
+    ]  # fmt: skip
+
+
+def run_once(launcher: str, bound_s: float) -> Outcome:
+    hosts = Hosts(3)
+    tmp = Path(tempfile.mkdtemp(prefix="bench-emb-"))
+    run_id = f"bench-{uuid.uuid4().hex[:8]}"
+    env = dict(os.environ, PYTHONPATH=str(REPO_ROOT), GLOO_SOCKET_IFNAME="eth0")
+    env["OMP_NUM_THREADS"] = "1"
+    procs = []
+    try:
+        for i, node in ((1, "a"), (2, "b"), (3, "c")):
+            log = (tmp / f"{node}.log").open("wb")
+            procs.append(
+                hosts.run(
+                    i,
+                    _command(launcher, hosts, i, run_id, tmp),
+                    env=dict(env, BENCH_NODE=node),
+                    stdout=log,
+                )
+            )
+        steps = tmp / "steps"
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while {n for _, n, w in _steps(steps) if w == 3} != {"a", "b", "c"}:
+            if time.monotonic() > deadline:
+                return Outcome(None, None, tuple(p.poll() for p in procs[1:]))
+            time.sleep(POLL_S)
+        killed_wall = time.time()
+        killed = time.monotonic()
+        tree = psutil.Process(procs[0].pid).children(recursive=True)
+        os.killpg(procs[0].pid, signal.SIGKILL)
+        for child in tree:
+            try:
+                child.kill()
+            except psutil.Error:
+                pass
+        trains: float | None = None
+        while time.monotonic() - killed < bound_s:
+            after = [(t, n) for t, n, w in _steps(steps) if w == 2 and t > killed_wall]
+            if trains is None and {n for _, n in after} >= {"b", "c"}:
+                firsts = [min(t for t, n2 in after if n2 == n) for n in ("b", "c")]
+                trains = max(firsts) - killed_wall
+                break
+            if all(p.poll() is not None for p in procs[1:]):
+                break
+            time.sleep(POLL_S)
+        exit_s = None
+        if trains is None:
+            while time.monotonic() - killed < bound_s and any(p.poll() is None for p in procs[1:]):
+                time.sleep(POLL_S)
+            if all(p.poll() is not None for p in procs[1:]):
+                exit_s = time.monotonic() - killed
+        else:
+            (tmp / "stop").touch()
+            for p in procs[1:]:
+                try:
+                    p.wait(timeout=60)
+                except Exception:  # noqa: BLE001 - the bench reports, it does not fail
+                    pass
+        return Outcome(trains, exit_s, tuple(p.poll() for p in procs[1:]))
+    finally:
+        hosts.close()
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _stats(values: list[float]) -> str:
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    return (
+        f"first {values[0]:.2f}  median {statistics.median(values):.2f}  p90 {p90:.2f}  "
+        f"last {values[-1]:.2f}"
+    )
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--runs", type=int, default=3)
+    parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait after the kill")
+    parser.add_argument("--only", choices=LAUNCHERS, action="append")
+    args = parser.parse_args()
+    if not can_make_hosts():
+        sys.exit("bench_embedded_etcd.py needs root and iproute2 (ip netns)")
+    launchers = args.only or list(LAUNCHERS)
+    results: dict[str, list[Outcome]] = {name: [] for name in launchers}
+    for _ in range(args.runs):
+        for name in launchers:  # runs alternate between the launchers
+            results[name].append(run_once(name, args.bound))
+    print(f"host a (the rendezvous host / one etcd member) SIGKILLed; {args.runs} runs each; "
+          f"load average {os.getloadavg()[0]:.1f}")  # fmt: skip
+    for name in launchers:
+        outs = results[name]
+        trains = [o.trains_again_s for o in outs if o.trains_again_s is not None]
+        exits = [o.exit_s for o in outs if o.exit_s is not None]
+        codes = sorted({c for o in outs if o.trains_again_s is None for c in o.codes}, key=str)
+        print(f"  {name:27} trains again at WORLD_SIZE 2 in {len(trains)}/{len(outs)} runs: "
+              f"{_stats(trains)} s")  # fmt: skip
+        if len(trains) < len(outs):
+            print(f"  {'':27} otherwise the survivors exit with {codes}; time to exit: "
+                  f"{_stats(exits)} s")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
