@@ -19,21 +19,32 @@ global: every optimizer of the process, whatever wraps it):
   the post hook again and says so in one line on stderr. The post hook does the same for the
   pre hook.
 
+Work marks for straggler detection (:class:`_WorkMarks`): until the first optimizer step ends, a
+global module forward pre hook (``torch.nn.modules.module.register_module_forward_pre_hook``)
+registers a post-accumulate-grad hook on the parameters of every module that runs; the last
+gradient accumulated before an optimizer step is where the rank's own work of the step ends and
+its wait for its peers begins (DDP's all_reduce is asynchronous and waited for after the
+backward). The optimizer's post hook writes it, just before its beat, to the slot as ``sync_point()`` would
+(:meth:`elastic_run.beat_file.BeatWriter.auto_sync_point`), unless the script calls
+``sync_point()`` itself. The times are the CPU's: on a GPU they are when the work was queued.
+
 Invariants: a hook never raises into the optimizer step (any error of its own turns automatic
-beats off with one line on stderr); this module imports only ``sys`` and ``os`` at import time,
-and ``elastic_run.beat_file`` when the hooks are installed.
+beats off with one line on stderr); this module imports only ``sys``, ``os`` and ``threading`` at import time,
+and ``elastic_run.beat_file``, ``time`` and ``weakref`` when the hooks are installed.
 """
 
 from __future__ import annotations
 
 import os
 import sys
+import threading
 from collections.abc import Sequence
 from types import ModuleType
 from typing import Any, cast
 
 __all__ = [
     "AUTO_PROGRESS_ENV",
+    "MODULE_MODULE",
     "OPTIMIZER_MODULE",
     "install",
     "install_when_torch_optim_loads",
@@ -43,6 +54,7 @@ __all__ = [
 AUTO_PROGRESS_ENV = "ELASTIC_RUN_AUTO_PROGRESS"
 """``1`` in a worker's environment: beat once per optimizer step (``--no-auto-progress``: unset)."""
 OPTIMIZER_MODULE = "torch.optim.optimizer"
+MODULE_MODULE = "torch.nn.modules.module"
 
 _PREFIX = "elastic_run: automatic progress beats"
 
@@ -54,18 +66,95 @@ def _say(text: str) -> None:
         pass
 
 
+class _Pairing(threading.local):
+    """Whether this thread's last step ran the pre hook, and its post hook (per thread)."""
+
+    def __init__(self) -> None:
+        self.pre_seen = False
+        self.post_seen = True
+
+
+class _WorkMarks:
+    """When this rank's own work of a step ends: the last gradient accumulated before the step.
+
+    Discovery: a global module forward pre hook (torch's
+    ``register_module_forward_pre_hook``) sees every module that runs a forward before the first
+    optimizer step ends, and registers a post-accumulate-grad hook on each of its own parameters
+    that take a gradient, on the main thread only (registering on a tensor whose hooks another
+    thread's backward runs is a data race in torch: it crashed a two-thread test). Then it leaves torch's registry (:meth:`stop_discovering`), so later
+    module calls keep torch's fast path. Each gradient hook only stamps the clock; the optimizer's
+    post hook hands the last stamp to the writer (:meth:`BeatWriter.auto_sync_point`), which
+    counts the time from the last beat to it as the step's work.
+
+    Why there: DDP launches its gradient all_reduce from the same accumulation, asynchronously,
+    and waits for it only after the backward (in C++, where no hook reaches), and a script that
+    all_reduces its gradients by hand does so after the backward too; the last gradient
+    accumulated is the end of the rank's own work and the start of its wait, without touching
+    the process group or DDP's one comm-hook slot.
+    """
+
+    def __init__(self, module_module: ModuleType) -> None:
+        import time
+        import weakref
+
+        self._clock = time.monotonic_ns
+        self._module_module = module_module
+        self._ref = weakref.ref
+        # id -> a weak reference: tensors compare elementwise, so no set or WeakSet of them.
+        self._seen: dict[int, Any] = {}
+        self._discovery: Any = None
+        self._off = False
+        self.last_grad_ns = 0
+
+    def start_discovering(self) -> None:
+        self._discovery = self._module_module.register_module_forward_pre_hook(self.discover)
+
+    def stop_discovering(self) -> None:
+        if self._discovery is not None:
+            self._discovery.remove()
+            self._discovery = None
+
+    def discover(self, module: Any, args: Any) -> None:
+        if self._off or threading.current_thread() is not threading.main_thread():
+            return None  # a hook registered while another thread's backward runs could race
+        try:
+            for param in module.parameters(recurse=False):
+                known = self._seen.get(id(param))
+                if (
+                    param.requires_grad
+                    and param.is_leaf
+                    and (known is None or known() is not param)
+                ):
+                    self._seen[id(param)] = self._ref(param)
+                    param.register_post_accumulate_grad_hook(self.grad_done)
+        except Exception as exc:  # never into the forward
+            self._off = True
+            self.stop_discovering()
+            _say(f"(the work marks for straggler detection) are off in this worker: {exc}")
+        return None
+
+    def grad_done(self, param: Any) -> None:
+        self.last_grad_ns = self._clock()
+
+    def take(self) -> int:
+        """The last gradient's stamp since the last call (0: none)."""
+        stamp, self.last_grad_ns = self.last_grad_ns, 0
+        return stamp
+
+
 class _Hooks:
     """The pre and post hooks of one process, and their handles."""
 
-    def __init__(self, module: ModuleType) -> None:
+    def __init__(self, module: ModuleType, marks: _WorkMarks | None) -> None:
         from elastic_run.beat_file import shared_writer
 
         self._module = module
+        self._marks = marks
         self._writer = shared_writer
         self._pre: Any = None
         self._post: Any = None
-        self._pre_seen = False
-        self._post_seen = True
+        # Per thread: steps on two threads interleave, and each thread's steps pair up.
+        self._paired = _Pairing()
         self._off = False
 
     def register(self) -> None:
@@ -76,7 +165,7 @@ class _Hooks:
         if self._off:
             return None
         try:
-            if not self._post_seen:
+            if not self._paired.post_seen:
                 self._post.remove()
                 self._post = self._module.register_optimizer_step_post_hook(self.after_step)
                 _say(
@@ -84,8 +173,8 @@ class _Hooks:
                     "last step (the script replaced torch's hook registry, or a hook that runs "
                     "before it raised)"
                 )
-            self._post_seen = False
-            self._pre_seen = True
+            self._paired.post_seen = False
+            self._paired.pre_seen = True
         except Exception as exc:  # never into the step
             self._turn_off(exc)
         return None
@@ -94,18 +183,23 @@ class _Hooks:
         if self._off:
             return
         try:
-            self._post_seen = True
-            if not self._pre_seen:
+            self._paired.post_seen = True
+            if not self._paired.pre_seen:
                 self._pre.remove()
                 self._pre = self._module.register_optimizer_step_pre_hook(self.before_step)
                 _say(
                     "registered torch's optimizer pre hook again: it did not run before the "
                     "last step (the script replaced torch's hook registry)"
                 )
-            self._pre_seen = False
+            self._paired.pre_seen = False
             writer = self._writer()
+            stamp = self._marks.take() if self._marks is not None else 0
             if writer is not None:
+                if stamp:  # the step's work ended at its last gradient, before this step
+                    writer.auto_sync_point(stamp)
                 writer.auto_beat()
+            if self._marks is not None:
+                self._marks.stop_discovering()
         except Exception as exc:  # never into the step
             self._turn_off(exc)
 
@@ -135,14 +229,31 @@ def install() -> bool:
     module = sys.modules.get(OPTIMIZER_MODULE)
     if module is None:
         return False
-    hooks = _Hooks(module)
+    marks = _work_marks()
+    hooks = _Hooks(module, marks)
     try:
         hooks.register()
     except Exception as exc:  # an old torch, or a registry the script broke
         _say(f"are off: torch's global optimizer step hooks cannot be registered ({exc})")
+        if marks is not None:
+            marks.stop_discovering()
         return False
     _hooks = hooks
     return True
+
+
+def _work_marks() -> _WorkMarks | None:
+    """The work marks, discovering already (None: torch has no global module hook, said once)."""
+    module_module = sys.modules.get(MODULE_MODULE)
+    if module_module is None:  # torch.optim imports torch.nn: only a broken torch lacks it
+        return None
+    marks = _WorkMarks(module_module)
+    try:
+        marks.start_discovering()
+    except Exception as exc:
+        _say(f"(the work marks for straggler detection) are off: {exc}")
+        return None
+    return marks
 
 
 class _Loader:

@@ -215,6 +215,7 @@ class BeatWriter:
         self._busy = int(self._w[_BUSY_NS])
         self._busy_count = int(self._w[_BUSY_COUNT])
         self._synced = True  # only the first sync_point() after a beat counts
+        self._explicit_sync = False  # the script calls sync_point(): automatic marks stand down
         self._auto_pending = False  # the last beat was automatic and not taken over yet
         self._lock = threading.Lock()
         self._thread = 0
@@ -287,20 +288,41 @@ class BeatWriter:
         Only the first call after a beat counts; before the first beat it does nothing.
         """
         with self._lock:
-            if self._synced:
+            self._explicit_sync = True
+            self._mark_work_end(time.monotonic_ns())
+
+    def auto_sync_point(self, work_end_ns: int) -> None:
+        """The automatic counterpart of :meth:`sync_point`: this step's own work ended at
+        ``work_end_ns`` (the last gradient accumulated, from :mod:`elastic_run.auto_progress`).
+
+        Counts like a ``sync_point()`` at that time; ignored when it is not after the last beat,
+        and for good once the script calls :meth:`sync_point` itself (its own mark is the better
+        one).
+
+        Args:
+            work_end_ns: CLOCK_MONOTONIC of the end of this rank's own work, ns.
+        """
+        with self._lock:
+            if self._explicit_sync or work_end_ns <= self._last:
                 return
-            self._synced = True
-            busy = self._busy + time.monotonic_ns() - self._last
-            count = self._busy_count + 1
-            w = self._w
-            seq = self._seq + 1
-            w[_SEQ] = seq
-            w[_BUSY_NS] = busy
-            w[_BUSY_COUNT] = count
-            w[_SEQ] = seq + 1
-            self._seq = seq + 1
-            self._busy = busy
-            self._busy_count = count
+            self._mark_work_end(work_end_ns)
+
+    def _mark_work_end(self, at_ns: int) -> None:
+        """Count this step's work as ending at ``at_ns`` (the lock held; once per beat)."""
+        if self._synced:
+            return
+        self._synced = True
+        busy = self._busy + at_ns - self._last
+        count = self._busy_count + 1
+        w = self._w
+        seq = self._seq + 1
+        w[_SEQ] = seq
+        w[_BUSY_NS] = busy
+        w[_BUSY_COUNT] = count
+        w[_SEQ] = seq + 1
+        self._seq = seq + 1
+        self._busy = busy
+        self._busy_count = count
 
 
 def open_writer_from_env() -> BeatWriter | None:

@@ -132,8 +132,8 @@ class ServerProcess:
             self.proc.wait()
 
 
-def bench(kind: str, trials: int, idle_workers: int, idle_s: float) -> tuple[float, float, float]:
-    """Return (median and max expiry-to-death delay s, server CPU s per idle second).
+def bench(kind: str, trials: int, idle_workers: int, idle_s: float) -> tuple[list[float], float]:
+    """Return (each expiry-to-death delay in s, in trial order; server CPU s per idle second).
 
     torch's FileTimerServer sends the signal to its own process too once it has reaped a worker
     (it expects the agent to go down with the worker), so every trial gets a fresh server, for
@@ -163,7 +163,7 @@ def bench(kind: str, trials: int, idle_workers: int, idle_s: float) -> tuple[flo
             after = server_ps.cpu_times()
             elapsed = time.monotonic() - start
             cpu_s = (after.user - before.user) + (after.system - before.system)
-            return statistics.median(delays), max(delays), cpu_s / elapsed
+            return delays, cpu_s / elapsed
         finally:
             for proc in workers:
                 if proc.poll() is None:
@@ -187,20 +187,22 @@ def main() -> None:
 
     print(
         f"file-timer watchdog, poll {POLL_INTERVAL_S} s, {args.trials} expiry trials, "
-        f"{args.idle_workers} idle workers over {args.idle_s:g} s, {os.cpu_count()} CPUs"
+        f"{args.idle_workers} idle workers over {args.idle_s:g} s, {os.cpu_count()} CPUs, "
+        f"load average {os.getloadavg()[0]:.1f} at start"
     )
     results = {
         kind: bench(kind, args.trials, args.idle_workers, args.idle_s) for kind in ("ours", "torch")
     }
-    print(f"{'':28}{'elastic-run':>14}{'torch':>14}")
-    rows = [
-        ("median expiry->death (ms)", 0, 1000.0),
-        ("max expiry->death (ms)", 1, 1000.0),
-        ("idle server CPU (% of core)", 2, 100.0),
-    ]
-    for label, index, scale in rows:
-        ours, theirs = results["ours"][index] * scale, results["torch"][index] * scale
-        print(f"{label:28}{ours:>14.2f}{theirs:>14.2f}")
+    print(f"load average {os.getloadavg()[0]:.1f} at end")
+    print("expiry->death, ms (first / median / p90 / last):")
+    for kind, name in (("ours", "elastic-run"), ("torch", "torch")):
+        delays = [d * 1000.0 for d in results[kind][0]]
+        ordered = sorted(delays)
+        p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+        shown = (delays[0], statistics.median(delays), p90, delays[-1])
+        print(f"  {name:12} {' / '.join(f'{v:.2f}' for v in shown)}")
+    ours, theirs = results["ours"][1] * 100.0, results["torch"][1] * 100.0
+    print(f"idle server CPU (% of core): elastic-run {ours:.2f}, torch {theirs:.2f}")
     print(
         "(torch's FileTimerServer sends the expired timer's signal to its own process after it "
         "reaps a worker, so each trial starts a fresh server, for both)"

@@ -1,11 +1,18 @@
 """Chaos trials: a 3-agent gloo job with one random fault each, then every figure per fault.
 
-Each trial starts three ``elastic-run`` agents (A, B, C; ``--nnodes 2:3``, one worker each) on
-127.0.0.1 running scripts/bench_workers/train_steps.py (a gloo all_reduce per step, each step
-stamped to a file), waits until all three train, injects one fault, waits until the job trains
-again, lets it run, asks the workers to stop, and checks how every agent ended.
+Each trial starts three ``elastic-run`` agents (A, B, C; ``--nnodes 2:3``, two workers each) on
+127.0.0.1 running scripts/bench_workers/checkpoint_steps.py (a gloo all_reduce per step, each
+step stamped to a file, global rank 0 checkpointing the step every ``--checkpoint-every`` steps,
+every new worker resuming from the checkpoint), waits until all three train, lets them train
+``--before`` s, injects one fault, waits until the job trains again, asks the workers to stop,
+and checks how every agent ended.
 
-c10d trials (``--trials``, default 20; A hosts the TCPStore), one fault picked at random:
+Settings: the defaults, but for ``--max-restarts 3`` (the default 0 would end the job at the
+first worker failure) and what three agents on one address need: ``--local-addr 127.0.0.1``
+and, on c10d, ``--rdzv-conf is_host=true`` for A (``is_host=false`` for B and C).
+
+c10d trials (``--trials``, default 20; A hosts the TCPStore), one fault picked at random (from
+``--faults``, default all three):
   kill-agent    SIGKILL of a non-hosting agent (B or C), its process group and its workers
   kill-worker   SIGKILL of one worker (any node)
   stop-agent    SIGSTOP of a non-hosting agent for 10 s, then SIGCONT
@@ -13,14 +20,15 @@ etcd trials (``--etcd-trials``, default 10) on a 3-member etcd:
   kill-member+agent  SIGKILL of one etcd member and of one agent (A included: any of the three)
 
 Per fault it prints: completed (every surviving agent exited 0 after the stop file), steps
-lost (steps taken before the fault that the job redoes: the loop keeps no checkpoint, so all
-of them), time to training again (from the fault to the first step of workers started after
-it, in a world of at least 2), orphans (processes of the trial alive after its agents ended),
+lost (read from the stamps: the steps the workers of before the fault finished, up to the last
+one they finished, detection time included, minus the step the first new world resumed from),
+time to training again (from the fault until every worker of the new world, all started after
+the fault, took a step), orphans (processes of the trial alive after its agents ended),
 hangs (an agent that did not exit within ``--bound`` s). Every failure is listed; a failed
 trial's directory (each agent's output and log tree, the step stamps) is kept and named.
 
     PYTHONPATH=. .venv/bin/python scripts/chaos.py
-    PYTHONPATH=. .venv/bin/python scripts/chaos.py --trials 6 --etcd-trials 3 --seed 1
+    PYTHONPATH=. .venv/bin/python scripts/chaos.py --trials 6 --etcd-trials 0 --seed 1
 """
 
 from __future__ import annotations
@@ -42,10 +50,10 @@ from pathlib import Path
 import psutil
 
 REPO = Path(__file__).resolve().parent.parent
-WORKER = REPO / "scripts" / "bench_workers" / "train_steps.py"
+WORKER = REPO / "scripts" / "bench_workers" / "checkpoint_steps.py"
+NPROC = 2
 C10D_FAULTS = ("kill-agent", "kill-worker", "stop-agent")
 ETCD_FAULT = "kill-member+agent"
-CONF = "last_call_timeout=1"
 
 
 def free_port() -> int:
@@ -56,6 +64,7 @@ def free_port() -> int:
 
 @dataclass
 class Step:
+    kind: str  # step (finished) or resume (a worker's start, from the checkpoint)
     at: float
     node: str
     pid: int
@@ -71,8 +80,12 @@ def read_steps(path: Path) -> list[Step]:
         return out
     for line in text.splitlines():
         parts = line.split()
-        if len(parts) == 6 and parts[0] == "step":
-            out.append(Step(float(parts[1]), parts[2], int(parts[3]), int(parts[4]), int(parts[5])))
+        if len(parts) == 6 and parts[0] in ("step", "resume"):
+            out.append(
+                Step(
+                    parts[0], float(parts[1]), parts[2], int(parts[3]), int(parts[4]), int(parts[5])
+                )
+            )
     return out
 
 
@@ -80,7 +93,7 @@ def read_steps(path: Path) -> list[Step]:
 class Outcome:
     fault: str
     completed: bool = False
-    steps_lost: int = 0
+    steps_lost: int | None = None
     to_training_s: float | None = None
     orphans: int = 0
     hangs: int = 0
@@ -89,11 +102,13 @@ class Outcome:
 
 
 class Trial:
-    def __init__(self, tmp: Path, backend: str, endpoint: str, bound_s: float) -> None:
+    def __init__(self, tmp: Path, backend: str, endpoint: str, bound_s: float, every: int) -> None:
         self.tmp = tmp
         self.backend = backend
         self.endpoint = endpoint
         self.bound_s = bound_s
+        self.every = every
+        self.checkpoint = tmp / "checkpoint"
         self.steps = tmp / "steps"
         self.stop_file = tmp / "stop"
         self.agents: dict[str, subprocess.Popen[bytes]] = {}
@@ -101,16 +116,17 @@ class Trial:
         self.run_id = f"chaos-{os.getpid()}-{int(time.monotonic() * 1000)}"
 
     def start(self, node: str) -> None:
-        conf = CONF
+        conf = []
         if self.backend == "c10d":
-            conf += ",is_host=true" if node == "A" else ",is_host=false"
+            conf = ["--rdzv-conf", "is_host=true" if node == "A" else "is_host=false"]
         command = [
-            sys.executable, "-m", "elastic_run", "--nnodes", "2:3", "--nproc-per-node", "1",
-            "--rdzv-backend", self.backend, "--rdzv-endpoint", self.endpoint,
-            "--rdzv-id", self.run_id, "--rdzv-conf", conf, "--max-restarts", "3",
-            "--local-addr", "127.0.0.1", "--log-dir", str(self.tmp / "logs" / node),
-            "--no-live", "--shutdown-timeout", "5",
-            str(WORKER), str(self.steps), str(self.stop_file), "-1",
+            sys.executable, "-m", "elastic_run", "--nnodes", "2:3",
+            "--nproc-per-node", str(NPROC), "--rdzv-backend", self.backend,
+            "--rdzv-endpoint", self.endpoint, "--rdzv-id", self.run_id, *conf,
+            "--max-restarts", "3", "--local-addr", "127.0.0.1",
+            "--log-dir", str(self.tmp / "logs" / node),
+            str(WORKER), str(self.steps), str(self.stop_file), str(self.checkpoint),
+            str(self.every),
         ]  # fmt: skip
         env = dict(os.environ, PYTHONPATH=str(REPO), BENCH_NODE=node)
         with (self.tmp / f"{node}.log").open("wb") as log:
@@ -141,11 +157,22 @@ class Trial:
         before = {s.pid for s in steps if s.at <= after}  # workers that stepped before: not new
         by_pid: dict[int, float] = {}
         for s in steps:
-            if s.at > after and s.world == world and s.pid not in before:
+            if s.kind == "step" and s.at > after and s.world == world and s.pid not in before:
                 by_pid.setdefault(s.pid, s.at)
         if len(by_pid) < world:
             return None
         return sorted(by_pid.values())[world - 1]
+
+    def steps_lost(self, after: float) -> int | None:
+        """Steps finished by the workers of before ``after`` minus the step the next world resumed
+        from (None until a worker started after ``after`` resumed)."""
+        steps = read_steps(self.steps)
+        old = {s.pid for s in steps if s.at <= after}
+        done = max((s.step + 1 for s in steps if s.kind == "step" and s.pid in old), default=0)
+        resumed = [s for s in steps if s.kind == "resume" and s.at > after and s.pid not in old]
+        if not resumed:
+            return None
+        return done - min(resumed, key=lambda s: s.at).step
 
     def workers(self, node: str) -> list[psutil.Process]:
         try:
@@ -216,14 +243,20 @@ def kill_node(trial: Trial, node: str) -> None:
 
 
 def run_trial(
-    backend: str, fault: str, rng: random.Random, bound_s: float, etcd: object
+    backend: str,
+    fault: str,
+    rng: random.Random,
+    bound_s: float,
+    etcd: object,
+    every: int,
+    before_s: float,
 ) -> Outcome:
     out = Outcome(fault)
     tmp = Path(tempfile.mkdtemp(prefix="chaos-"))
     endpoint = (
         f"127.0.0.1:{free_port()}" if backend == "c10d" else ",".join(etcd.endpoints)  # type: ignore[attr-defined]
     )
-    trial = Trial(tmp, backend, endpoint, bound_s)
+    trial = Trial(tmp, backend, endpoint, bound_s, every)
     dead: set[str] = set()
     try:
         trial.start("A")
@@ -231,43 +264,44 @@ def run_trial(
             time.sleep(1.0)  # A binds the store first
         trial.start("B")
         trial.start("C")
-        if not trial.wait_for(lambda: trial.training(3) is not None, "3 training"):
-            out.failures.append("never trained at WORLD_SIZE 3")
+        full = 3 * NPROC
+        if not trial.wait_for(lambda: trial.training(full) is not None, "3 training"):
+            out.failures.append(f"never trained at WORLD_SIZE {full}")
             return out
-        time.sleep(1.0)  # a few steps
-        out.steps_lost = max((s.step for s in read_steps(trial.steps)), default=0) + 1
+        time.sleep(before_s)
         at = time.time()
         if fault == "kill-agent":
             victim = rng.choice(["B", "C"])
             kill_node(trial, victim)
             dead.add(victim)
-            world = 2
+            world = 2 * NPROC
         elif fault == "kill-worker":
             victim = rng.choice(["A", "B", "C"])
-            workers = [p for p in trial.workers(victim) if "train_steps" in " ".join(p.cmdline())]
-            (workers or trial.workers(victim))[0].kill()
-            world = 3
+            workers = [p for p in trial.workers(victim) if WORKER.name in " ".join(p.cmdline())]
+            rng.choice(workers or trial.workers(victim)).kill()
+            world = 3 * NPROC
         elif fault == "stop-agent":
             victim = rng.choice(["B", "C"])
             trial.agents[victim].send_signal(signal.SIGSTOP)
             time.sleep(10.0)
             trial.agents[victim].send_signal(signal.SIGCONT)
-            world = 2
+            world = 2 * NPROC
         else:  # an etcd member and an agent
             etcd.kill_member(rng.randrange(3))  # type: ignore[attr-defined]
             victim = rng.choice(["A", "B", "C"])
             kill_node(trial, victim)
             dead.add(victim)
-            world = 2
+            world = 2 * NPROC
         out.fault = f"{fault}"
         if not trial.wait_for(lambda: trial.training(world, at) is not None, "training again"):
             out.failures.append(f"did not train again at WORLD_SIZE {world} in {bound_s:g} s")
         else:
             first = trial.training(world, at)
             out.to_training_s = (first or at) - at
+            out.steps_lost = trial.steps_lost(at)
         if fault == "stop-agent":
             # The stopped agent rejoins: wait for the three of them again before stopping.
-            trial.wait_for(lambda: trial.training(3, at) is not None, "3 again")
+            trial.wait_for(lambda: trial.training(full, at) is not None, "3 again")
         trial.finish(out, dead)
     finally:
         trial.kill_all()
@@ -282,22 +316,28 @@ def run_trial(
     return out
 
 
+def distribution(values: list[float], digits: int) -> str:
+    """first / median / p90 / last, in the order measured."""
+    if not values:
+        return "-"
+    ordered = sorted(values)
+    p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
+    shown = (values[0], statistics.median(values), p90, values[-1])
+    return " / ".join(f"{v:.{digits}f}" for v in shown)
+
+
 def report(outcomes: list[Outcome]) -> None:
     faults = sorted({o.fault for o in outcomes})
-    print(f"{'fault':<20}{'trials':>7}{'completed':>10}{'steps lost (med)':>18}"
-          f"{'to training: first / median / p90 / last s':>44}{'orphans':>9}{'hangs':>7}")  # fmt: skip
+    print("steps lost and time to training again: first / median / p90 / last")
+    print(f"{'fault':<20}{'trials':>7}{'completed':>10}{'steps lost':>24}"
+          f"{'to training again, s':>26}{'orphans':>9}{'hangs':>7}")  # fmt: skip
     for fault in faults:
         rows = [o for o in outcomes if o.fault == fault]
         times = [o.to_training_s for o in rows if o.to_training_s is not None]
-        if times:
-            ordered = sorted(times)
-            p90 = ordered[min(len(ordered) - 1, int(0.9 * len(ordered)))]
-            shown = f"{times[0]:.1f} / {statistics.median(times):.1f} / {p90:.1f} / {times[-1]:.1f}"
-        else:
-            shown = "-"
-        lost = statistics.median([o.steps_lost for o in rows])
-        print(f"{fault:<20}{len(rows):>7}{sum(o.completed for o in rows):>10}{lost:>18.0f}"
-              f"{shown:>44}{sum(o.orphans for o in rows):>9}{sum(o.hangs for o in rows):>7}")  # fmt: skip
+        lost = [float(o.steps_lost) for o in rows if o.steps_lost is not None]
+        print(f"{fault:<20}{len(rows):>7}{sum(o.completed for o in rows):>10}"
+              f"{distribution(lost, 0):>24}{distribution(times, 1):>26}"
+              f"{sum(o.orphans for o in rows):>9}{sum(o.hangs for o in rows):>7}")  # fmt: skip
     failures = [(o.fault, f) for o in outcomes for f in o.failures]
     print(f"failures: {len(failures)}")
     for fault, text in failures:
@@ -312,28 +352,61 @@ def main() -> None:
     parser.add_argument("--trials", type=int, default=20, help="c10d trials")
     parser.add_argument("--etcd-trials", type=int, default=10, help="trials on a 3-member etcd")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument(
+        "--faults",
+        default=",".join(C10D_FAULTS),
+        help="the c10d faults to pick from, comma-separated (default: all three)",
+    )
     parser.add_argument("--bound", type=float, default=120.0, help="seconds for each wait")
+    parser.add_argument(
+        "--checkpoint-every", type=int, default=10, help="rank 0 checkpoints every N steps"
+    )
+    parser.add_argument(
+        "--before", type=float, default=2.0, help="seconds of training before the fault"
+    )
     args = parser.parse_args()
+    faults = tuple(f for f in args.faults.split(",") if f)
+    if not faults or any(f not in C10D_FAULTS for f in faults):
+        parser.error(f"--faults: pick from {', '.join(C10D_FAULTS)}")
     rng = random.Random(args.seed)
     outcomes: list[Outcome] = []
     started = time.monotonic()
-    print(f"load average at start: {os.getloadavg()[0]:.1f}", flush=True)
+    print(
+        f"load average at start: {' '.join(f'{x:.1f}' for x in os.getloadavg())}; "
+        f"{NPROC} workers per node, checkpoint every {args.checkpoint_every} steps",
+        flush=True,
+    )
     for i in range(args.trials):
-        fault = rng.choice(C10D_FAULTS)
-        outcomes.append(run_trial("c10d", fault, rng, args.bound, None))
+        fault = rng.choice(faults)
+        outcomes.append(
+            run_trial("c10d", fault, rng, args.bound, None, args.checkpoint_every, args.before)
+        )
         o = outcomes[-1]
         print(f"c10d trial {i}: {fault}: completed={o.completed} to_training={o.to_training_s} "
-              f"orphans={o.orphans} hangs={o.hangs} {o.failures}", flush=True)  # fmt: skip
+              f"steps_lost={o.steps_lost} orphans={o.orphans} hangs={o.hangs} {o.failures} "
+              f"(load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
     if args.etcd_trials and shutil.which("etcd"):
         from elastic_run.rendezvous.etcd.server import EtcdServer
 
         with EtcdServer(members=3) as etcd:  # started on entry, stopped on exit
             for i in range(args.etcd_trials):
-                outcomes.append(run_trial("etcd", ETCD_FAULT, rng, args.bound, etcd))
+                outcomes.append(
+                    run_trial(
+                        "etcd",
+                        ETCD_FAULT,
+                        rng,
+                        args.bound,
+                        etcd,
+                        args.checkpoint_every,
+                        args.before,
+                    )
+                )
                 o = outcomes[-1]
                 print(f"etcd trial {i}: completed={o.completed} to_training={o.to_training_s} "
-                      f"orphans={o.orphans} hangs={o.hangs} {o.failures}", flush=True)  # fmt: skip
-    print(f"load average at end: {os.getloadavg()[0]:.1f}; {time.monotonic() - started:.0f} s")
+                      f"steps_lost={o.steps_lost} orphans={o.orphans} hangs={o.hangs} "
+                      f"{o.failures} (load {os.getloadavg()[0]:.1f})", flush=True)  # fmt: skip
+    loads = " ".join(f"{x:.1f}" for x in os.getloadavg())
+    print(f"load average at end: {loads}; {time.monotonic() - started:.0f} s")
     report(outcomes)
 
 

@@ -10,7 +10,8 @@ Kinds (stable, documented in the README):
     rendezvous.complete  a round completed (fields: round, group_rank, group_world_size,
                          world_size, master_addr, master_port)
     workers.started      the local workers run (fields: pids, ranks, attempt)
-    worker.failed        the local group failed (fields: local_rank, rank, exitcode, reason)
+    worker.failed        the local group failed (fields: local_rank, rank, exitcode, counted,
+                         failed_at: when the first worker failed, epoch seconds)
     worker.hung          a worker was silent past its hang timeout: its stacks were taken and it
                          was killed (fields: rank, local_rank, pid, silent_s, timeout_s, learned,
                          where, function, in_collective, stacks, stacks_error)
@@ -36,6 +37,11 @@ Kinds (stable, documented in the README):
     failed               the job failed (fields: reason, exit_code)
     signal               the agent received a signal (fields: signal)
     closed               the rendezvous was closed (fields: reason)
+    goodput              where this node's wall time went, once its run ended (the last event of
+                         events.jsonl; fields: the account's JSON, see agent/progress/goodput.py:
+                         v, wall_s, training_s, share, lost_s, lost (by cause), restart_count,
+                         nodes, ended, restarts (each: cause, lost_s, detection_s, stop_s,
+                         rendezvous_s, worker_start_s, first_beat_s))
     agent.exited         the agent leaves (fields: exit_code)
 """
 

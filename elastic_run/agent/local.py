@@ -31,6 +31,7 @@ from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.loop.state_machine import Observation
 from elastic_run.agent.progress.duties import ProgressDuties
+from elastic_run.agent.progress.goodput import goodput_metrics
 from elastic_run.agent.warm.policy import WarmStarts
 from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.agent.workers.console import duplicate_filters, tee_prefix
@@ -181,6 +182,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             running=lambda: self._worker_group.state is WorkerState.HEALTHY,
             members=self._member_ids,
             emit=lambda kind, message, fields: self._emit(kind, message, **fields),
+            goodput=lambda: self.goodput().to_json(with_restarts=False),
         )
 
     def _position(self) -> tuple[int, int]:
@@ -266,6 +268,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
             "watchdog_expiries": float(len(self._expiries)),
             **self._progress.metrics(),
+            **goodput_metrics(snap.goodput),
         }
 
     def _is_worker_pid(self, pid: int) -> bool:
@@ -468,6 +471,9 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _job_progress(self) -> JobProgress | None:
         return self._progress.job_progress()
+
+    def _beat_reading(self) -> tuple[int, int] | None:
+        return self._progress.watch.beat_reading()
 
     def _progress_observation(self, obs: Observation) -> Observation:
         return self._progress.observe(obs)

@@ -149,6 +149,7 @@ def run_job(config: LaunchConfig) -> int:
         rendezvous=handler.snapshot if isinstance(handler, AgentRendezvous) else None,
     )
     agent.add_event_sink(view)
+    agent.count_goodput_from(_process_start())
     torch_sink = torch_event_sink(config.event_log_handler)
     if torch_sink is not None:
         agent.add_event_sink(torch_sink)
@@ -164,6 +165,9 @@ def run_job(config: LaunchConfig) -> int:
         if isinstance(view, LiveView):
             view.stop()
         _close_backend(handler)
+    from elastic_run.agent.progress.goodput import summary_line
+
+    sys.stderr.write(f"elastic-run: {summary_line(agent.goodput())}\n")
     if result.failures:
         _report_failures(config.run_id, result.failures.values())
         if config.launcher_error_file:
@@ -172,6 +176,16 @@ def run_job(config: LaunchConfig) -> int:
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")
     return result.exit_code
+
+
+def _process_start() -> float:
+    """This process's start on the monotonic clock (the goodput account counts from it)."""
+    import time
+
+    import psutil
+
+    age = max(0.0, time.time() - psutil.Process().create_time())
+    return time.monotonic() - age
 
 
 # How long a backend that connects lazily (etcd) may take to answer its first read before the

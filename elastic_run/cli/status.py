@@ -139,6 +139,19 @@ def _progress(backend: Any, snap: Any) -> dict[str, Any] | None:
     return progress_picture(records, job, snap.round) if records else None
 
 
+def _goodput(backend: Any, snap: Any) -> dict[str, Any] | None:
+    """The nodes' published goodput accounts, merged (one batch read), or None when none was."""
+    from elastic_run.cli.views.goodput_view import goodput_picture
+    from elastic_run.rendezvous.dynamic.telemetry import read_goodput
+
+    ids = [m.node_id for m in (*snap.members, *snap.waiting)]
+    records, problems = read_goodput(backend, ids)
+    picture = goodput_picture(records)
+    if picture is not None and problems:
+        picture["problems"] = [*picture["problems"], *problems]
+    return picture
+
+
 def _run(fn: Any) -> None:
     """Call ``fn()``; turn our errors into one line on stderr and the documented exit code."""
     try:
@@ -188,24 +201,26 @@ def status_command(
             if not watch:
                 snap, ages, reason = _read(backend, target, sample)
                 progress = _progress(backend, snap)
+                goodput = _goodput(backend, snap)
                 if as_json:
-                    body = status_to_json(snap, ages, reason, progress)
+                    body = status_to_json(snap, ages, reason, progress, goodput)
                     if members is not None:
                         body["etcd_members"] = members
                     click.echo(json.dumps(body, sort_keys=True))
                 else:
-                    Console().print(render_status(snap, ages, reason, progress))
+                    Console().print(render_status(snap, ages, reason, progress, goodput))
                 return
             snap, ages, reason = _read(backend, target, 0)
             with Live(render_status(snap, ages, reason), refresh_per_second=4) as live:
                 while True:
                     snap, ages, reason = _read(backend, target, max(interval, 0.1))
                     progress = _progress(backend, snap)
+                    goodput = _goodput(backend, snap)
                     if as_json:
-                        body = status_to_json(snap, ages, reason, progress)
+                        body = status_to_json(snap, ages, reason, progress, goodput)
                         live.console.print_json(json.dumps(body))
                     else:
-                        live.update(render_status(snap, ages, reason, progress))
+                        live.update(render_status(snap, ages, reason, progress, goodput))
         except KeyboardInterrupt:
             return
         except RendezvousConnectionError as exc:

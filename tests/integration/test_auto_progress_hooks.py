@@ -222,6 +222,43 @@ def test_optimizer_steps_on_two_threads_are_said_once_and_all_count(tmp_path: Pa
     assert reading is not None and reading.beats == 40
 
 
+WORK = textwrap.dedent(
+    """
+    import sys, time
+    import torch
+    import torch.nn.modules.module as torch_module
+    from elastic_run.worker import sync_point
+    mode = sys.argv[1]
+    model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for n in range(2):
+        opt.zero_grad()
+        time.sleep(0.05)  # this rank's own work (counted)
+        model(torch.ones(1, 2)).sum().backward()
+        time.sleep(0.5)  # a wait for the peers after the backward (not counted)
+        if mode == "explicit-sync":
+            sync_point()  # the script's own mark wins, even after the wait
+        opt.step()
+        print("GLOBAL_PRE_HOOKS", n, len(torch_module._global_forward_pre_hooks))
+    """
+)
+
+
+@pytest.mark.parametrize("mode", ["auto", "explicit-sync"])
+def test_the_last_gradient_marks_the_end_of_a_steps_work(tmp_path: Path, mode: str) -> None:
+    proc, reading = _run(tmp_path, WORK, mode)
+    assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    # Discovery ends with the first optimizer step: torch's fast path for every later call.
+    assert "GLOBAL_PRE_HOOKS 0 0" in proc.stdout and "GLOBAL_PRE_HOOKS 1 0" in proc.stdout
+    assert reading is not None and (reading.beats, reading.busy_count) == (2, 1)
+    # Step 2 ran from beat 1: 0.05 s of work, the backward, 0.5 s of waiting, beat 2.
+    assert reading.busy_ns >= 50_000_000
+    if mode == "auto":
+        assert reading.busy_ns <= reading.last_gap_ns - 500_000_000  # the wait is not work
+    else:
+        assert reading.busy_ns >= 550_000_000  # the script's sync_point(), after its wait
+
+
 def test_the_hook_folder_holds_only_the_start_up_hook() -> None:
     names = sorted(p.name for p in Path(SITE_HOOK_DIR).glob("*.py"))
     assert names == ["__init__.py", "sitecustomize.py"]  # nothing else a worker could import

@@ -9,6 +9,7 @@ snapshot the loop publishes for views (``snapshot.py``) and the progress hooks a
 (``progress_hooks.py``).
 
 May import: ``elastic_run.agent`` (api, config, events), ``agent.workers`` (failures, ranks'
-stores), ``elastic_run.rendezvous`` through its public API, and the top-level helpers. Never the
-CLI, never click or rich.
+stores), ``agent.progress.goodput`` (the pure account the loop folds its events and beats into),
+``elastic_run.rendezvous`` through its public API, and the top-level helpers. Never the CLI,
+never click or rich.
 """

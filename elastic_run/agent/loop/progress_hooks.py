@@ -25,6 +25,11 @@ class ProgressHooks:
         """The job's step times for the snapshot (None: not known)."""
         return None
 
+    def _beat_reading(self) -> tuple[int, int] | None:
+        """The workers' beats as last read: (beats this attempt, the last one's monotonic ns);
+        None: none yet, or not watched (the goodput account then sees no training)."""
+        return None
+
     def _progress_observation(self, obs: sm.Observation) -> sm.Observation:
         """Add the progress verdicts (hung, the no-progress streak) to ``obs``."""
         return obs

@@ -39,6 +39,7 @@ from elastic_run.agent.loop.progress_hooks import ProgressHooks
 from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait_keys
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
+from elastic_run.agent.progress import goodput as gp
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.errors import AgentError
 from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous, RoundPoll
@@ -122,6 +123,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._workers_store: Any = None
         self._published: AgentSnapshot | None = None  # written by the loop only
         self._workers_up = False  # the attempt's workers were started and not yet stopped
+        self._goodput = gp.begin(time.monotonic())  # folded by the loop only
+        self._goodput_from: float | None = None
 
     # -- the ElasticAgent interface ---------------------------------------------------
 
@@ -195,7 +198,18 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 for w in group.workers
             ),
             job_progress=self._job_progress(),
+            goodput=gp.account(self._goodput, time.monotonic()),
         )
+
+    def count_goodput_from(self, monotonic_s: float) -> None:
+        """Start the goodput account at ``monotonic_s`` (the launcher's process start, so the
+        account sees the interpreter's start too) instead of when ``run`` is called."""
+        self._goodput_from = monotonic_s
+
+    def goodput(self) -> gp.GoodputAccount:
+        """Where this node's wall time went, as last published (final once ``run`` returned)."""
+        account = self.snapshot().goodput
+        return account if account is not None else gp.account(self._goodput, time.monotonic())
 
     def loop_alive_since(self) -> float:
         """Monotonic time of the loop's last turn (a rendezvous in progress counts as now)."""
@@ -308,7 +322,9 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
 
     def _emit(self, kind: str, message: str, *, publish: bool = True, **fields: Any) -> None:
         """Hand an event to the sinks; publish it to the store unless ``publish`` is False
-        (the caller publishes it later with ``_publish_event``: the store may not answer)."""
+        (the caller publishes it later with ``_publish_event``: the store may not answer).
+        Every event is folded into the goodput account first (its phases are the events')."""
+        self._fold_goodput(kind, fields)
         event = AgentEvent(kind, message, fields)
         for sink in self._sinks:
             try:
@@ -317,6 +333,21 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 log.exception("an event sink failed")
         if publish:
             self._publish_event(kind, message, fields)
+
+    def _fold_goodput(self, kind: str, fields: dict[str, Any]) -> None:
+        now = time.monotonic()
+        failed_at = None
+        if kind == "worker.failed":
+            self._fold_beats()  # beats of the workers that exited since the last tick count
+            wall = fields.get("failed_at")
+            if isinstance(wall, (int, float)):  # epoch seconds: dated on this host's clocks
+                failed_at = now - max(0.0, time.time() - float(wall))
+        self._goodput = gp.on_event(self._goodput, kind, now, fields, failed_at_s=failed_at)
+
+    def _fold_beats(self) -> None:
+        reading = self._beat_reading()
+        if reading is not None:
+            self._goodput = gp.beat(self._goodput, reading[0], reading[1] / 1e9)
 
     def _publish_event(self, kind: str, message: str, fields: dict[str, Any]) -> None:
         if kind in _PUBLISHED and self._rdzv is not None:
@@ -360,9 +391,15 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         Returns:
             The result; ``exit_code`` is what the CLI exits with.
         """
+        now = time.monotonic()
+        self._goodput = gp.begin(min(now, self._goodput_from if self._goodput_from else now))
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
+            self._goodput = gp.close(self._goodput, time.monotonic())
+            self._publish_snapshot()
+            final = gp.account(self._goodput, time.monotonic())
+            self._emit("goodput", gp.summary_line(final), publish=False, **final.to_json())
         finally:
             try:
                 self._shutdown(signal.SIGKILL, 0)
@@ -411,6 +448,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 while True:
                     self._wait_tick()
                     result = self._monitor_workers(group)
+                    self._fold_beats()
                     self._publish_snapshot()
                     action = self._decide_turn(result)
                     if isinstance(action, sm.Wait):
@@ -476,6 +514,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             rank=head.global_rank if head else -1,
             exitcode=head.exitcode if head else None,
             counted=counted,
+            failed_at=round(head.timestamp, 6) if head else None,
         )
         finished = self._round_exit().peers_finished()
         return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished))

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from elastic_run.agent.progress.goodput import GoodputAccount
+
 __all__ = ["AgentSnapshot", "JobProgress", "WorkerProgress", "WorkerSnapshot"]
 
 
@@ -89,6 +91,7 @@ class AgentSnapshot:
         max_restarts: restarts allowed.
         workers: the local workers.
         job_progress: the job's step times (None: not published).
+        goodput: where this node's wall time went so far (None: the loop has not run yet).
     """
 
     run_id: str
@@ -103,3 +106,4 @@ class AgentSnapshot:
     max_restarts: int
     workers: tuple[WorkerSnapshot, ...] = ()
     job_progress: JobProgress | None = None
+    goodput: GoodputAccount | None = None

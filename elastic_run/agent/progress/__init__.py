@@ -1,9 +1,11 @@
 """Progress beats and what the agent judges from them: hangs, stragglers, a script's end.
 
 Pure rules beside their watchers: ``hang.py`` (the hang verdict) with ``hang_watch.py`` (beats
-in, verdicts and stacks out), ``script_end.py`` (when a script is over) with
+in, verdicts and stacks out) and ``hang_picture.py`` (every node's stuck ranks merged into one
+view), ``script_end.py`` (when a script is over) with
 ``script_end_watch.py``, ``stragglers.py`` (step times, the slow ranks), ``stack_report.py``
-(py-spy's stacks read) with ``stacks.py`` (taking them). ``config.py`` holds the run's fixed
+(py-spy's stacks read) with ``stacks.py`` (taking them), ``goodput.py`` (the account of the wall
+time: training, start-up, restarts by phase, stalls; folded by the run loop). ``config.py`` holds the run's fixed
 settings, ``duties.py`` what the local agent does with beats each tick, ``publisher.py`` the
 thread that publishes progress for ``status``.
 

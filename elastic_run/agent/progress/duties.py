@@ -25,6 +25,7 @@ from typing import Any
 from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.snapshot import JobProgress
 from elastic_run.agent.progress.config import ProgressOptions
+from elastic_run.agent.progress.hang_picture import stuck_record
 from elastic_run.agent.progress.hang_watch import HangWatch, HungWorker
 from elastic_run.agent.progress.publisher import ProgressPublisher
 from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch, WarmEnds
@@ -293,8 +294,9 @@ class ProgressDuties:
         if worker is None:
             return None
         report = self.watch.report(worker.local_rank)
+        job = self._publisher.job_hang() if self._publisher is not None else None
         return WorkerErrorInfo(
-            message=f"hung: {worker.sentence()}",
+            message=f"hung: {worker.sentence()}" + (f"\njob: {job.sentence()}" if job else ""),
             traceback=_stack_text(report) if report is not None else None,
         )
 
@@ -323,7 +325,7 @@ class ProgressDuties:
             for lr, p in sorted(pictures.items())
         ]
         last = self.watch.last_hang
-        return {
+        record: dict[str, Any] = {
             "round": round_,
             "attempt": attempt,
             "host": self._host,
@@ -331,6 +333,10 @@ class ProgressDuties:
             "ranks": ranks,
             "last_hang": last.sentence()[:400] if last is not None else None,
         }
+        stuck = self.watch.stuck
+        if stuck:
+            record["stuck"] = stuck_record(round_, stuck)
+        return record
 
     def start_publisher(
         self,
@@ -342,6 +348,7 @@ class ProgressDuties:
         running: Callable[[], bool],
         members: Callable[[int], Sequence[str]],
         emit: _Emit,
+        goodput: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """Start publishing, when the rendezvous handler can lend its backend (ours can).
 
@@ -354,6 +361,7 @@ class ProgressDuties:
                 right after a hang verdict: never while the job ends and its store goes away).
             members: the node ids of a round's members.
             emit: sends an agent event.
+            goodput: this node's goodput account now, as its published JSON.
         """
         if not isinstance(handler, TelemetryHost):
             return
@@ -372,6 +380,7 @@ class ProgressDuties:
             members=members,
             factor=self.options.straggler_factor,
             emit=emit,
+            goodput=goodput,
         )
         self._publisher.start()
 

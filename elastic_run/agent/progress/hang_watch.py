@@ -45,6 +45,7 @@ import elastic_run
 from elastic_run.agent.loop.snapshot import WorkerProgress
 from elastic_run.agent.progress import hang, script_end
 from elastic_run.agent.progress.hang import HungWorker
+from elastic_run.agent.progress.hang_picture import StuckRank
 from elastic_run.agent.progress.stack_report import StackReport, Where
 from elastic_run.agent.progress.stacks import capture_stacks, write_stacks
 from elastic_run.agent.progress.stragglers import StepSample, StepWindow
@@ -114,6 +115,8 @@ class HangWatch:
         self._after_script: dict[int, tuple[str, int]] = {}
         self._swept = False
         self._snapshot: tuple[tuple[int, WorkerProgress], ...] = ()
+        self._stuck: dict[int, StuckRank] = {}
+        self._stuck_view: tuple[StuckRank, ...] = ()
         self.last_hang: HungWorker | None = None
 
     # -- attempts -----------------------------------------------------------------------
@@ -149,6 +152,8 @@ class HangWatch:
             self._hung = ()
             self._stopped = set()
             self._after_script = {}
+            self._stuck = {}
+            self._stuck_view = ()
         slots = max((lr for lr, _ in workers), default=-1) + 1
         path = self._new_path(attempt)
         try:
@@ -270,6 +275,7 @@ class HangWatch:
                     suspects[worker.local_rank] = silence
         if not suspects:
             self._suspect_since = 0
+            self._keep_stuck({}, gone)
             self._publish(now)
             return
         if not self._suspect_since:
@@ -284,6 +290,7 @@ class HangWatch:
                 self._after_script.setdefault(lr, (over, now))
         if not suspects:
             self._suspect_since = 0
+            self._keep_stuck({}, gone)
             self._publish(now)
             return
         waiting = {
@@ -312,7 +319,36 @@ class HangWatch:
         self._hung = tuple(hung)
         if hung:
             self.last_hang = hung[0]
+        seen = {}
+        for lr, silence in suspects.items():
+            where = self._where(lr)
+            seen[lr] = StuckRank(
+                rank=self._workers[lr].rank,
+                where=where.text() if where is not None else "",
+                function=where.function if where is not None else "",
+                in_collective=where.in_collective if where is not None else None,
+                stuck_s=silence.silent_s,
+                hung=lr in chosen,
+            )
+        self._keep_stuck(seen, gone)
         self._publish(now)
+
+    def _keep_stuck(self, seen: Mapping[int, StuckRank], gone: set[int]) -> None:
+        """The attempt's stuck picture: the silent workers now, and those of the last picture
+        that were judged hung or exited since (what happened stays shown); a worker that beat
+        again leaves it."""
+        kept = {
+            lr: rank
+            for lr, rank in self._stuck.items()
+            if lr not in seen and (rank.hung or lr in gone or self._workers[lr].verdict == "hung")
+        }
+        self._stuck = {**kept, **seen}
+        self._stuck_view = tuple(self._stuck[lr] for lr in sorted(self._stuck))
+
+    @property
+    def stuck(self) -> tuple[StuckRank, ...]:
+        """This attempt's silent workers as last seen with their stacks (any thread)."""
+        return self._stuck_view
 
     def read_beats(self, now_ns: int | None = None) -> None:
         """Read every slot without judging (a worker that beat and exited between two ticks)."""
@@ -470,6 +506,16 @@ class HangWatch:
                 )
             )
         self._snapshot = tuple(pictures)
+
+    def beat_reading(self) -> tuple[int, int] | None:
+        """The node's beats as of the last reading: (beats of the worker that beat last, its
+        last beat's monotonic ns); None before any worker beat this attempt (any thread)."""
+        with self._lock:
+            histories = [w.history for w in self._workers.values() if w.history.beats]
+        if not histories:
+            return None
+        last = max(histories, key=lambda h: h.last_beat_ns)
+        return last.beats, last.last_beat_ns
 
     def progress(self) -> dict[int, WorkerProgress]:
         """Each local worker's progress as of the last tick (any thread)."""

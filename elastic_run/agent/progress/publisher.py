@@ -9,7 +9,8 @@ A thread (the store may block; the agent loop must not), once a second:
   read of N small keys), computes the job's median and slowest ranks (``stragglers.py``), emits a
   ``straggler`` event for a rank that stayed above ``--straggler-factor`` x the median for a
   while, and writes the summary (``pg/job``, O(1));
-- every other node reads that summary at the same pace (one O(1) read) for its live panel.
+- every other node reads that summary at the same pace (one O(1) read) for its live panel;
+- every node writes its goodput account (``gp/<node id>``, O(1)) every ``goodput_every_s``.
 
 A node none of whose workers has beaten yet (a script that does not call ``progress()``, or
 one still in its first step) has nothing that changes every second: it writes its record when
@@ -28,6 +29,7 @@ from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 from elastic_run.agent.loop.snapshot import JobProgress
+from elastic_run.agent.progress.hang_picture import JobHang, merge, parse_stuck
 from elastic_run.agent.progress.stragglers import (
     JobSteps,
     RankTime,
@@ -142,6 +144,9 @@ class ProgressPublisher:
         judge_every_s: between two straggler judgements on node 0.
         idle_refresh_s: between two publications of an unchanged record of a node whose
             workers have not beaten.
+        goodput: this node's goodput account now (its JSON), published every
+            ``goodput_every_s`` (None: not published).
+        goodput_every_s: between two publications of the goodput account.
     """
 
     def __init__(
@@ -156,6 +161,8 @@ class ProgressPublisher:
         interval_s: float = 1.0,
         judge_every_s: float = 2.0,
         idle_refresh_s: float = 10.0,
+        goodput: Callable[[], Mapping[str, Any]] | None = None,
+        goodput_every_s: float = 5.0,
     ) -> None:
         self._telemetry = telemetry
         self._node_record = node_record
@@ -173,6 +180,9 @@ class ProgressPublisher:
         self._next_judge = 0.0
         self._idle_refresh_s = idle_refresh_s
         self._last_idle: tuple[dict[str, Any] | None, float] = (None, 0.0)
+        self._goodput = goodput
+        self._goodput_every_s = goodput_every_s
+        self._next_goodput = 0.0
         self.job: JobProgress | None = None
 
     def start(self) -> None:
@@ -211,6 +221,9 @@ class ProgressPublisher:
         record = self._node_record(forced)
         if record is None:
             return
+        if self._goodput is not None and (forced or now >= self._next_goodput):
+            self._next_goodput = now + self._goodput_every_s
+            self._telemetry.publish_goodput(self._goodput())
         if not _has_beats(record):
             last, at = self._last_idle
             if forced or record != last or now - at >= self._idle_refresh_s:
@@ -231,6 +244,32 @@ class ProgressPublisher:
                 self.job = job_progress(job) if job is not None else None
         except RendezvousError as exc:
             log.info("reading or judging the job's progress: %s", exc)
+
+    def job_hang(self, patience_s: float = 5.0) -> JobHang | None:
+        """The job's hang picture of this round, merged from every member's record (the node
+        that judged a hang reads its peers'; one batch read, again each second for up to
+        ``patience_s`` until every member's record of the round has its silent ranks: a peer
+        takes its stacks about when this node does). None: no picture, or the store failed."""
+        round_, _ = self._position()
+        if round_ < 0:
+            return None
+        members = tuple(self._members(round_))
+        deadline = time.monotonic() + patience_s
+        picture = None
+        while True:
+            try:
+                records, _, _ = self._telemetry.read_progress(members)
+            except RendezvousError as exc:
+                log.info("reading the peers' hang pictures: %s", exc)
+                return picture
+            picture = merge(records, round_)
+            pictured = sum(1 for r in records.values() if parse_stuck(r) is not None)
+            if pictured >= len(members) or self._stop.wait(
+                min(1.0, max(0.0, deadline - time.monotonic()))
+            ):
+                return picture
+            if time.monotonic() >= deadline:
+                return picture
 
     def _judge(self, round_: int, now_ns: int) -> None:
         if self._member_ids[0] != round_:

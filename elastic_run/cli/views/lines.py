@@ -30,6 +30,7 @@ from elastic_run.agent.events import AgentEvent
 from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.workers.failures import FailureRecord, failure_facts, ordered_failures
 from elastic_run.agent.workers.output import StreamName, write_console
+from elastic_run.cli.views.goodput_view import GoodputPicture, render_goodput
 from elastic_run.cli.views.live_panel import LiveView
 from elastic_run.cli.views.progress_view import (
     ProgressPicture,
@@ -94,6 +95,7 @@ def render_status(
     ages: Mapping[str, float | None] | None = None,
     closed_reason: str | None = None,
     progress: ProgressPicture | None = None,
+    goodput: GoodputPicture | None = None,
 ) -> RenderableType:
     """The rendezvous as a rich renderable: header, members, waiting nodes, progress, events.
 
@@ -102,6 +104,7 @@ def render_status(
         ages: seconds since each node's heartbeat was last seen moving (None: not seen moving).
         closed_reason: why the job was closed, when it is.
         progress: the ranks' progress (:func:`~elastic_run.cli.views.progress_view.progress_picture`).
+        goodput: the job's goodput (:func:`~elastic_run.cli.views.goodput_view.goodput_picture`).
     """
     ages = ages or {}
     nnodes = f"{snap.min_nodes}:{snap.max_nodes}" if snap.min_nodes or snap.max_nodes else "unknown"
@@ -136,6 +139,9 @@ def render_status(
     shown = render_progress(progress)
     if shown is not None:
         parts.append(shown)
+    line = render_goodput(goodput)
+    if line is not None:
+        parts.append(line)
     for problem in snap.problems:
         parts.append(Text(f"unreadable: {problem}", style="bold red"))
     if snap.events:
@@ -164,6 +170,7 @@ def status_to_json(
     ages: Mapping[str, float | None] | None = None,
     closed_reason: str | None = None,
     progress: ProgressPicture | None = None,
+    goodput: GoodputPicture | None = None,
 ) -> dict[str, Any]:
     """The ``status --json`` object (schema version :data:`STATUS_SCHEMA_VERSION`).
 
@@ -177,7 +184,9 @@ def status_to_json(
     be decoded, with why; the rest is shown), ``events`` (the last events, oldest first, each
     ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``) and ``progress`` (the
     ranks' steps, step times and verdicts: see :func:`~elastic_run.cli.views.progress_view.
-    progress_picture`; null when no agent published any).
+    progress_picture`; null when no agent published any) and ``goodput`` (the job's account of its
+    wall time, merged from the nodes': see :func:`~elastic_run.cli.views.goodput_view.
+    goodput_picture`; null when no agent published one).
     """
     ages = ages or {}
     return {
@@ -198,6 +207,7 @@ def status_to_json(
         "problems": list(snap.problems),
         "events": [dict(e) for e in snap.events],
         "progress": progress,
+        "goodput": goodput,
     }
 
 

@@ -18,6 +18,7 @@ from rich.table import Table
 from rich.text import Text
 
 from elastic_run.agent.loop.snapshot import WorkerSnapshot
+from elastic_run.agent.progress.hang_picture import merge
 from elastic_run.agent.progress.publisher import rank_times, slowest_rows
 from elastic_run.agent.progress.stragglers import DEFAULT_FACTOR, summarize
 
@@ -53,7 +54,9 @@ def progress_picture(
         ``host``, ``node``, ``work_s``, ``ratio``, ``straggler``), ``ranks`` (each ``rank``,
         ``local_rank``, ``node``, ``host``, ``step``, ``beats``, ``step_s``, ``work_s``,
         ``ratio``, ``age_s``, ``timeout_s``, ``verdict``, ``where``, ``stale``) and ``nodes``
-        (node id -> ``hang_rule``, ``last_hang``, ``attempt``, ``round``).
+        (node id -> ``hang_rule``, ``last_hang``, ``attempt``, ``round``), and ``hang``: the
+        job's silent ranks merged from every node's stacks (``summary``, ``stuck``, ``waiting``,
+        ``unknown``; see :mod:`elastic_run.agent.progress.hang_picture`), or None.
     """
     factor = _num((job or {}).get("factor")) or DEFAULT_FACTOR
     reported = {
@@ -101,7 +104,9 @@ def progress_picture(
                 }
             )
     ranks.sort(key=lambda r: r["rank"] if isinstance(r["rank"], int) else 1 << 30)
+    hang = merge(records, round_)
     return {
+        "hang": hang.as_json() if hang is not None else None,
         "median_step_s": median,
         "ranks_reporting": steps.ranks,
         "factor": factor,
@@ -145,6 +150,9 @@ def render_progress(picture: ProgressPicture | None, max_rows: int = 16) -> Rend
     parts: list[RenderableType] = [head]
     if rules:
         parts.append(Text(f"hang timeout: {', '.join(sorted(rules))}", style="dim"))
+    hang = picture.get("hang")
+    if isinstance(hang, Mapping) and hang.get("summary"):
+        parts.append(Text(f"hang (whole job): {hang['summary']}", style="bold red"))
     for node in picture.get("nodes", {}).values():
         if node.get("last_hang"):
             parts.append(Text(f"last hang: {node['last_hang']}", style="red"))

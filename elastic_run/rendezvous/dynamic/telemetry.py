@@ -14,6 +14,10 @@ Progress (the agent's hang and straggler picture): ``pg/<node id>`` holds one no
 node's local world size, not by the job's), and ``pg/job`` the job's median step time and
 slowest ranks, written by the node of group rank 0 every few seconds. Both are JSON objects of
 version 1 whose fields the agent defines; :func:`read_progress` reads them in one batch.
+
+Goodput: ``gp/<node id>`` holds one node's account of its wall time (seconds per cause and its
+restart count, a JSON object of version 1 whose fields the agent defines; O(1) in size, written
+every few seconds); :func:`read_goodput` reads the nodes' in one batch.
 """
 
 from __future__ import annotations
@@ -35,8 +39,10 @@ __all__ = [
     "Telemetry",
     "TelemetryHost",
     "decode_json_record",
+    "goodput_key",
     "progress_key",
     "read_events",
+    "read_goodput",
     "read_progress",
 ]
 
@@ -51,7 +57,11 @@ def progress_key(node_id: str) -> str:
     return f"pg/{node_id}"
 
 
-@runtime_checkable
+def goodput_key(node_id: str) -> str:
+    """The key of one node's goodput account."""
+    return f"gp/{node_id}"
+
+
 @runtime_checkable
 class TelemetryHost(Protocol):
     """A rendezvous handler that publishes and reads telemetry for its node (the typed seam:
@@ -134,6 +144,10 @@ class Telemetry:
         """Write the job's progress summary (one O(1) write). Never raises."""
         self._write(PROGRESS_JOB_KEY, body, "the job's progress summary")
 
+    def publish_goodput(self, body: Mapping[str, Any]) -> None:
+        """Write this node's goodput account (one O(1) write). Never raises."""
+        self._write(goodput_key(self._node_id), {"account": dict(body)}, "the goodput account")
+
     def read_progress(
         self, node_ids: Sequence[str]
     ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None, tuple[str, ...]]:
@@ -179,6 +193,28 @@ def read_progress(
         else:
             job = body
     return records, job, tuple(problems)
+
+
+def read_goodput(
+    backend: RendezvousBackend, node_ids: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """Read the nodes' goodput records in one batch.
+
+    Returns:
+        (node id -> its record (``account``: the agent's JSON, ``ts``: when written, epoch s),
+        for those that have one; a sentence for each value that is not ours, left out).
+    """
+    wanted = [goodput_key(n) for n in node_ids]
+    records: dict[str, dict[str, Any]] = {}
+    problems: list[str] = []
+    for key, node_id, raw in zip(wanted, node_ids, backend.get_many(wanted), strict=True):
+        if raw is None:
+            continue
+        try:
+            records[node_id] = decode_json_record(key, raw)
+        except RendezvousError as exc:
+            problems.append(str(exc))
+    return records, tuple(problems)
 
 
 def read_events(
