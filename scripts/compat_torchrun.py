@@ -174,6 +174,7 @@ _TORCH_LOG = r"- torch/distributed/[\w/]+\.py:\d+\] .*"  # torch's logging (glog
 DELIBERATE: tuple[Deliberate, ...] = (
     Deliberate("the agent's own output", "stderr", r"\+ elastic-run\[[^\]]+\] [a-z_.]+: .*"),
     Deliberate("the agent's own output", "stderr", _TORCH_LOG),
+    Deliberate("the agent's own output", "stderr", r"\+ elastic-run: goodput .*"),
     Deliberate(
         "extra files in the log tree", "log tree", r"\+ logs/.+/(events\.jsonl|stacks\.txt)"
     ),

@@ -70,7 +70,10 @@ class Node:
         return [json.loads(line) for line in whole.splitlines() if line.strip()]
 
     def kinds(self) -> list[str]:
-        return [e["kind"] for e in self.events()]
+        """The kinds of the node's state changes, in order (its log's closing goodput account,
+        README "Goodput", left out: every run ends with one)."""
+        kinds = [e["kind"] for e in self.events()]
+        return kinds[:-1] if kinds and kinds[-1] == "goodput" else kinds
 
 
 class Job:

@@ -56,6 +56,9 @@ from types import TracebackType
 
 __all__ = ["GUARDIAN_ENV", "Guardian", "main"]
 
+# Signals the guardian ignores (it must outlive them until the agent is gone).
+_IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
+
 GUARDIAN_ENV = "ELASTIC_RUN_GUARDIAN"
 """The worker variable that holds the agent's guardian token."""
 
@@ -204,8 +207,9 @@ def main(stdin_fd: int = 0, token: str = "") -> int:
     """
     # SIGUSR1/2: Slurm (scancel --signal, sbatch --signal) signals every process of a step,
     # this one too, and their default action would end it before the agent is gone.
-    for sig in (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2):
+    for sig in _IGNORED:
         signal.signal(sig, signal.SIG_IGN)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, _IGNORED)  # blocked by the agent until now
     watch = _Watch(token)
     pending = b""
     next_track = time.monotonic() + _TRACK_INTERVAL_S
@@ -305,6 +309,10 @@ class Guardian:
         with self._lock:
             if self._proc is not None:
                 return
+            # The signals the guardian ignores are blocked from its fork until it ignores them
+            # (a blocked mask survives exec): a Slurm SIGUSR1 sent to the whole step while its
+            # interpreter starts must not end it.
+            previous = signal.pthread_sigmask(signal.SIG_BLOCK, _IGNORED)
             try:
                 self._proc = subprocess.Popen(
                     [self._python, "-I", "-S", os.path.abspath(__file__), self._token],
@@ -317,6 +325,8 @@ class Guardian:
                 raise AgentError(
                     f"cannot start the worker guardian with {self._python}: {exc}"
                 ) from exc
+            finally:
+                signal.pthread_sigmask(signal.SIG_SETMASK, previous)
 
     def register(self, sid: int) -> None:
         """Guard session ``sid``: its processes are killed when the agent dies.
