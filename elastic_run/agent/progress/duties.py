@@ -294,7 +294,9 @@ class ProgressDuties:
         if worker is None:
             return None
         report = self.watch.report(worker.local_rank)
-        job = self._publisher.job_hang() if self._publisher is not None else None
+        # One read, no wait: waiting for the peers here delays this failure's report, and the
+        # peer whose workers broke on the killed rank then reports first.
+        job = self._publisher.job_hang(patience_s=0.0) if self._publisher is not None else None
         return WorkerErrorInfo(
             message=f"hung: {worker.sentence()}" + (f"\njob: {job.sentence()}" if job else ""),
             traceback=_stack_text(report) if report is not None else None,
