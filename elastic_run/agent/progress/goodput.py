@@ -297,12 +297,12 @@ def worker_failed(fold: GoodputFold, failed_at_s: float, now_s: float) -> Goodpu
     return replace(_close(replace(fold, phase="detection"), now_s), phase="detection")
 
 
-def restart_decided(fold: GoodputFold, now_s: float) -> GoodputFold:
-    """The agent decided to restart its workers after a failure: stopping starts."""
+def _stop_begins(fold: GoodputFold, cause: str, now_s: float) -> GoodputFold:
+    """A restart for ``cause`` begins: the current phase closes, stopping starts."""
     if _over(fold):
         return fold
     fold = _end_restart(_close(fold, now_s))
-    current = RestartCost("failure", detection_s=fold.pending_detection_s)
+    current = RestartCost(cause, detection_s=fold.pending_detection_s)
     return replace(
         fold,
         phase="stop",
@@ -310,22 +310,17 @@ def restart_decided(fold: GoodputFold, now_s: float) -> GoodputFold:
         pending_detection_s=0.0,
         restart_count=fold.restart_count + 1,
     )
+
+
+def restart_decided(fold: GoodputFold, now_s: float) -> GoodputFold:
+    """The agent decided to restart its workers after a failure: stopping starts."""
+    return _stop_begins(fold, "failure", now_s)
 
 
 def membership_changed(fold: GoodputFold, now_s: float) -> GoodputFold:
     """The round changed (a lost member, waiting nodes): stopping to re-rendezvous starts.
     This node cannot date the loss: the silence before it counts as a stall."""
-    if _over(fold):
-        return fold
-    fold = _end_restart(_close(fold, now_s))
-    current = RestartCost("membership", detection_s=fold.pending_detection_s)
-    return replace(
-        fold,
-        phase="stop",
-        current=current,
-        pending_detection_s=0.0,
-        restart_count=fold.restart_count + 1,
-    )
+    return _stop_begins(fold, "membership", now_s)
 
 
 def rendezvous_joining(fold: GoodputFold, now_s: float) -> GoodputFold:
