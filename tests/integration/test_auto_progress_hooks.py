@@ -66,8 +66,18 @@ LOOP = textwrap.dedent(
         model(torch.ones(1, 2)).sum().backward()
         opt.step()
 
+    def own_loop():
+        # Each thread trains its own model: two threads stepping one model race in torch itself
+        # (zero_grad against backward), which crashes a plain start as often as ours.
+        m = torch.nn.Linear(2, 1)
+        o = torch.optim.SGD(m.parameters(), lr=0.1)
+        for _ in range(steps):
+            o.zero_grad()
+            m(torch.ones(1, 2)).sum().backward()
+            o.step()
+
     if mode == "threads":
-        threads = [threading.Thread(target=lambda: [step() for _ in range(steps)]) for _ in "ab"]
+        threads = [threading.Thread(target=own_loop) for _ in "ab"]
         for t in threads:
             t.start()
         for t in threads:
