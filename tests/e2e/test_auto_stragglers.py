@@ -101,11 +101,6 @@ def test_a_slow_forward_is_the_straggler_without_code(make_job: Any) -> None:
     assert [e["fields"]["rank"] for e in stragglers] == [1], stragglers
 
 
-@pytest.mark.xfail(
-    strict=False,
-    reason="known regression after the merges of 2026-11-27: the judging node's failure summary "
-    "lacks the job-wide `job: ...` line (see the closing note of session 6)",
-)
 @pytest.mark.timeout(400)
 def test_a_hang_is_shown_for_the_whole_job_in_the_failure_summary(make_job: Any) -> None:
     job = make_job(("c10d", ""))

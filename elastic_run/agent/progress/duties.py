@@ -25,7 +25,7 @@ from typing import Any
 from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.snapshot import JobProgress
 from elastic_run.agent.progress.config import ProgressOptions
-from elastic_run.agent.progress.hang_picture import stuck_record
+from elastic_run.agent.progress.hang_picture import JobHang, stuck_record
 from elastic_run.agent.progress.hang_watch import HangWatch, HungWorker
 from elastic_run.agent.progress.publisher import ProgressPublisher
 from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch, WarmEnds
@@ -74,6 +74,7 @@ class ProgressDuties:
         self._outlived: dict[int, Outlived] = {}
         self._emit: Callable[..., None] | None = None
         self._publisher: ProgressPublisher | None = None
+        self._job_hang: JobHang | None = None
 
     # -- attempts ------------------------------------------------------------------------
 
@@ -88,6 +89,7 @@ class ProgressDuties:
         self._ranks = dict(workers)
         self._killed = {}
         self._outlived = {}
+        self._job_hang = None
         self.script_end.start_attempt(workers, log_dirs)
         envs = self.watch.start_attempt(attempt, workers, log_dirs)
         if self.options.auto_progress:
@@ -219,7 +221,15 @@ class ProgressDuties:
             emit: sends an agent event (kind, message, fields).
             kill: kills a worker by pid (default: SIGKILL to its process group).
         """
-        for worker in self.watch.hung:
+        hung = list(self.watch.hung)
+        if hung and self._publisher is not None:
+            # The job's picture before the kill: this node's record goes out now, and the peers'
+            # (their ranks wait in a collective on the hung one, and take their stacks about
+            # when this node does) are read for up to a few seconds. After the kill, the peers'
+            # workers break on the dead rank and their pictures are gone.
+            self._publisher.nudge()
+            self._job_hang = self._publisher.job_hang()
+        for worker in hung:
             self._killed[worker.pid] = worker
             where = worker.where
             emit(
@@ -294,9 +304,12 @@ class ProgressDuties:
         if worker is None:
             return None
         report = self.watch.report(worker.local_rank)
-        # One read, no wait: waiting for the peers here delays this failure's report, and the
-        # peer whose workers broke on the killed rank then reports first.
-        job = self._publisher.job_hang(patience_s=0.0) if self._publisher is not None else None
+        # The picture read before the kill (``stop_hung``); waiting for the peers here would
+        # delay this failure's report, and the peer whose workers broke on the killed rank
+        # would report first.
+        job = self._job_hang
+        if job is None and self._publisher is not None:
+            job = self._publisher.job_hang(patience_s=0.0)
         return WorkerErrorInfo(
             message=f"hung: {worker.sentence()}" + (f"\njob: {job.sentence()}" if job else ""),
             traceback=_stack_text(report) if report is not None else None,
