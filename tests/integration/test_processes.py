@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import signal
@@ -569,3 +570,24 @@ def test_console_only_output_is_unchanged_and_a_partial_line_shows_without_its_n
     wait_exits(group, 1)
     group.stop(signal.SIGTERM, 5)
     assert "".join(text for _, text in console.blocks) == "progress 50% done\ntwo\nlines\n"
+
+
+LONG = """
+    import json, sys
+    line = json.dumps(["é€𝄞" * 7 + str(i) for i in range(9000)], ensure_ascii=False)
+    sys.stdout.write(line + "\\n")
+    sys.stdout.write(line[:70001])  # a last line without its newline, cut inside a character
+"""
+
+
+def test_a_console_only_line_longer_than_the_pipe_reads_is_passed_on_as_written(
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses]
+) -> None:
+    group = start([launch(tmp_path, LONG, local_rank=0)], cleanup)
+    wait_exits(group, 1)
+    group.stop(signal.SIGTERM, 5)
+    line = json.dumps(["é€𝄞" * 7 + str(i) for i in range(9000)], ensure_ascii=False)
+    assert len(line.encode()) > 8 * 65536
+    text = "".join(text for _, text in console.blocks)
+    assert text == line + "\n" + line[:70001]
+    assert json.loads(text.splitlines()[0]) == json.loads(line)

@@ -23,7 +23,9 @@ Invariants:
   when the worker is killed and no thread of ours is on the path.
 - A stream that reaches the console goes through a pipe and one reader thread, which drains it to
   EOF (so the last lines of a killed worker still arrive) and hands the console only whole lines
-  (a line longer than ``_MAX_PARTIAL_BYTES`` is cut into pieces), under one process-wide lock: lines
+  (a prefixed line longer than ``_MAX_PARTIAL_BYTES`` is cut into prefixed pieces; an
+  unprefixed one is passed on in pieces without a newline of ours, at a character boundary, so
+  its bytes reach the console as written), under one process-wide lock: lines
   of different ranks never interleave mid-line. (Under torchrun the workers share the console's
   descriptor, and ``python -u`` writes a line's text and its newline in two calls, so two ranks'
   lines can be cut into each other: ``| jq`` then fails.) An unprefixed partial line (a progress
@@ -65,6 +67,20 @@ logger = logging.getLogger(__name__)
 _READ_CHUNK_BYTES = 65536
 _MAX_PARTIAL_BYTES = 65536
 _PARTIAL_FLUSH_S = 0.05
+
+
+def _utf8_boundary(data: bytes) -> int:
+    """The length of ``data``'s longest prefix that does not end inside a UTF-8 character."""
+    end = len(data)
+    for back in range(1, min(4, end) + 1):
+        byte = data[end - back]
+        if byte & 0xC0 == 0x80:
+            continue  # a continuation byte: its lead is further back
+        if byte & 0x80 == 0:
+            return end  # ASCII
+        needed = 2 if byte & 0xE0 == 0xC0 else 3 if byte & 0xF0 == 0xE0 else 4
+        return end if back >= needed else end - back
+    return end  # not UTF-8 there: pass it on as it is
 
 
 class StreamName(str, enum.Enum):
@@ -247,9 +263,12 @@ class _LineForwarder:
         try:
             while True:
                 if self._partial and not self._prefix and not self._is_readable(_PARTIAL_FLUSH_S):
-                    self._emit_raw(self._partial)  # quiet: show the partial line as it is
-                    self._partial = b""
-                    continue
+                    # Quiet: show the partial line as it is (a character cut by the pipe waits).
+                    cut = _utf8_boundary(self._partial)
+                    if cut:
+                        self._emit_raw(self._partial[:cut])
+                        self._partial = self._partial[cut:]
+                        continue
                 try:
                     chunk = os.read(self._read_fd, _READ_CHUNK_BYTES)
                 except InterruptedError:
@@ -260,8 +279,11 @@ class _LineForwarder:
                 if not chunk:
                     break
                 self._handle(chunk)
-            if self._partial:
-                self._emit([self._partial])
+            if self._partial:  # the last line had no newline
+                if self._prefix:
+                    self._emit([self._partial])
+                else:
+                    self._emit_raw(self._partial)
                 self._partial = b""
         finally:
             os.close(self._read_fd)
@@ -288,11 +310,18 @@ class _LineForwarder:
         data = self._partial + chunk
         lines = data.split(b"\n")
         self._partial = lines.pop()
+        head = b""
         if len(self._partial) >= _MAX_PARTIAL_BYTES:
-            lines.append(self._partial)
-            self._partial = b""
+            if self._prefix:  # a prefixed console line: cut into prefixed pieces
+                lines.append(self._partial)
+                self._partial = b""
+            else:  # unprefixed: passed on as written, never with a newline of ours
+                cut = _utf8_boundary(self._partial)
+                head, self._partial = self._partial[:cut], self._partial[cut:]
         if lines:
             self._emit(lines)
+        if head:
+            self._emit_raw(head)
 
     def _emit(self, lines: list[bytes]) -> None:
         prefix = self._prefix
