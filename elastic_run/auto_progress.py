@@ -44,6 +44,7 @@ from typing import Any, cast
 
 __all__ = [
     "AUTO_PROGRESS_ENV",
+    "WORK_MARK_PARAMS",
     "MODULE_MODULE",
     "OPTIMIZER_MODULE",
     "install",
@@ -74,13 +75,20 @@ class _Pairing(threading.local):
         self.post_seen = True
 
 
+WORK_MARK_PARAMS = 4
+"""How many parameters carry a gradient hook: the first ones the forward uses, whose gradients
+the backward accumulates last. Each hook is a Python call per step (about 3 us here), so one on
+every parameter cost a model of a few hundred tensors a millisecond per step."""
+
+
 class _WorkMarks:
     """When this rank's own work of a step ends: the last gradient accumulated before the step.
 
     Discovery: a global module forward pre hook (torch's
-    ``register_module_forward_pre_hook``) sees every module that runs a forward before the first
-    optimizer step ends, and registers a post-accumulate-grad hook on each of its own parameters
-    that take a gradient, on the main thread only (registering on a tensor whose hooks another
+    ``register_module_forward_pre_hook``) sees the modules that run a forward before the first
+    optimizer step ends, and registers a post-accumulate-grad hook on the first
+    ``WORK_MARK_PARAMS`` parameters that take a gradient, in the order the forward uses them,
+    on the main thread only (registering on a tensor whose hooks another
     thread's backward runs is a data race in torch: it crashed a two-thread test). Then it leaves torch's registry (:meth:`stop_discovering`), so later
     module calls keep torch's fast path. Each gradient hook only stamps the clock; the optimizer's
     post hook hands the last stamp to the writer (:meth:`BeatWriter.auto_sync_point`), which
@@ -119,6 +127,9 @@ class _WorkMarks:
             return None  # a hook registered while another thread's backward runs could race
         try:
             for param in module.parameters(recurse=False):
+                if len(self._seen) >= WORK_MARK_PARAMS:
+                    self.stop_discovering()
+                    return None
                 known = self._seen.get(id(param))
                 if (
                     param.requires_grad

@@ -183,3 +183,23 @@ def run_cli(
                 f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
             ) from None
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+
+
+def run_cli_in_process(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+    """Run the CLI's command group on ``args`` in this process (click's test runner) and capture
+    what it printed and its exit code, as ``run_cli`` does for a child process.
+
+    For polling a read-only command (``status --json``) in a wait loop: a child process imports
+    torch for each call (about 3 s of CPU here), which starved the jobs under test. A test that
+    polls this way still runs the real command once in a child for what it asserts last.
+    """
+    from click.testing import CliRunner
+
+    from elastic_run.cli.main import cli
+
+    result = CliRunner().invoke(cli, list(args), prog_name="elastic-run")
+    if result.exception is not None and not isinstance(result.exception, SystemExit):
+        raise AssertionError(f"elastic-run {' '.join(args)} raised {result.exception!r}")
+    return subprocess.CompletedProcess(
+        ["elastic-run", *args], result.exit_code, result.stdout, result.stderr
+    )

@@ -24,7 +24,7 @@ from tests.e2e.test_multinode import (  # noqa: F401 - fixtures
     Job,
     make_job_fixture,
 )
-from tests.helpers import run_cli, wait_until
+from tests.helpers import run_cli, run_cli_in_process, wait_until
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_plain.py"
 BLOCKING_LINE = next(
@@ -32,9 +32,10 @@ BLOCKING_LINE = next(
 )
 
 
-def _status_json(job: Job) -> dict[str, Any]:
-    """``elastic-run status --json`` of the job (``{}`` while its rendezvous is not written)."""
-    proc = run_cli(
+def _status_json(job: Job, *, in_process: bool = False) -> dict[str, Any]:
+    """``elastic-run status --json`` of the job (``{}`` while its rendezvous is not written); with
+    ``in_process``, the command runs in this process (for a wait loop: no torch import per call)."""
+    proc = (run_cli_in_process if in_process else run_cli)(
         [
             "status",
             "--rdzv-backend",
@@ -77,7 +78,7 @@ def test_a_slow_forward_is_the_straggler_without_code(make_job: Any) -> None:
     seen: dict[str, Any] = {}
 
     def straggler_named() -> bool:
-        body = _status_json(job)
+        body = _status_json(job, in_process=True)
         seen.clear()
         seen.update(body)
         progress = body.get("progress") or {}
@@ -99,6 +100,9 @@ def test_a_slow_forward_is_the_straggler_without_code(make_job: Any) -> None:
     assert by_rank[1]["verdict"] == "straggler" and by_rank[0]["verdict"] != "straggler"
     stragglers = [e for e in seen.get("events", []) if e["kind"] == "straggler"]
     assert [e["fields"]["rank"] for e in stragglers] == [1], stragglers
+    # The command as users run it (a child process) says the same.
+    again = _status_json(job)["progress"]
+    assert {r["rank"]: r["verdict"] for r in again["ranks"]}[1] == "straggler", again
 
 
 @pytest.mark.timeout(400)

@@ -31,7 +31,7 @@ from tests.e2e.test_multinode import (  # noqa: F401 - fixtures
     backend_fixture,
     make_job_fixture,
 )
-from tests.helpers import run_cli, wait_until
+from tests.helpers import run_cli, run_cli_in_process, wait_until
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 
 TRAIN = Path(__file__).resolve().parent / "hang_scripts" / "train.py"
@@ -185,10 +185,13 @@ def test_no_false_verdict_for_a_long_first_step_a_checkpoint_or_no_beats(make_jo
     job.assert_no_survivors()
 
 
-def _status_json(job: Job, *, may_be_absent: bool = False) -> dict[str, Any]:
+def _status_json(
+    job: Job, *, may_be_absent: bool = False, in_process: bool = False
+) -> dict[str, Any]:
     """``elastic-run status --json`` of the job; with ``may_be_absent``, ``{}`` while the job has
-    not written its rendezvous yet (status exits 3 then: the agents are still starting)."""
-    proc = run_cli(
+    not written its rendezvous yet (status exits 3 then: the agents are still starting). With
+    ``in_process``, the command runs in this process (for a wait loop: no torch import per call)."""
+    proc = (run_cli_in_process if in_process else run_cli)(
         [
             "status",
             "--rdzv-backend",
@@ -227,7 +230,7 @@ def test_a_straggler_is_the_slowest_rank_in_status_and_an_event(make_job: Any) -
     seen: dict[str, Any] = {}
 
     def straggler_shown() -> bool:
-        body = _status_json(job, may_be_absent=True)
+        body = _status_json(job, may_be_absent=True, in_process=True)
         seen.update(body)
         progress = body.get("progress") or {}
         slowest = progress.get("slowest") or []

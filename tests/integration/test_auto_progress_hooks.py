@@ -22,7 +22,7 @@ from pathlib import Path
 import pytest
 
 from elastic_run.agent.workers.env import SITE_HOOK_DIR, cold_python_env
-from elastic_run.auto_progress import AUTO_PROGRESS_ENV
+from elastic_run.auto_progress import AUTO_PROGRESS_ENV, WORK_MARK_PARAMS
 from elastic_run.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,
@@ -240,6 +240,9 @@ WORK = textwrap.dedent(
     from elastic_run.worker import sync_point
     mode = sys.argv[1]
     model = torch.nn.Sequential(torch.nn.Linear(2, 3), torch.nn.ReLU(), torch.nn.Linear(3, 1))
+    if mode == "deep":  # 61 parameter tensors
+        layers = [torch.nn.Linear(2, 3)] + [torch.nn.Linear(3, 3) for _ in range(29)]
+        model = torch.nn.Sequential(*layers, torch.nn.Linear(3, 1, bias=False))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for n in range(2):
         opt.zero_grad()
@@ -250,20 +253,24 @@ WORK = textwrap.dedent(
             sync_point()  # the script's own mark wins, even after the wait
         opt.step()
         print("GLOBAL_PRE_HOOKS", n, len(torch_module._global_forward_pre_hooks))
+    hooked = [i for i, p in enumerate(model.parameters()) if p._post_accumulate_grad_hooks]
+    print("HOOKED", hooked)
     """
 )
 
 
-@pytest.mark.parametrize("mode", ["auto", "explicit-sync"])
+@pytest.mark.parametrize("mode", ["auto", "deep", "explicit-sync"])
 def test_the_last_gradient_marks_the_end_of_a_steps_work(tmp_path: Path, mode: str) -> None:
     proc, reading = _run(tmp_path, WORK, mode)
     assert proc.returncode == 0 and proc.stderr == "", proc.stderr
+    # Gradient hooks on the first parameters the forward uses only (their gradients come last).
+    assert f"HOOKED {list(range(min(4, WORK_MARK_PARAMS)))}" in proc.stdout, proc.stdout
     # Discovery ends with the first optimizer step: torch's fast path for every later call.
     assert "GLOBAL_PRE_HOOKS 0 0" in proc.stdout and "GLOBAL_PRE_HOOKS 1 0" in proc.stdout
     assert reading is not None and (reading.beats, reading.busy_count) == (2, 1)
     # Step 2 ran from beat 1: 0.05 s of work, the backward, 0.5 s of waiting, beat 2.
     assert reading.busy_ns >= 50_000_000
-    if mode == "auto":
+    if mode != "explicit-sync":
         assert reading.busy_ns <= reading.last_gap_ns - 500_000_000  # the wait is not work
     else:
         assert reading.busy_ns >= 550_000_000  # the script's sync_point(), after its wait
