@@ -10,6 +10,10 @@ minimum (a step nobody preempted) is the steadier estimate of the hook's own cos
 
     .venv/bin/python scripts/bench_auto_progress.py
     .venv/bin/python scripts/bench_auto_progress.py --steps 20000 --width 64 --rounds 3
+    .venv/bin/python scripts/bench_auto_progress.py --ddp --steps 3000 --width 512
+
+``--ddp`` runs two workers training one DistributedDataParallel model over gloo (what the issue's
+"DDP training script" is); the times are rank 0's.
 """
 
 from __future__ import annotations
@@ -27,13 +31,13 @@ ROOT = Path(__file__).resolve().parents[1]
 WORKER = ROOT / "scripts" / "bench_workers" / "optimizer_steps.py"
 
 
-def _run(steps: int, width: int, auto: bool, cold: bool) -> list[int]:
+def _run(steps: int, width: int, auto: bool, cold: bool, ddp: bool) -> list[int]:
     with tempfile.TemporaryDirectory() as logs:
         command = [
             str(Path(sys.executable).with_name("elastic-run")),
             "--standalone",
             "--nproc-per-node",
-            "1",
+            "2" if ddp else "1",
             "--no-live",
             "--log-dir",
             logs,
@@ -42,6 +46,7 @@ def _run(steps: int, width: int, auto: bool, cold: bool) -> list[int]:
             str(WORKER),
             str(steps),
             str(width),
+            *(["ddp"] if ddp else []),
         ]
         done = subprocess.run(command, capture_output=True, text=True, timeout=900, env=os.environ)
     if done.returncode != 0:
@@ -62,14 +67,16 @@ def main() -> None:
     parser.add_argument("--width", type=int, default=128, help="the model's width")
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--cold", action="store_true", help="cold workers (default: warm)")
+    parser.add_argument("--ddp", action="store_true", help="two workers, DDP over gloo")
     args = parser.parse_args()
     runs: dict[bool, list[list[int]]] = {True: [], False: []}
     for _ in range(args.rounds):
         for auto in (False, True):
-            runs[auto].append(_run(args.steps, args.width, auto, args.cold))
+            runs[auto].append(_run(args.steps, args.width, auto, args.cold, args.ddp))
     print(
         f"{args.steps} optimizer steps x {args.rounds} rounds, Linear({args.width}, "
-        f"{args.width}), batch 32, {'cold' if args.cold else 'warm'} workers; per-step times in us"
+        f"{args.width}){', DDP over gloo, 2 workers' if args.ddp else ''}, batch 32, "
+        f"{'cold' if args.cold else 'warm'} workers; per-step times in us (rank 0)"
     )
     medians: dict[bool, float] = {}
     minimums: dict[bool, float] = {}
