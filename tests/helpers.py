@@ -10,9 +10,11 @@ import os
 import socket
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 import psutil
 
@@ -185,19 +187,33 @@ def run_cli(
     return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
 
 
-def run_cli_in_process(args: Sequence[str]) -> subprocess.CompletedProcess[str]:
+def run_cli_in_process(
+    args: Sequence[str], *, timeout_s: float = 60.0
+) -> subprocess.CompletedProcess[str]:
     """Run the CLI's command group on ``args`` in this process (click's test runner) and capture
     what it printed and its exit code, as ``run_cli`` does for a child process.
 
     For polling a read-only command (``status --json``) in a wait loop: a child process imports
     torch for each call (about 3 s of CPU here), which starved the jobs under test. A test that
     polls this way still runs the real command once in a child for what it asserts last.
+
+    Raises:
+        AssertionError: the command raised, or ran past ``timeout_s``.
     """
     from click.testing import CliRunner
 
     from elastic_run.cli.main import cli
 
-    result = CliRunner().invoke(cli, list(args), prog_name="elastic-run")
+    done: list[Any] = []
+    runner = threading.Thread(
+        target=lambda: done.append(CliRunner().invoke(cli, list(args), prog_name="elastic-run")),
+        daemon=True,
+    )
+    runner.start()
+    runner.join(timeout_s)
+    if not done:
+        raise AssertionError(f"elastic-run {' '.join(args)} ran past {timeout_s} s (in process)")
+    result = done[0]
     if result.exception is not None and not isinstance(result.exception, SystemExit):
         raise AssertionError(f"elastic-run {' '.join(args)} raised {result.exception!r}")
     return subprocess.CompletedProcess(
