@@ -264,6 +264,12 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
                 raise _no_rendezvous(target)
             who = f"elastic-run close@{socket.gethostname()} pid {os.getpid()}"
             outcome = close_job(backend, "closed", who)
+            if outcome.replaced_epoch is not None:
+                click.echo(
+                    f"rendezvous '{target.run_id}': replaced what its 'epoch' key held: "
+                    f"{outcome.replaced_epoch}",
+                    err=True,
+                )
             if outcome.replaced is not None:
                 click.echo(
                     f"closed rendezvous '{target.run_id}', replacing what its 'closed' key "

@@ -34,11 +34,15 @@ _PICKLE = (
     b"\x80\x04\x95 \x00\x00\x00\x00\x00\x00\x00}\x94(\x8c\x06reason\x94\x8c\x06closed\x94"
     b"\x8c\x02by\x94\x8c\x01x\x94u."
 )
-_FORGERIES: dict[str, bytes | None] = {
-    "garbage": b"\x00\xffnot a record",
-    "pickle": _PICKLE,
-    "bad_reason": json.dumps({"v": 1, "reason": "bogus", "by": "forger"}).encode(),
-    "round_deleted": None,
+# name -> (key, what it is made to hold; None: deleted)
+_FORGERIES: dict[str, tuple[str, bytes | None]] = {
+    "garbage": ("closed", b"\x00\xffnot a record"),
+    "pickle": ("closed", _PICKLE),
+    "bad_reason": ("closed", json.dumps({"v": 1, "reason": "bogus", "by": "forger"}).encode()),
+    "round_deleted": ("round", None),
+    # A TCPStore drops the connection of a client that adds to a value that is not a number.
+    "epoch_garbage": ("epoch", b"\x00\xffnot a counter"),
+    "epoch_past_64_bits": ("epoch", b"99999999999999999999999"),
 }
 
 
@@ -122,11 +126,11 @@ def test_close_ends_a_job_whatever_its_store_holds(
     job = start_job(tmp_path, backend, _endpoint(backend, request), nprocs=[1, 1])
     forger = _Forger(job)
     try:
-        value = _FORGERIES[forgery]
+        key, value = _FORGERIES[forgery]
         if value is None:
-            forger.delete("round")
+            forger.delete(key)
         else:
-            forger.set("closed", value)
+            forger.set(key, value)
         assert all(agent.poll() is None for agent in job.agents)
 
         done = _close(job, "--wait", "--timeout", "60")
@@ -134,6 +138,12 @@ def test_close_ends_a_job_whatever_its_store_holds(
         lines = done.stderr.strip().splitlines()
         if value is None:
             assert lines[0] == f"closed rendezvous '{job.run_id}'", done.stderr
+        elif key == "epoch":
+            assert lines[0] == (
+                f"rendezvous '{job.run_id}': replaced what its 'epoch' key held: "
+                f"{value[:40]!r} (not a counter)"
+            ), done.stderr
+            assert lines[1] == f"closed rendezvous '{job.run_id}'", done.stderr
         else:
             assert lines[0].startswith(
                 f"closed rendezvous '{job.run_id}', replacing what its 'closed' key held: "

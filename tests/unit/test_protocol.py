@@ -22,6 +22,7 @@ from elastic_run.rendezvous.protocol.records import (
     NodeRecord,
     SealRecord,
     decode_heartbeat,
+    is_counter,
     ranges,
     read_heartbeat,
     runs,
@@ -493,3 +494,24 @@ def test_max_seal_of_live_prefix_is_a_valid_group(count: int) -> None:
     seal = _seal(list(action.admitted))
     ranks = [proto.assignment_for(seal, i) for i in action.admitted]
     assert [a.rank for a in ranks if a] == list(range(count))
+
+
+@pytest.mark.parametrize(
+    ("raw", "ok"),
+    [
+        (b"0", True),
+        (b"17", True),
+        (b"-3", True),
+        (b"9223372036854775807", True),
+        (b"9223372036854775808", False),  # past 64 bits: std::stoll fails on the server
+        (b"99999999999999999999999", False),
+        (b"", False),
+        (b"-", False),
+        (b" 1", False),
+        (b"1_000", False),
+        (b"\x00\xffnot a counter", False),
+        ("٣".encode(), False),  # a digit to Python, not to stoll
+    ],
+)
+def test_a_counter_is_what_a_store_can_add_to(raw: bytes, ok: bool) -> None:
+    assert is_counter(raw) is ok

@@ -44,7 +44,7 @@ from elastic_run.rendezvous.api import (
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record, require_backend
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.round_state import RoundState
-from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, end_round
+from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, bump_epoch, end_round
 from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
 from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
@@ -401,6 +401,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 reason,
                 outcome.replaced,
             )
+        if outcome.replaced_epoch is not None:
+            log.warning(
+                "rendezvous '%s': closing, replaced what the epoch key held: %s",
+                self._run_id,
+                outcome.replaced_epoch,
+            )
 
     def num_nodes_waiting(self) -> int:
         """Return how many nodes wait at the door of this node's round (one store trip)."""
@@ -528,11 +534,14 @@ class CloseOutcome:
         wrote: whether this close wrote the record (False: the job was closed already).
         replaced: what was wrong with the value this close replaced under the ``closed`` key
             (not a valid closed record), or None when it replaced nothing.
+        replaced_epoch: what the ``epoch`` key held when it was not a counter (replaced, so
+            that the members' reads see the close), or None.
     """
 
     reason: ClosedReason
     wrote: bool
     replaced: str | None = None
+    replaced_epoch: str | None = None
 
 
 _CLOSE_ATTEMPTS = 8  # a value that changed under each one: something keeps writing the key
@@ -544,7 +553,8 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
     What ``set_closed`` and ``elastic-run close`` do; the first valid close wins. Whatever the
     ``closed`` key holds cannot disable a close: a value that is not a valid closed record is
     replaced, compare-set from the exact bytes read (so a valid close that lands meanwhile
-    still wins). The epoch is bumped after, so every member reads the record within a tick.
+    still wins). The epoch is bumped after (replaced first when it is not a counter), so every
+    member reads the record within a tick.
 
     Args:
         backend: the job's backend.
@@ -565,14 +575,14 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
     for _ in range(_CLOSE_ATTEMPTS):
         record, problem = read_closed(raw)
         if record is not None:
-            backend.add(keys.EPOCH, 1)  # a member that missed the close reads it now
-            return CloseOutcome(record.reason, False)
+            epoch = bump_epoch(backend)  # a member that missed the close reads it now
+            return CloseOutcome(record.reason, False, None, epoch)
         # From exactly what was read (absent, or not a record): a close that landed meanwhile
         # fails the compare and is read on the next attempt.
         _, wrote = backend.compare_set(keys.CLOSED, raw, encoded)
         if wrote:
-            backend.add(keys.EPOCH, 1)
-            return CloseOutcome(reason, True, problem)
+            epoch = bump_epoch(backend)
+            return CloseOutcome(reason, True, problem, epoch)
         (raw,) = backend.get_unwaited([keys.CLOSED])
     raise RendezvousStateError(
         f"could not close rendezvous on {backend.name} {backend.endpoint}: the key "

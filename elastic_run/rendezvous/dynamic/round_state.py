@@ -22,6 +22,7 @@ from elastic_run.rendezvous.api import RoundPoll
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
+from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import LostRecord, decode_int
@@ -68,7 +69,8 @@ class RoundState:
         self._is_notice = is_notice
         self._lock = threading.Lock()
         self._flags: _Flags | None = None
-        self._epoch_seen = (-1, -1)
+        self._epoch_seen: tuple[int | None, int] = (-1, -1)
+        self._epoch_garbled = False
 
     def begin(self, member: Membership | None) -> None:
         """This node is now a member of ``member.round`` (None: between rounds)."""
@@ -101,8 +103,19 @@ class RoundState:
         if flags is None:
             return
         r = flags.round
-        epoch = self._backend.read_counter(keys.EPOCH)
-        if (epoch, r) == self._epoch_seen:
+        try:
+            epoch: int | None = self._backend.read_counter(keys.EPOCH)
+        except RendezvousStateError as exc:
+            # Not a counter (forged): read the round's keys on every tick until it is one
+            # again (a close or a round's end replaces it), never skip them.
+            if not self._epoch_garbled:
+                log.warning(
+                    "rendezvous '%s': %s; reading the round's keys each tick", self._run_id, exc
+                )
+            self._epoch_garbled, epoch = True, None
+        else:
+            self._epoch_garbled = False
+        if epoch is not None and (epoch, r) == self._epoch_seen:
             return
         raw_round, raw_closed, raw_arrivals = self._backend.get_unwaited(
             [keys.ROUND, keys.CLOSED, keys.arrivals(r)]

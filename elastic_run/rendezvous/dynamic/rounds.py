@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -47,10 +48,11 @@ from elastic_run.rendezvous.protocol.records import (
     decode,
     decode_int,
     encode,
+    is_counter,
 )
 from elastic_run.rendezvous.settings import RendezvousSettings
 
-__all__ = ["Membership", "Rounds", "end_round"]
+__all__ = ["Membership", "Rounds", "bump_epoch", "end_round"]
 
 log = logging.getLogger(__name__)
 
@@ -74,6 +76,33 @@ class Membership:
     successor: NodeRecord | None
 
 
+def bump_epoch(backend: RendezvousBackend) -> str | None:
+    """Add one to the job's epoch, so every member's next read sees that something changed.
+
+    A value under ``epoch`` that is not a counter (anything that can write the store could put
+    one there; a TCPStore drops the connection of a client that adds to it) is replaced first,
+    compare-set from the bytes read, by a number no earlier epoch had (the clock in
+    microseconds): members compare epochs for equality only.
+
+    Returns:
+        What the replaced value held, or None when it was a counter.
+    """
+    (raw,) = backend.get_unwaited([keys.EPOCH])
+    replaced = None
+    if raw is not None and not is_counter(raw):
+        backend.compare_set(keys.EPOCH, raw, str(time.time_ns() // 1000).encode())
+        replaced = f"{raw[:40]!r} (not a counter)"
+    backend.add(keys.EPOCH, 1)
+    return replaced
+
+
+def _bump_epoch_saying(backend: RendezvousBackend) -> None:
+    """``bump_epoch``, with a warning when it replaced the value."""
+    replaced = bump_epoch(backend)
+    if replaced is not None:
+        log.warning("rendezvous key '%s' held %s; replaced", keys.EPOCH, replaced)
+
+
 def end_round(backend: RendezvousBackend, r: int, why: LostRecord) -> bool:
     """Record why round ``r`` ended (first writer wins) and advance the round past it.
 
@@ -87,7 +116,7 @@ def end_round(backend: RendezvousBackend, r: int, why: LostRecord) -> bool:
     if first and why.reason == "worker_failure":
         backend.add(keys.RESTARTS, 1)
     backend.compare_set(keys.ROUND, str(r).encode(), str(r + 1).encode())
-    backend.add(keys.EPOCH, 1)
+    _bump_epoch_saying(backend)
     return first
 
 
@@ -242,7 +271,7 @@ class Rounds:
         """
         if index is None:
             index = self._arrive(r)
-            self._backend.add(keys.EPOCH, 1)  # the members' agents notice a node waiting
+            _bump_epoch_saying(self._backend)  # the members' agents notice a node waiting
         self.last_round = r
         members = seal.admitted_indices()
         watch_idx = (

@@ -33,6 +33,7 @@ __all__ = [
     "read_closed",
     "decode_int",
     "encode",
+    "is_counter",
     "load_versioned",
     "ranges",
     "runs",
@@ -274,6 +275,20 @@ def decode_int(key: str, raw: bytes) -> int:
         raise RendezvousStateError(
             f"the value under rendezvous key '{key}' is not an integer ({raw[:40]!r})"
         ) from None
+
+
+_INT64 = 2**63
+
+
+def is_counter(raw: bytes) -> bool:
+    """Whether a store can add to ``raw``: ASCII digits (a sign allowed) within 64 bits.
+
+    TCPStore's server parses the value with ``std::stoll`` and drops the client's connection
+    when it cannot (garbage, or a number past 64 bits): a counter must be checked before it is
+    added to, when anything else could have written it.
+    """
+    text = raw[1:] if raw[:1] == b"-" else raw
+    return text.isdigit() and text.isascii() and -_INT64 <= int(raw) < _INT64
 
 
 def decode_heartbeat(raw: bytes | None, key: str) -> int | None:
