@@ -18,7 +18,17 @@ Heartbeat budget for both elastic-run backends: ``keep_alive_interval=0.25,
 keep_alive_max_attempt=4`` (1 s), ``last_call_timeout=1``; torchrun with ``last_call_timeout=1``.
 No assertions: figures only; the load average is printed beside them. Root only (``ip netns``).
 
+``--case`` picks what happens to the hosts (default ``kill``, the comparison above):
+
+- ``cut``: host a's network is cut for ``--cut-s`` seconds (30) and healed (elastic-run on
+  embedded-etcd only): the time from the cut to b and c training at WORLD_SIZE 2, and from the
+  heal to all three training at WORLD_SIZE 3 again (a back in the job);
+- ``kill-two``: hosts a and b are SIGKILLed (two of the three etcd members: no quorum left;
+  elastic-run on embedded-etcd only): the time from the kill to c's exit, and its exit code.
+
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --runs 3
+    PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case cut --runs 3
+    PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case kill-two --runs 3
 """
 
 from __future__ import annotations
@@ -34,13 +44,14 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import psutil
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO_ROOT))
 
-from tests.netns_hosts import Hosts, can_make_hosts  # noqa: E402
+from tests.netns_hosts import Hosts  # noqa: E402
 
 WORKER = Path(__file__).resolve().parent / "bench_workers" / "train_steps.py"
 BIN = Path(sys.executable).parent
@@ -53,8 +64,9 @@ LAUNCHERS = ("torchrun-c10d", "elastic-run-c10d", "elastic-run-embedded-etcd")
 @dataclass
 class Outcome:
     trains_again_s: float | None  # both survivors stepped at WORLD_SIZE 2
-    exit_s: float | None  # both survivors exited
+    exit_s: float | None  # both survivors exited (kill-two: c exited)
     codes: tuple[int | None, ...]
+    back_s: float | None = None  # cut: from the heal to all three stepping at WORLD_SIZE 3
 
 
 def _steps(path: Path) -> list[tuple[float, str, int]]:
@@ -97,7 +109,67 @@ def _command(launcher: str, hosts: Hosts, i: int, run_id: str, tmp: Path) -> lis
     ]  # fmt: skip
 
 
-def run_once(launcher: str, bound_s: float) -> Outcome:
+def _kill_host(proc: Any) -> None:
+    """SIGKILL an agent's process group and every process under it."""
+    tree = psutil.Process(proc.pid).children(recursive=True)
+    os.killpg(proc.pid, signal.SIGKILL)
+    for child in tree:
+        try:
+            child.kill()
+        except psutil.Error:
+            pass
+
+
+def _first_at(steps: Path, world: int, after_wall: float, nodes: set[str]) -> float | None:
+    """When every node of ``nodes`` had stepped at ``world`` after ``after_wall`` (epoch s)."""
+    seen = [(t, n) for t, n, w in _steps(steps) if w == world and t > after_wall]
+    if not {n for _, n in seen} >= nodes:
+        return None
+    return max(min(t for t, n2 in seen if n2 == n) for n in nodes)
+
+
+def _cut(
+    hosts: Hosts, procs: list[Any], steps: Path, tmp: Path, bound_s: float, cut_s: float
+) -> Outcome:
+    cut_wall = time.time()
+    hosts.partition(1)
+    trains = back = None
+    while time.time() - cut_wall < cut_s:
+        if trains is None:
+            at = _first_at(steps, 2, cut_wall, {"b", "c"})
+            trains = at - cut_wall if at is not None else None
+        time.sleep(POLL_S)
+    healed_wall = time.time()
+    hosts.heal(1)
+    while time.time() - healed_wall < bound_s:
+        at = _first_at(steps, 3, healed_wall, {"a", "b", "c"})
+        if at is not None:
+            back = at - healed_wall
+            break
+        if any(p.poll() is not None for p in procs):
+            break
+        time.sleep(POLL_S)
+    (tmp / "stop").touch()
+    for p in procs:
+        try:
+            p.wait(timeout=60)
+        except Exception:  # noqa: BLE001 - the bench reports, it does not fail
+            pass
+    return Outcome(trains, None, tuple(p.poll() for p in procs), back)
+
+
+def _kill_two(procs: list[Any], bound_s: float) -> Outcome:
+    killed = time.monotonic()
+    for proc in procs[:2]:
+        _kill_host(proc)
+    survivor = procs[2]
+    while time.monotonic() - killed < bound_s and survivor.poll() is None:
+        time.sleep(POLL_S)
+    exit_s = time.monotonic() - killed if survivor.poll() is not None else None
+    return Outcome(None, exit_s, (survivor.poll(),))
+
+
+def run_once(launcher: str, bound_s: float, case: str = "kill", cut_s: float = 30.0) -> Outcome:
     hosts = Hosts(3)
     tmp = Path(tempfile.mkdtemp(prefix="bench-emb-"))
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -121,15 +193,13 @@ def run_once(launcher: str, bound_s: float) -> Outcome:
             if time.monotonic() > deadline:
                 return Outcome(None, None, tuple(p.poll() for p in procs[1:]))
             time.sleep(POLL_S)
+        if case == "cut":
+            return _cut(hosts, procs, steps, tmp, bound_s, cut_s)
+        if case == "kill-two":
+            return _kill_two(procs, bound_s)
         killed_wall = time.time()
         killed = time.monotonic()
-        tree = psutil.Process(procs[0].pid).children(recursive=True)
-        os.killpg(procs[0].pid, signal.SIGKILL)
-        for child in tree:
-            try:
-                child.kill()
-            except psutil.Error:
-                pass
+        _kill_host(procs[0])
         trains: float | None = None
         while time.monotonic() - killed < bound_s:
             after = [(t, n) for t, n, w in _steps(steps) if w == 2 and t > killed_wall]
@@ -175,9 +245,14 @@ def main() -> None:
     parser.add_argument("--runs", type=int, default=3)
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait after the kill")
     parser.add_argument("--only", choices=LAUNCHERS, action="append")
+    parser.add_argument("--case", choices=("kill", "cut", "kill-two"), default="kill")
+    parser.add_argument("--cut-s", type=float, default=30.0, help="how long the cut lasts")
     args = parser.parse_args()
-    if not can_make_hosts():
+    if os.geteuid() != 0 or shutil.which("ip") is None:
         sys.exit("bench_embedded_etcd.py needs root and iproute2 (ip netns)")
+    if args.case != "kill":
+        _other_case(args)
+        return
     launchers = args.only or list(LAUNCHERS)
     results: dict[str, list[Outcome]] = {name: [] for name in launchers}
     for _ in range(args.runs):
@@ -195,6 +270,31 @@ def main() -> None:
         if len(trains) < len(outs):
             print(f"  {'':27} otherwise the survivors exit with {codes}; time to exit: "
                   f"{_stats(exits)} s")  # fmt: skip
+
+
+def _other_case(args: argparse.Namespace) -> None:
+    """``cut`` or ``kill-two``, elastic-run on embedded-etcd."""
+    outs = [
+        run_once("elastic-run-embedded-etcd", args.bound, args.case, args.cut_s)
+        for _ in range(args.runs)
+    ]
+    load = os.getloadavg()[0]
+    if args.case == "cut":
+        print(f"host a's network cut for {args.cut_s:.0f} s, then healed; elastic-run on "
+              f"embedded-etcd; {args.runs} runs; load average {load:.1f}")  # fmt: skip
+        trains = [o.trains_again_s for o in outs if o.trains_again_s is not None]
+        back = [o.back_s for o in outs if o.back_s is not None]
+        print(f"  cut -> b and c train at WORLD_SIZE 2, in {len(trains)}/{len(outs)} runs: "
+              f"{_stats(trains)} s")  # fmt: skip
+        print(f"  heal -> a, b and c train at WORLD_SIZE 3, in {len(back)}/{len(outs)} runs: "
+              f"{_stats(back)} s")  # fmt: skip
+        print(f"  exit codes after the stop: {[o.codes for o in outs]}")
+        return
+    print(f"hosts a and b (two of three etcd members) SIGKILLed; elastic-run on embedded-etcd; "
+          f"{args.runs} runs; load average {load:.1f}")  # fmt: skip
+    exits = [o.exit_s for o in outs if o.exit_s is not None]
+    print(f"  kill -> c exits, in {len(exits)}/{len(outs)} runs: {_stats(exits)} s; "
+          f"exit codes {[o.codes[0] for o in outs]}")  # fmt: skip
 
 
 if __name__ == "__main__":
