@@ -202,10 +202,9 @@ def run_once(launcher: str, bound_s: float, case: str = "kill", cut_s: float = 3
         _kill_host(procs[0])
         trains: float | None = None
         while time.monotonic() - killed < bound_s:
-            after = [(t, n) for t, n, w in _steps(steps) if w == 2 and t > killed_wall]
-            if trains is None and {n for _, n in after} >= {"b", "c"}:
-                firsts = [min(t for t, n2 in after if n2 == n) for n in ("b", "c")]
-                trains = max(firsts) - killed_wall
+            at = _first_at(steps, 2, killed_wall, {"b", "c"})
+            if at is not None:
+                trains = at - killed_wall
                 break
             if all(p.poll() is not None for p in procs[1:]):
                 break

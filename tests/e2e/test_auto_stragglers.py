@@ -19,42 +19,18 @@ from typing import Any
 
 import pytest
 
+from tests.e2e.test_hangs import status_json
 from tests.e2e.test_multinode import (  # noqa: F401 - fixtures
     FAST_CONF,
     Job,
     make_job_fixture,
 )
-from tests.helpers import run_cli, run_cli_in_process, wait_until
+from tests.helpers import wait_until
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "ddp_plain.py"
 BLOCKING_LINE = next(
     n for n, line in enumerate(SCRIPT.read_text().splitlines(), 1) if "the blocking line" in line
 )
-
-
-def _status_json(job: Job, *, in_process: bool = False) -> dict[str, Any]:
-    """``elastic-run status --json`` of the job (``{}`` while its rendezvous is not written); with
-    ``in_process``, the command runs in this process (for a wait loop: no torch import per call)."""
-    proc = (run_cli_in_process if in_process else run_cli)(
-        [
-            "status",
-            "--rdzv-backend",
-            job.backend,
-            "--rdzv-endpoint",
-            job.endpoint,
-            "--rdzv-id",
-            job.run_id,
-            "--json",
-            "--sample",
-            "0",
-        ],
-        timeout_s=60,
-    )
-    if proc.returncode == 3 and "no rendezvous" in proc.stderr:
-        return {}
-    assert proc.returncode == 0, proc.stderr
-    body: dict[str, Any] = json.loads(proc.stdout)
-    return body
 
 
 def _start(job: Job, env: dict[str, str], *extra: str) -> None:
@@ -78,7 +54,7 @@ def test_a_slow_forward_is_the_straggler_without_code(make_job: Any) -> None:
     seen: dict[str, Any] = {}
 
     def straggler_named() -> bool:
-        body = _status_json(job, in_process=True)
+        body = status_json(job, may_be_absent=True, in_process=True)
         seen.clear()
         seen.update(body)
         progress = body.get("progress") or {}
@@ -101,7 +77,7 @@ def test_a_slow_forward_is_the_straggler_without_code(make_job: Any) -> None:
     stragglers = [e for e in seen.get("events", []) if e["kind"] == "straggler"]
     assert [e["fields"]["rank"] for e in stragglers] == [1], stragglers
     # The command as users run it (a child process) says the same.
-    again = _status_json(job)["progress"]
+    again = status_json(job)["progress"]
     assert {r["rank"]: r["verdict"] for r in again["ranks"]}[1] == "straggler", again
 
 

@@ -133,7 +133,7 @@ def test_a_rank_blocked_before_all_reduce_is_found_and_the_job_recovers(
     assert {r["restart"] for r in results.values()} == {1}
     job.assert_no_survivors()
     if job.backend == "etcd":  # the store outlives the job: status reads MIN:MAX and progress
-        body = _status_json(job)
+        body = status_json(job)
         assert (body["min_nodes"], body["max_nodes"]) == (2, 2)
         assert body["progress"]["ranks_reporting"] == 4, body["progress"]
         assert "hung" in [e["kind"].split(".")[-1] for e in body["events"]]
@@ -185,7 +185,7 @@ def test_no_false_verdict_for_a_long_first_step_a_checkpoint_or_no_beats(make_jo
     job.assert_no_survivors()
 
 
-def _status_json(
+def status_json(
     job: Job, *, may_be_absent: bool = False, in_process: bool = False
 ) -> dict[str, Any]:
     """``elastic-run status --json`` of the job; with ``may_be_absent``, ``{}`` while the job has
@@ -230,7 +230,7 @@ def test_a_straggler_is_the_slowest_rank_in_status_and_an_event(make_job: Any) -
     seen: dict[str, Any] = {}
 
     def straggler_shown() -> bool:
-        body = _status_json(job, may_be_absent=True, in_process=True)
+        body = status_json(job, may_be_absent=True, in_process=True)
         seen.update(body)
         progress = body.get("progress") or {}
         slowest = progress.get("slowest") or []
