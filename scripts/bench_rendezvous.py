@@ -49,14 +49,11 @@ import tempfile
 import threading
 import time
 import uuid
-from concurrent.futures import ThreadPoolExecutor
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
 
 from bench_netns import reexec_in_netns
-
-_BUILDERS = 16
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 if str(REPO_ROOT) not in sys.path:
@@ -107,8 +104,64 @@ def _build(impl: str, args: argparse.Namespace) -> Any:
     return torch_registry.create_handler(tparams)
 
 
+def _as_the_agent(impl: str, handler: Any) -> None:
+    """What an agent tells its handler before joining (ours; torch's agent tells it nothing)."""
+    if impl != "ours":
+        return
+    from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous
+
+    if isinstance(handler, AgentRendezvous):
+        handler.set_local_info(1, "default")
+        handler.set_change_callback(lambda: None)
+    if isinstance(handler, InterruptibleRendezvous):
+        handler.set_interrupt(lambda: False)
+
+
+def _exchange(impl: str, handler: Any, info: Any) -> Any:
+    """The agent's store exchange after a round, on the round's store; returns a server to keep.
+
+    Ours: ``assign_ranks`` and ``share_workers_store`` as the agent's ``_rendezvous`` calls them
+    (node 0 hosts the workers' store, every other node reads where). Torch's:
+    ``SimpleElasticAgent._assign_worker_ranks`` of a ``LocalElasticAgent`` built on the handler
+    (role infos to the store, node 0 reads them all and writes every node's ranks).
+    """
+    if impl == "ours":
+        from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store
+        from elastic_run.elastic.agent.server.api import WorkerGroup, WorkerSpec
+
+        spec = WorkerSpec(role="default", local_world_size=1, rdzv_handler=handler, entrypoint="x")
+        group = WorkerGroup(spec)
+        group.store, group.group_rank = info.store, info.rank
+        group.group_world_size = info.world_size
+        assign_ranks(group, handler.assignment, lambda: False)
+        if info.bootstrap_store_info is not None:
+            return None
+        return share_workers_store(info.store, info.rank, "127.0.0.1", lambda: None)[2]
+    from torch.distributed.elastic.agent.server.api import WorkerSpec as TorchSpec
+    from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
+    from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
+
+    tspec = TorchSpec(role="default", local_world_size=1, rdzv_handler=handler, entrypoint="x")
+    agent = LocalElasticAgent(tspec, DefaultLogsSpecs())
+    agent._assign_worker_ranks(info.store, info.rank, info.world_size, tspec)  # noqa: SLF001
+    return None
+
+
+def _preimport(impl: str) -> None:
+    """Import what a node's code imports, as an agent has before it builds its handler."""
+    if impl == "ours":
+        import elastic_run.agent.loop.ranks
+        import elastic_run.elastic.agent.server.api
+        import elastic_run.rendezvous.registry  # noqa: F401
+    else:
+        import torch.distributed.elastic.agent.server.local_elastic_agent
+        import torch.distributed.elastic.rendezvous  # noqa: F401
+
+
 def _child(args: argparse.Namespace) -> None:
     from torch.distributed import TCPStore
+
+    _preimport(args.impl)
 
     tally = _LogTally()
     for name in ("elastic_run", "torch.distributed"):
@@ -120,18 +173,6 @@ def _child(args: argparse.Namespace) -> None:
     count = args.count
     py0, os0 = threading.active_count(), _os_threads()
     built: list[Any] = [None] * count
-    build_errors: list[str] = []
-
-    def build_into(i: int) -> None:
-        try:
-            built[i] = _build(args.impl, args)
-        except Exception as exc:  # noqa: BLE001 - reported to the parent
-            build_errors.append(f"build: {type(exc).__name__}: {exc}")
-
-    # Connecting is not part of the figure: every handler is built before "go", by a few
-    # threads (a thousand building at once spent minutes convoying on the interpreter lock).
-    with ThreadPoolExecutor(max_workers=_BUILDERS) as builders:
-        list(builders.map(build_into, range(count)))
 
     # One gate per node: a shared Event wakes its waiters one at a time (each takes the
     # Event's lock in turn, behind every busy thread of the process), which put tens of
@@ -141,24 +182,31 @@ def _child(args: argparse.Namespace) -> None:
     ends: list[float] = [0.0] * count
     ranks: list[int] = [-1] * count
     rounds: list[int] = [-1] * count
-    errors: list[str] = list(build_errors)
+    connected: list[float] = [0.0] * count
+    ready: list[float] = [0.0] * count
+    errors: list[str] = []
+    keep: list[Any] = []  # node 0's workers' store server, kept for the hold
 
     def node(i: int) -> None:
         gates[i].wait()
         starts[i] = time.monotonic()
         try:
-            info = built[i].next_rendezvous()
+            built[i] = handler = _build(args.impl, args)  # connecting is part of the figure
+            connected[i] = time.monotonic()
+            _as_the_agent(args.impl, handler)
+            info = handler.next_rendezvous()
+            ends[i] = time.monotonic()
             ranks[i] = info.rank
             rounds[i] = int(getattr(info, "round", -1) or 0)
+            server = _exchange(args.impl, handler, info)
+            if server is not None:
+                keep.append(server)
+            ready[i] = time.monotonic()
         except Exception as exc:  # noqa: BLE001 - reported to the parent
             errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
-        ends[i] = time.monotonic()
+            ends[i] = ends[i] or time.monotonic()
 
-    threads = [
-        threading.Thread(target=node, args=(i,), daemon=True)
-        for i in range(count)
-        if built[i] is not None
-    ]
+    threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
     for t in threads:
         t.start()
     control.set(f"ready/{args.child_index}", "1")
@@ -170,7 +218,15 @@ def _child(args: argparse.Namespace) -> None:
     control.set(
         f"result/{args.child_index}",
         json.dumps(
-            {"starts": starts, "ends": ends, "ranks": ranks, "rounds": rounds, "errors": errors[:5]}
+            {
+                "starts": starts,
+                "connected": connected,
+                "ends": ends,
+                "ready": ready,
+                "ranks": ranks,
+                "rounds": rounds,
+                "errors": errors[:5],
+            }
         ),
     )
     control.wait(["hold-over"])
@@ -197,6 +253,7 @@ def _child(args: argparse.Namespace) -> None:
     closers = [
         threading.Thread(target=shutdown, args=(i,)) for i in range(count) if built[i] is not None
     ]
+    keep.clear()
     for t in closers:
         t.start()
     for t in closers:
@@ -293,6 +350,7 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         command += ["--timeout", str(timeout_s)]
         children.append(subprocess.Popen(command, env=env, stderr=stderr))
     row: dict[str, Any] = {"impl": impl, "n": n}
+    load_at_start = os.getloadavg()[0]
     try:
         control.wait([f"ready/{i}" for i in range(procs)])
         before = _server_traffic(store.port)
@@ -334,6 +392,8 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         row["stderr"] = stderr.read().decode(errors="replace").strip().splitlines()[-5:]
         stderr.close()
     ends = [e - t0 for r in results for e in r["ends"] if e > 0]
+    connected = [e - t0 for r in results for e in r["connected"] if e > 0]
+    ready = [e - t0 for r in results for e in r["ready"] if e > 0]
     starts = [s - t0 for r in results for s in r["starts"] if s > 0]
     ranks = sorted(x for r in results for x in r["ranks"])
     errors = [e for r in results for e in r["errors"]]
@@ -344,7 +404,10 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     rounds = [x for r in results for x in r["rounds"]]
     row.update(
         starts=starts,
+        connected=connected,
         ends=ends,
+        ready=ready,
+        load=load_at_start,
         gone=sum(d["gone"] for d in during),
         warnings=warnings,
         rounds=(max(rounds) + 1) if rounds and max(rounds) >= 0 else None,
@@ -374,11 +437,14 @@ def _print_row(row: dict[str, Any]) -> None:
     status = f"FAILED: {row['error']}" if "error" in row else "ok"
     sealed = f"; round 0 sealed at {row['sealed']:.2f}" if row.get("sealed") else ""
     print(
-        f"{label}: {status}\n"
+        f"{label}: {status} (load average {row['load']:.1f} at the start)\n"
         f"    started s (first/median/p90/last): {_spread(row['starts'])}\n"
-        f"    return s (first/median/p90/last): {_spread(row['ends'])}"
+        f"    connected s (handler built): {_spread(row['connected'])}\n"
+        f"    round returned s: {_spread(row['ends'])}"
         f" ({len(row['ends'])} of {row['n']} ended: returned or raised)"
         f"{sealed}\n"
+        f"    READY s (store exchange done, first/median/p90/last): {_spread(row['ready'])}"
+        f" ({len(row['ready'])} of {row['n']})\n"
         f"    members declared gone: {row['gone']}; rounds formed: {row['rounds'] or '-'}"
         f" (store round at the end of the hold: {row['store_round']})\n"
         f"    threads per node: {row['py_threads']:.2f} Python, {row['os_threads']:.2f} OS;"
@@ -402,6 +468,7 @@ def main() -> None:
     parser.add_argument("--torch-timeout", type=float, default=60.0, help="torch's join_timeout")
     parser.add_argument("--no-torch", action="store_true", help="run ours only")
     parser.add_argument("--hold", type=float, default=5.0, help="seconds nodes stay after the last")
+    parser.add_argument("--runs", type=int, default=1, help="trials of each N, one after another")
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     parser.add_argument("--progress", action="store_true", help="print store keys every 2 s")
@@ -426,9 +493,12 @@ def main() -> None:
         flush=True,
     )
     for n in (int(x) for x in args.n.split(",") if x):
-        _print_row(_trial("ours", n, args))
-        if not args.no_torch and n <= args.torch_max_n:
-            _print_row(_trial("torch", n, args))
+        for run in range(args.runs):
+            if args.runs > 1:
+                print(f"-- run {run + 1} of {args.runs}", flush=True)
+            _print_row(_trial("ours", n, args))
+            if not args.no_torch and n <= args.torch_max_n:
+                _print_row(_trial("torch", n, args))
 
 
 if __name__ == "__main__":

@@ -16,7 +16,7 @@ import pytest
 
 from elastic_run.rendezvous.c10d.store import (
     KeyValueStore,
-    _descriptors,
+    _lowest_free_descriptor,
     connect_client,
     peek,
     read_present,
@@ -60,18 +60,22 @@ def _is_open(fd: int) -> bool:
     return True
 
 
-def test_descriptors_lists_only_open_ones() -> None:
+def _descriptors() -> list[int]:
+    return [int(name) for name in os.listdir("/proc/self/fd")]
+
+
+def test_the_lowest_free_descriptor_is_the_number_the_next_open_takes() -> None:
     read_end, write_end = os.pipe()
     try:
-        listed = _descriptors()
-        assert {read_end, write_end} <= listed
-        # Every one listed is open: not the listing's own descriptor, closed when it returned.
-        assert [fd for fd in sorted(listed) if not _is_open(fd)] == []
+        os.close(read_end)  # a hole below write_end
+        lowest = _lowest_free_descriptor()
+        assert lowest is not None and lowest <= read_end
+        assert not _is_open(lowest)  # the probe closed what it opened
+        taken = os.open(os.devnull, os.O_RDONLY)
+        os.close(taken)
+        assert taken == lowest
     finally:
-        os.close(read_end)
         os.close(write_end)
-    after = _descriptors()
-    assert read_end not in after and write_end not in after
 
 
 def _deadlines_to(port: int) -> list[int]:
@@ -103,3 +107,23 @@ def test_a_new_client_gets_its_read_deadline(server: Any) -> None:
     assert len(after) == len(before) + 1
     assert after.count(1500) == before.count(1500) + 1
     client.set("k", "v")  # the client works
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT")
+def test_a_client_opened_above_a_hole_among_many_descriptors_gets_its_read_deadline(
+    server: Any,
+) -> None:
+    # Hundreds of descriptors open, and a hole low among them: the new socket takes the hole.
+    pipes = [os.pipe() for _ in range(200)]
+    os.close(pipes[3][0])
+    try:
+        before = sorted(_deadlines_to(server.port))
+        client = connect_client("127.0.0.1", server.port, 5.0, timeout_s=10.0, deadline_s=2.5)
+        after = sorted(_deadlines_to(server.port))
+        assert after.count(2500) == before.count(2500) + 1
+        client.set("k", "v")
+    finally:
+        os.close(pipes[3][1])
+        for r, w in pipes[:3] + pipes[4:]:
+            os.close(r)
+            os.close(w)

@@ -132,20 +132,19 @@ def connect(
     )
 
 
-def _descriptors() -> set[int]:
-    """This process's open descriptors.
-
-    The listing itself opens one (the lowest free number), which it lists and then closes:
-    that number is taken out again, as the next descriptor opened gets it.
-    """
+def _lowest_free_descriptor() -> int | None:
+    """The number the next descriptor this process opens gets (the lowest free one)."""
     try:
-        found = {int(name) for name in os.listdir("/proc/self/fd")}
-        lowest_free = os.open(os.devnull, os.O_RDONLY)
+        fd = os.open(os.devnull, os.O_RDONLY)
     except OSError:
-        return set()
-    os.close(lowest_free)
-    found.discard(lowest_free)
-    return found
+        return None
+    os.close(fd)
+    return fd
+
+
+# How many numbers above the lowest free one a connect's socket may take: torch may open and
+# close a descriptor or two on the way (name lookup, a first address family that failed).
+_CONNECT_SPAN = 8
 
 
 def connect_client(
@@ -159,19 +158,22 @@ def connect_client(
 ) -> TCPStore:
     """A TCPStore client whose link carries the read deadline ``deadline_s``.
 
-    Only the descriptors the connect opened are looked at. When none of them is a socket to
-    the store (another thread closed a descriptor meanwhile and the connect reused its
-    number), every descriptor is, as before.
+    The new socket takes the lowest free descriptor number (connects are serialized in this
+    process), so only the few numbers from there up are looked at, never the whole table: a
+    process holding thousands of descriptors (many nodes in one process) connects in constant
+    time. A socket among them that was already open to the same store gets the same deadline
+    again, which changes nothing. When none of them is a socket to the store, every
+    descriptor is looked at.
 
     Args:
         connect_s: how long the connect may take.
         timeout_s: the client's timeout for each call afterwards.
     """
     with _CONNECT_LOCK:
-        before = _descriptors()
+        lowest = _lowest_free_descriptor()
         store = connect(host, port, connect_s, master=False, use_libuv=use_libuv)
-        opened = _descriptors() - before
-        if not set_link_deadline(host, port, deadline_s, fds=opened):
+        near = range(lowest, lowest + _CONNECT_SPAN) if lowest is not None else None
+        if near is None or not set_link_deadline(host, port, deadline_s, fds=near):
             set_link_deadline(host, port, deadline_s)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
