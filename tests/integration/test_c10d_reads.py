@@ -83,6 +83,8 @@ def _deadlines_to(port: int) -> list[int]:
     found = []
     for fd in _descriptors():
         try:
+            if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
+                continue  # a duplicate of it would not make a socket object (and would leak)
             sock = socket.socket(fileno=os.dup(fd))
         except OSError:
             continue
