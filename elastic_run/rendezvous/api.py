@@ -418,8 +418,12 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
     def round_end(self) -> RoundEnd | None:
         """Who ended this node's round and why (one store read), None while it runs."""
 
-    def report_failure(self) -> bool:
-        """End the round for this node's worker failure; True when this node ended it first."""
+    def report_failure(self, last_restart: bool = False) -> bool:
+        """End the round for this node's worker failure; True when this node ended it first.
+
+        With ``last_restart`` (the failure would end the job), a member of the round that was
+        lost meanwhile ends it instead, and the failure does not count (False).
+        """
 
     def leave_round(self, reason: str) -> None:
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing."""

@@ -26,6 +26,7 @@ from elastic_run.rendezvous.liveness.peerwatch import (
     MAX_CONNECTIONS,
     AliveListener,
     PeerWatch,
+    answers,
     greeting,
 )
 from tests.helpers import REPO_ROOT, free_port, wait_until
@@ -156,6 +157,20 @@ def test_a_new_target_replaces_the_old_one(
     b.kill()
     assert deaths.any.wait(WAIT_S), watch.state
     assert deaths.ids == ["node-b"]
+
+
+def test_answers_is_true_only_for_a_listener_greeting_as_the_node(
+    listeners: list[ListenerProcess],
+) -> None:
+    # The one-off look a job-ending failure takes at its round's members.
+    a = start(listeners, "node-a")
+    assert answers("node-a", "127.0.0.1", a.port, 5.0) is True
+    assert answers("node-b", "127.0.0.1", a.port, 5.0) is False  # the port greets as another
+    a.kill()
+    assert answers("node-a", "127.0.0.1", a.port, 5.0) is False  # refused
+    stopped = start(listeners, "node-c")
+    os.kill(stopped.proc.pid, signal.SIGSTOP)  # accepted by the kernel, never greeted
+    assert answers("node-c", "127.0.0.1", stopped.port, 0.5) is False
 
 
 def test_a_refused_port_never_greeted_is_no_verdict(watch: PeerWatch, deaths: Deaths) -> None:

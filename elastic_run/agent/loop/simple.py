@@ -502,7 +502,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         if not isinstance(action, sm.ReportFailure):
             return action
         self._set_state(action.state)
-        counted = self._rdzv.report_failure() if self._rdzv is not None else True
+        last = self._restarts >= self._spec.max_restarts  # if it counts, the job fails
+        counted = self._rdzv.report_failure(last_restart=last) if self._rdzv is not None else True
         failed = sorted(result.failures.values(), key=lambda f: f.timestamp)
         head = failed[0] if failed else None
         self._emit(
@@ -519,6 +520,10 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         finished = self._round_exit().peers_finished()
         return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished))
 
+    def _why_not_counted(self) -> str:
+        lost = self._rdzv is not None and self._rdzv.poll().member_lost
+        return "a member of the round was lost" if lost else "another node failed first"
+
     def _apply_again(self, action: sm.Restart | sm.Rejoin, result: Any) -> None:
         """Stop the workers so that the loop can rendezvous again."""
         spec = self._spec
@@ -527,7 +532,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._emit(
                 "restart",
                 f"restarting the workers ({after}/{spec.max_restarts} restarts"
-                f"{' spent' if action.counted else ', not counted: another node failed first'})",
+                f"{' spent' if action.counted else ', not counted: ' + self._why_not_counted()})",
                 restarts=after,
                 max_restarts=spec.max_restarts,
                 counted=action.counted,

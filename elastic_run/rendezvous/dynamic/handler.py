@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast, get_args
 
@@ -49,6 +50,7 @@ from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
 from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
 from elastic_run.rendezvous.liveness.notices import DeathNotices
+from elastic_run.rendezvous.liveness.peerwatch import answers
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -82,6 +84,11 @@ __all__ = [
 ]
 
 log = logging.getLogger(__name__)
+
+# Before a job-ending worker failure counts: how long each member's liveness port may take to
+# greet, and how many are asked at once.
+_ANSWER_TIMEOUT_S = 1.0
+_PROBES = 16
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -289,8 +296,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return None
         return RoundEnd(cause=record.reason, ended_by=record.by, lost=record.node_ids)
 
-    def report_failure(self) -> bool:
+    def report_failure(self, last_restart: bool = False) -> bool:
         """End the current round because this node's workers failed.
+
+        Args:
+            last_restart: the failure would end the job if it counted (this node's restarts
+                are used up). Before counting it, the round's members are looked at: when one
+                of them is lost (its agent died: its workers' peers fail in their collectives
+                at once, often before any watcher has judged it), the round ends for that
+                member instead and the failure does not count. See ``_lost_behind_failure``.
 
         Returns:
             True when this node ended the round first (its failure is the cause and
@@ -299,11 +313,84 @@ class DynamicRendezvousHandler(RendezvousHandler):
         member = self._member
         if member is None:
             return True
+        if last_restart and self._lost_behind_failure(member):
+            return False
         return end_round(
             self._backend,
             member.round,
             LostRecord(member.round, "worker_failure", (), self.node_id),
         )
+
+    def _lost_behind_failure(self, member: Membership) -> bool:
+        """Whether a member of this node's round is lost, looked at before a job-ending failure.
+
+        Every other member's liveness port is asked once (``peerwatch.answers``): when all
+        greet, their agents live and the failure is this node's own (no wait). Those that do
+        not greet are watched, heartbeats judging as the ring does, for at most the heartbeat
+        budget plus one interval, while the round's end record is read each interval (the
+        lost member's watcher usually writes it within milliseconds). A member judged gone
+        ends the round as ``member_lost`` here.
+        """
+        r = member.round
+        if self._state.poll().member_lost:
+            return True
+        suspects = self._unanswered_members(member)
+        if not suspects:
+            return False
+        settings = self._settings
+        log.warning(
+            "rendezvous '%s': a worker failed while %d member(s) of round %d did not answer "
+            "(%s); waiting up to %.1f s for their verdict before counting the failure",
+            self._run_id,
+            len(suspects),
+            r,
+            ", ".join(suspects[:3]) + (" ..." if len(suspects) > 3 else ""),
+            settings.stale_after_s + settings.keep_alive_interval_s,
+        )
+        deadline = self._clock() + settings.stale_after_s + settings.keep_alive_interval_s
+        beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
+        while True:
+            why = read_lost(self._backend, r)
+            if why is not None:  # ended meanwhile: a lost member, or a failure before this one
+                self._state.note_round_end(r)
+                return why.reason == "member_lost"
+            now = self._clock()
+            read = self._backend.read_heartbeats(suspects)
+            beats = self._notices.apply(
+                beats.observe(dict(zip(suspects, read, strict=True)), now), now
+            )
+            verdict = proto.judge_watched(suspects, beats, now, settings.stale_after_s)
+            if isinstance(verdict, proto.MemberLost):
+                end_round(
+                    self._backend, r, LostRecord(r, "member_lost", verdict.node_ids, self.node_id)
+                )
+                self._state.note_round_end(r)
+                return True
+            if now >= deadline:
+                return False
+            time.sleep(min(settings.keep_alive_interval_s / 2, max(0.0, deadline - now)))
+
+    def _unanswered_members(self, member: Membership) -> list[str]:
+        """The other members of ``member``'s round whose liveness port did not greet."""
+        r = member.round
+        node_keys = [keys.node(r, i) for i in member.seal.admitted_indices()]
+        records = [
+            decode(NodeRecord, k, raw)
+            for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
+            if raw is not None
+        ]
+        others = [rec for rec in records if rec.node_id != self.node_id]
+
+        def silent(rec: NodeRecord) -> bool:
+            return not rec.alive_port or not answers(
+                rec.node_id, rec.addr, rec.alive_port, _ANSWER_TIMEOUT_S
+            )
+
+        if not others:
+            return []
+        with ThreadPoolExecutor(max_workers=min(_PROBES, len(others))) as pool:
+            quiet = list(pool.map(silent, others))
+        return [rec.node_id for rec, q in zip(others, quiet, strict=True) if q]
 
     def leave_round(self, reason: str) -> None:
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing.

@@ -71,6 +71,7 @@ __all__ = [
     "CONNECT_TIMEOUT_S",
     "FIRST_RETRY_S",
     "MAX_CONNECTIONS",
+    "answers",
     "RETRY_S",
     "AliveListener",
     "PeerWatch",
@@ -436,6 +437,28 @@ class PeerWatch:
             if self._target == target:
                 self._target = None
         self._retarget()  # idle, or a target given meanwhile
+
+
+def answers(node_id: str, addr: str, port: int, timeout_s: float) -> bool:
+    """Whether the listener at ``addr:port`` greets as ``node_id`` within ``timeout_s``.
+
+    A one-off look (a fresh connection, read one line, closed): True means that node's agent is
+    alive now. False is no verdict on its own (a refusal, a timeout, another greeting): the
+    caller waits for heartbeats to judge, as the watch does.
+    """
+    want = greeting(node_id)
+    try:
+        with socket.create_connection((addr, port), timeout=timeout_s) as sock:
+            sock.settimeout(timeout_s)
+            got = b""
+            while len(got) < len(want) and not got.endswith(b"\n"):
+                chunk = sock.recv(len(want) - len(got))
+                if not chunk:
+                    break
+                got += chunk
+    except OSError:
+        return False
+    return got == want
 
 
 def _family_of(addr: str) -> socket.AddressFamily:
