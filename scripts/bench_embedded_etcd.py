@@ -34,15 +34,17 @@ No assertions: figures only; the load average is printed beside them. Root only 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import shutil
 import signal
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
 import uuid
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
@@ -67,6 +69,26 @@ class Outcome:
     exit_s: float | None  # both survivors exited (kill-two: c exited)
     codes: tuple[int | None, ...]
     back_s: float | None = None  # cut: from the heal to all three stepping at WORLD_SIZE 3
+    a_led: bool | None = None  # embedded-etcd: a's member led the cluster when it was hit
+
+
+def _a_leads(hosts: Any) -> bool | None:
+    """Whether host a's etcd member is the cluster's leader (asked from inside host a)."""
+    etcdctl = shutil.which("etcdctl")
+    if etcdctl is None:
+        return None
+    proc = hosts.run(
+        1,
+        [etcdctl, f"--endpoints=http://{hosts.addr(1)}:29410", "endpoint", "status", "-w", "json"],
+        env=dict(os.environ, ETCDCTL_API="3"),
+        stdout=subprocess.PIPE,
+    )
+    try:
+        out, _ = proc.communicate(timeout=10)
+        status = json.loads(out)[0]["Status"]
+        return bool(status["header"]["member_id"] == status["leader"])
+    except Exception:  # noqa: BLE001 - a figure beside the bench's, not the bench
+        return None
 
 
 def _steps(path: Path) -> list[tuple[float, str, int]]:
@@ -193,8 +215,9 @@ def run_once(launcher: str, bound_s: float, case: str = "kill", cut_s: float = 3
             if time.monotonic() > deadline:
                 return Outcome(None, None, tuple(p.poll() for p in procs[1:]))
             time.sleep(POLL_S)
+        a_led = _a_leads(hosts) if launcher == "elastic-run-embedded-etcd" else None
         if case == "cut":
-            return _cut(hosts, procs, steps, tmp, bound_s, cut_s)
+            return replace(_cut(hosts, procs, steps, tmp, bound_s, cut_s), a_led=a_led)
         if case == "kill-two":
             return _kill_two(procs, bound_s)
         killed_wall = time.time()
@@ -222,7 +245,7 @@ def run_once(launcher: str, bound_s: float, case: str = "kill", cut_s: float = 3
                     p.wait(timeout=60)
                 except Exception:  # noqa: BLE001 - the bench reports, it does not fail
                     pass
-        return Outcome(trains, exit_s, tuple(p.poll() for p in procs[1:]))
+        return Outcome(trains, exit_s, tuple(p.poll() for p in procs[1:]), a_led=a_led)
     finally:
         hosts.close()
         shutil.rmtree(tmp, ignore_errors=True)
@@ -269,6 +292,15 @@ def main() -> None:
         if len(trains) < len(outs):
             print(f"  {'':27} otherwise the survivors exit with {codes}; time to exit: "
                   f"{_stats(exits)} s")  # fmt: skip
+        if any(o.a_led is not None for o in outs):
+            print(f"  {'':27} each run (seconds to training again, whether a's member led): "
+                  + ", ".join(_run_text(o) for o in outs))  # fmt: skip
+
+
+def _run_text(o: Outcome) -> str:
+    took = f"{o.trains_again_s:.2f}" if o.trains_again_s is not None else f"exit {o.codes}"
+    led = {True: "a led", False: "a followed", None: "leader unknown"}[o.a_led]
+    return f"{took} ({led})"
 
 
 def _other_case(args: argparse.Namespace) -> None:
@@ -288,6 +320,8 @@ def _other_case(args: argparse.Namespace) -> None:
         print(f"  heal -> a, b and c train at WORLD_SIZE 3, in {len(back)}/{len(outs)} runs: "
               f"{_stats(back)} s")  # fmt: skip
         print(f"  exit codes after the stop: {[o.codes for o in outs]}")
+        print("  each run (seconds from the cut to b and c at WORLD_SIZE 2): "
+              + ", ".join(_run_text(o) for o in outs))  # fmt: skip
         return
     print(f"hosts a and b (two of three etcd members) SIGKILLed; elastic-run on embedded-etcd; "
           f"{args.runs} runs; load average {load:.1f}")  # fmt: skip
