@@ -217,7 +217,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
         """Make ``next_rendezvous`` give up with RendezvousInterruptedError once this is True.
 
-        Checked between the slices of every blocking wait (at most ``keep_alive_interval``).
+        Checked between the slices of every blocking wait (at most two ``keep_alive_interval``s,
+        see ``rounds.py``).
         """
         self._is_interrupted = is_interrupted
 

@@ -11,8 +11,13 @@ completed round:
                                       the seal is written; admitted: done; too late: wait at
                                       the door of this round
 
-Every blocking wait is sliced (at most ``keep_alive_interval``); between slices the agent's
-interrupt check and the join deadline are looked at. In a forming round an arrival that only
+Every blocking wait is sliced; between slices the agent's interrupt check and the join deadline
+are looked at. A slice lasts at most ``keep_alive_interval``, or, for an arrival that only
+watches and whose next look is further off, up to the next look and at most
+``_WATCHER_SLICE_INTERVALS`` intervals: each slice that ends without the seal costs the store
+two requests (the wait and its cancel), and one-interval slices of thousands of watchers were
+half of a 4,096-node round's traffic; a signal is then seen within two intervals. In a forming
+round an arrival that only
 watches its predecessor reads the store (the closed record, its predecessor) every 1 to 4
 slices by its arrival index (``Coordinator.is_due``), not every slice: such an arrival sees a
 closed job within 4 intervals, and one far down takes over coordination later when every
@@ -55,6 +60,9 @@ from elastic_run.rendezvous.settings import RendezvousSettings
 __all__ = ["Membership", "Rounds", "bump_epoch", "end_round"]
 
 log = logging.getLogger(__name__)
+
+# The longest slice of a watcher's wait for the seal, in keep-alive intervals (module docstring).
+_WATCHER_SLICE_INTERVALS = 2
 
 
 @dataclass(frozen=True)
@@ -331,6 +339,9 @@ class Rounds:
             wait_s = coordinator.next_wait(now)
             if not self._slices_needed():  # nothing to look at before the next look
                 wait_s = max(wait_s, min(coordinator.look_in(now), deadline - now))
+            else:  # a watcher far from its next look waits longer slices (module docstring)
+                cap = _WATCHER_SLICE_INTERVALS * self._settings.keep_alive_interval_s
+                wait_s = max(wait_s, min(coordinator.look_in(now), cap, deadline - now))
             if self._backend.wait_for([seal_key], wait_s):
                 break
             now = self._clock()
