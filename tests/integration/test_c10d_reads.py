@@ -79,7 +79,11 @@ def test_the_lowest_free_descriptor_is_the_number_the_next_open_takes() -> None:
 
 
 def _deadlines_to(port: int) -> list[int]:
-    """TCP_USER_TIMEOUT (ms) of this process's sockets whose peer is ``port``."""
+    return [ms for _, ms in _sockets_to(port)]
+
+
+def _sockets_to(port: int) -> list[tuple[int, int]]:
+    """(descriptor, TCP_USER_TIMEOUT in ms) of this process's sockets whose peer is ``port``."""
     found = []
     for fd in _descriptors():
         try:
@@ -90,7 +94,7 @@ def _deadlines_to(port: int) -> list[int]:
             continue
         try:
             if sock.type == socket.SOCK_STREAM and sock.getpeername()[1] == port:
-                found.append(sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT))
+                found.append((fd, sock.getsockopt(socket.IPPROTO_TCP, socket.TCP_USER_TIMEOUT)))
         except OSError:
             pass
         finally:
@@ -129,3 +133,27 @@ def test_a_client_opened_above_a_hole_among_many_descriptors_gets_its_read_deadl
         for r, w in pipes[:3] + pipes[4:]:
             os.close(r)
             os.close(w)
+
+
+@pytest.mark.skipif(not hasattr(socket, "TCP_USER_TIMEOUT"), reason="no TCP_USER_TIMEOUT")
+def test_an_older_socket_to_the_store_beside_the_hole_keeps_its_own_deadline(
+    server: Any,
+) -> None:
+    # A hole at `low`, and a socket to the store that was open before the connect put at low + 1
+    # (a duplicate of an older client's): the new client takes the hole and gets the deadline;
+    # the older socket, inside the numbers looked at but unchanged, keeps its own.
+    old = connect_client("127.0.0.1", server.port, 5.0, timeout_s=10.0, deadline_s=4.0)
+    (old_fd,) = [fd for fd, ms in _sockets_to(server.port) if ms == 4000]
+    low, high = os.pipe()
+    os.dup2(old_fd, high)  # closes the pipe's write end: the old socket now sits at low + 1
+    os.close(low)
+    try:
+        client = connect_client("127.0.0.1", server.port, 5.0, timeout_s=10.0, deadline_s=2.5)
+        after = dict(_sockets_to(server.port))
+        assert after[low] == 2500  # the new client's socket took the hole
+        assert after[high] == after[old_fd] == 4000  # the older socket was left as it was
+        assert sorted(after.values()).count(2500) == 1
+        client.set("k", "v")
+        old.set("k", "w")
+    finally:
+        os.close(high)

@@ -61,7 +61,7 @@ def set_link_deadline(
         host: the store's host.
         port: the store's port.
         deadline_s: how long sent data may stay unacknowledged before the link is reset.
-        fds: only these descriptors (those a connect just opened); None: every descriptor.
+        fds: only these descriptors (those a connect may have opened); None: every one.
 
     Returns:
         How many sockets were set.
@@ -80,8 +80,14 @@ def set_link_deadline(
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
                 continue
-            sock = socket.socket(fileno=os.dup(fd))
+            dup = os.dup(fd)
         except OSError:
+            continue
+        try:
+            # The number may have been reused by something else since the readlink.
+            sock = socket.socket(fileno=dup)
+        except OSError:
+            os.close(dup)
             continue
         try:
             peer = sock.getpeername() if sock.type == socket.SOCK_STREAM else None

