@@ -20,6 +20,7 @@ stop the workers through torch's extension points: ``_start_workers``, ``_stop_w
 
 from __future__ import annotations
 
+import inspect
 import logging
 import signal
 import socket
@@ -502,8 +503,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         if not isinstance(action, sm.ReportFailure):
             return action
         self._set_state(action.state)
-        last = self._restarts >= self._spec.max_restarts  # if it counts, the job fails
-        counted = self._rdzv.report_failure(last_restart=last) if self._rdzv is not None else True
+        counted = self._report_failure() if self._rdzv is not None else True
         failed = sorted(result.failures.values(), key=lambda f: f.timestamp)
         head = failed[0] if failed else None
         self._emit(
@@ -519,6 +519,23 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         )
         finished = self._round_exit().peers_finished()
         return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished))
+
+    def _report_failure(self) -> bool:
+        """End the round for this node's failure; True when it counts (``report_failure``).
+
+        When it would end the job (the restarts are used up), the rendezvous is asked to look
+        for a lost member first, if its ``report_failure`` takes ``last_restart`` (an
+        ``AgentRendezvous`` written before it did is called as before).
+        """
+        assert self._rdzv is not None
+        report = self._rdzv.report_failure
+        try:
+            takes_last = "last_restart" in inspect.signature(report).parameters
+        except (TypeError, ValueError):
+            takes_last = False
+        if takes_last and self._restarts >= self._spec.max_restarts:
+            return report(last_restart=True)
+        return report()
 
     def _why_not_counted(self) -> str:
         lost = self._rdzv is not None and self._rdzv.poll().member_lost

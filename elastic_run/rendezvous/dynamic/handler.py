@@ -22,12 +22,13 @@ from __future__ import annotations
 
 import logging
 import os
+import random
 import secrets
 import socket
 import threading
 import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, cast, get_args
 
@@ -85,10 +86,13 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Before a job-ending worker failure counts: how long each member's liveness port may take to
-# greet, and how many are asked at once.
+# Before a job-ending worker failure counts (``_lost_behind_failure``): how long one member's
+# liveness port may take to greet, how many are asked at once, how long the asking may take in
+# all (those not asked by then count as silent), and the largest round whose members are asked.
 _ANSWER_TIMEOUT_S = 1.0
 _PROBES = 16
+_PROBE_BUDGET_S = 2.0
+_PROBE_MAX = 64
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -306,6 +310,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 of them is lost (its agent died: its workers' peers fail in their collectives
                 at once, often before any watcher has judged it), the round ends for that
                 member instead and the failure does not count. See ``_lost_behind_failure``.
+                A store error while looking is logged and the failure counts, as before.
 
         Returns:
             True when this node ended the round first (its failure is the cause and
@@ -314,8 +319,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
         member = self._member
         if member is None:
             return True
-        if last_restart and self._lost_behind_failure(member):
-            return False
+        if last_restart:
+            try:
+                if self._lost_behind_failure(member):
+                    return False
+            except (RendezvousError, OSError, ValueError) as exc:
+                log.warning(
+                    "rendezvous '%s': could not look at round %d's members before counting "
+                    "a failure: %s",
+                    self._run_id,
+                    member.round,
+                    exc,
+                )
         return end_round(
             self._backend,
             member.round,
@@ -325,54 +340,72 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _lost_behind_failure(self, member: Membership) -> bool:
         """Whether a member of this node's round is lost, looked at before a job-ending failure.
 
-        Every other member's liveness port is asked once (``peerwatch.answers``): when all
-        greet, their agents live and the failure is this node's own (no wait). Those that do
-        not greet are watched, heartbeats judging as the ring does, for at most the heartbeat
-        budget plus one interval, while the round's end record is read each interval (the
-        lost member's watcher usually writes it within milliseconds). A member judged gone
-        ends the round as ``member_lost`` here.
+        The round's end record first (a watcher usually writes ``member_lost`` within
+        milliseconds of an agent's death). Then, in a round of at most ``_PROBE_MAX``
+        other members, each member's liveness port is asked once (``peerwatch.answers``, in a
+        random order, all within ``_PROBE_BUDGET_S``): when all greet, their agents live and
+        the failure is this node's own (no wait). Those that did not greet are watched by
+        heartbeat, once an interval, until the heartbeat budget plus one interval has passed
+        since the first read; a member judged gone ends the round as ``member_lost`` here. In
+        a larger round nobody is asked (N nodes asking N each would flood every listener):
+        the end record alone is read once an interval until the same deadline, the ring's
+        watchers judging. A pending signal (the agent's interrupt check) stops the look.
         """
         r = member.round
         if self._state.poll().member_lost:
             return True
-        suspects = self._unanswered_members(member)
-        if not suspects:
-            return False
+        if self._round_ended(r):
+            return self._state.poll().member_lost
+        others = self._other_members(member)
+        suspects: list[str] = []
+        if len(others) <= _PROBE_MAX:
+            suspects = self._unanswered(others)
+            if not suspects:
+                return False
         settings = self._settings
+        wait_s = settings.stale_after_s + settings.keep_alive_interval_s
         log.warning(
-            "rendezvous '%s': a worker failed while %d member(s) of round %d did not answer "
-            "(%s); waiting up to %.1f s for their verdict before counting the failure",
+            "rendezvous '%s': a worker failed %s; waiting up to %.1f s for a verdict before "
+            "counting the failure",
             self._run_id,
-            len(suspects),
-            r,
-            ", ".join(suspects[:3]) + (" ..." if len(suspects) > 3 else ""),
-            settings.stale_after_s + settings.keep_alive_interval_s,
+            f"while {len(suspects)} member(s) of round {r} did not answer "
+            f"({', '.join(suspects[:3])}{' ...' if len(suspects) > 3 else ''})"
+            if suspects
+            else f"in round {r} of {len(others) + 1} nodes",
+            wait_s,
         )
-        deadline = self._clock() + settings.stale_after_s + settings.keep_alive_interval_s
+        deadline = self._clock() + wait_s
         beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
         while True:
-            why = read_lost(self._backend, r)
-            if why is not None:  # ended meanwhile: a lost member, or a failure before this one
-                self._state.note_round_end(r)
-                return why.reason == "member_lost"
+            if self._is_interrupted is not None and self._is_interrupted():
+                return False
+            if self._round_ended(r):
+                return self._state.poll().member_lost
             now = self._clock()
-            read = self._backend.read_heartbeats(suspects)
-            beats = self._notices.apply(
-                beats.observe(dict(zip(suspects, read, strict=True)), now), now
-            )
-            verdict = proto.judge_watched(suspects, beats, now, settings.stale_after_s)
-            if isinstance(verdict, proto.MemberLost):
-                end_round(
-                    self._backend, r, LostRecord(r, "member_lost", verdict.node_ids, self.node_id)
+            if suspects:
+                read = self._backend.read_heartbeats(suspects)
+                beats = self._notices.apply(
+                    beats.observe(dict(zip(suspects, read, strict=True)), now), now
                 )
-                self._state.note_round_end(r)
-                return True
+                verdict = proto.judge_watched(suspects, beats, now, settings.stale_after_s)
+                if isinstance(verdict, proto.MemberLost):
+                    why = LostRecord(r, "member_lost", verdict.node_ids, self.node_id)
+                    end_round(self._backend, r, why)
+                    self._state.note_round_end(r)
+                    return self._state.poll().member_lost
             if now >= deadline:
                 return False
-            time.sleep(min(settings.keep_alive_interval_s / 2, max(0.0, deadline - now)))
+            time.sleep(min(settings.keep_alive_interval_s, max(0.0, deadline - now)))
 
-    def _unanswered_members(self, member: Membership) -> list[str]:
-        """The other members of ``member``'s round whose liveness port did not greet."""
+    def _round_ended(self, r: int) -> bool:
+        """Whether round ``r`` has its end record (noted in this node's round state)."""
+        if read_lost(self._backend, r) is None:
+            return False
+        self._state.note_round_end(r)
+        return True
+
+    def _other_members(self, member: Membership) -> list[NodeRecord]:
+        """The records of the other members of ``member``'s round."""
         r = member.round
         node_keys = [keys.node(r, i) for i in member.seal.admitted_indices()]
         records = [
@@ -380,18 +413,27 @@ class DynamicRendezvousHandler(RendezvousHandler):
             for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
             if raw is not None
         ]
-        others = [rec for rec in records if rec.node_id != self.node_id]
+        return [rec for rec in records if rec.node_id != self.node_id]
 
-        def silent(rec: NodeRecord) -> bool:
-            return not rec.alive_port or not answers(
-                rec.node_id, rec.addr, rec.alive_port, _ANSWER_TIMEOUT_S
-            )
-
+    def _unanswered(self, others: list[NodeRecord]) -> list[str]:
+        """The members of ``others`` whose liveness port did not greet within the budget."""
         if not others:
             return []
-        with ThreadPoolExecutor(max_workers=min(_PROBES, len(others))) as pool:
-            quiet = list(pool.map(silent, others))
-        return [rec.node_id for rec, q in zip(others, quiet, strict=True) if q]
+        order = random.sample(others, len(others))  # not every node asking the same one first
+        pool = ThreadPoolExecutor(max_workers=min(_PROBES, len(order)))
+        try:
+            asked = {
+                pool.submit(
+                    answers, rec.node_id, rec.addr, rec.alive_port, _ANSWER_TIMEOUT_S
+                ): rec.node_id
+                for rec in order
+                if rec.alive_port
+            }
+            done, _ = wait(asked, timeout=_PROBE_BUDGET_S)
+        finally:
+            pool.shutdown(wait=False, cancel_futures=True)
+        greeted = {asked[f] for f in done if f.exception() is None and f.result()}
+        return [rec.node_id for rec in order if rec.node_id not in greeted]
 
     def leave_round(self, reason: str) -> None:
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing.

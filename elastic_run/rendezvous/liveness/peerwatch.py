@@ -456,7 +456,7 @@ def answers(node_id: str, addr: str, port: int, timeout_s: float) -> bool:
                 if not chunk:
                     break
                 got += chunk
-    except OSError:
+    except (OSError, ValueError):  # ValueError: an address that is not one (UnicodeError)
         return False
     return got == want
 
