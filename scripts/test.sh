@@ -33,8 +33,8 @@ fi
 # Two at a time on the two cores here (12.6 minutes for the whole check). Three took 9.4 minutes
 # (14 % of the CPU is still idle while tests wait on timeouts), but under that load a gloo worker
 # of tests/e2e/test_auto_progress.py died in torch's own teardown (SIGABRT in
-# destroy_process_group, "terminate called without an active exception") in 2 of 4 runs with
-# three or four workers, never with two. ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs serially.
+# destroy_process_group, "terminate called without an active exception") in one of two runs
+# with three workers and in the one run with four; not seen with two. ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs serially.
 jobs=${ELASTIC_RUN_TEST_JOBS:-2}
 parallel=()
 if [[ "$jobs" != 0 ]]; then
