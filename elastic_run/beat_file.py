@@ -353,6 +353,9 @@ def _forget_shared() -> None:
 os.register_at_fork(after_in_child=_forget_shared)
 
 
+_SHARED_LOCK = threading.Lock()
+
+
 def shared_writer() -> BeatWriter | None:
     """This process's one writer (opened from the environment on the first call), or None.
 
@@ -360,9 +363,14 @@ def shared_writer() -> BeatWriter | None:
     are one stream. A process forked from the worker gets None.
     """
     global _shared, _shared_opened
-    if not _shared_opened:
-        _shared_opened = True
-        _shared = open_writer_from_env()
+    if _shared_opened:
+        return _shared
+    with _SHARED_LOCK:  # two threads' first steps at once: both get the one writer
+        if not _shared_opened:
+            try:
+                _shared = open_writer_from_env()
+            finally:
+                _shared_opened = True  # tried once, as before: a failure is not retried
     return _shared
 
 

@@ -34,7 +34,8 @@ fi
 # (14 % of the CPU is still idle while tests wait on timeouts), but under that load a gloo worker
 # of tests/e2e/test_auto_progress.py died in torch's own teardown (SIGABRT in
 # destroy_process_group, "terminate called without an active exception") in one of two runs
-# with three workers and in the one run with four; not seen with two. ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs serially.
+# with three workers and in the one run with four; not seen with two.
+# ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs them serially.
 jobs=${ELASTIC_RUN_TEST_JOBS:-2}
 parallel=()
 if [[ "$jobs" != 0 ]]; then
