@@ -399,9 +399,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
     def _round_ended(self, r: int) -> bool:
         """Whether round ``r`` has its end record (noted in this node's round state)."""
-        if read_lost(self._backend, r) is None:
+        why = read_lost(self._backend, r)
+        if why is None:
             return False
-        self._state.note_round_end(r)
+        self._state.note_end_record(r, why)
         return True
 
     def _other_members(self, member: Membership) -> list[NodeRecord]:

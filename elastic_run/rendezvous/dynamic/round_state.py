@@ -160,7 +160,10 @@ class RoundState:
 
     def note_round_end(self, r: int) -> None:
         """Mark round r over; a member lost (by whoever saw it) counts as lost here too."""
-        why = read_lost(self._backend, r)
+        self.note_end_record(r, read_lost(self._backend, r))
+
+    def note_end_record(self, r: int, why: LostRecord | None) -> None:
+        """Mark round r over with its end record ``why``, already read (None: not known)."""
         cause = why.reason if why is not None else None
         self._set_over(r, lost=cause == "member_lost", cause=cause)
 
