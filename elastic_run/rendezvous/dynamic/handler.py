@@ -345,8 +345,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         other members, each member's liveness port is asked once (``peerwatch.answers``, in a
         random order, all within ``_PROBE_BUDGET_S``): when all greet, their agents live and
         the failure is this node's own (no wait). Those that did not greet are watched by
-        heartbeat, once an interval, until the heartbeat budget plus one interval has passed
-        since the first read; a member judged gone ends the round as ``member_lost`` here. In
+        heartbeat, once an interval, until twice the heartbeat budget plus one interval has
+        passed since the first read; a member judged gone ends the round as ``member_lost`` here. In
         a larger round nobody is asked (N nodes asking N each would flood every listener):
         the end record alone is read once an interval until the same deadline, the ring's
         watchers judging. A pending signal (the agent's interrupt check) stops the look.
@@ -363,7 +363,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if not suspects:
                 return False
         settings = self._settings
-        wait_s = settings.stale_after_s + settings.keep_alive_interval_s
+        # Twice the budget: a judge needs the budget and its reads, which slip on a busy host.
+        wait_s = 2 * settings.stale_after_s + settings.keep_alive_interval_s
         log.warning(
             "rendezvous '%s': a worker failed %s; waiting up to %.1f s for a verdict before "
             "counting the failure",
