@@ -88,6 +88,7 @@ def test_format_endpoint_reads_back(host: str, port: int) -> None:
             "routines:OPENSSL_internal:CERTIFICATE_VERIFY_FAILED",
             MessageKind.TLS_HANDSHAKE,
         ),
+        ("context deadline exceeded", MessageKind.SERVER_DEADLINE),
         ("failed to connect to all addresses; last error: connection refused", None),
         ("etcdserver: requested lease not found", None),
         ("", None),
@@ -131,6 +132,15 @@ def test_a_watch_a_member_never_created_is_a_member_not_reached() -> None:
     assert is_unreachable(None, etcd_exc.WatchTimedOut())
     assert is_unreachable(grpc.StatusCode.UNAVAILABLE, Exception("leader changed"))
     assert not is_unreachable(None, etcd_exc.RevisionCompactedError(3))
+
+
+def test_a_member_whose_own_deadline_passed_was_not_reached() -> None:
+    # etcd 3.4 answers a login or a linearizable read it could not serve without a leader
+    # with UNKNOWN and Go's context error; any other UNKNOWN is a refusal.
+    timeout = Exception("context deadline exceeded")
+    assert is_unreachable(grpc.StatusCode.UNKNOWN, timeout, "context deadline exceeded")
+    assert not is_unreachable(grpc.StatusCode.UNKNOWN, timeout, "etcdserver: invalid auth token")
+    assert not is_unreachable(grpc.StatusCode.UNKNOWN, timeout)
 
 
 # -- counters -----------------------------------------------------------------------------

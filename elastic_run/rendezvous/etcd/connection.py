@@ -347,7 +347,7 @@ class EtcdConnection:
                     )
                     if refused is not None:
                         raise refused from exc
-                    if not is_unreachable(code, exc):
+                    if not is_unreachable(code, exc, reason):
                         raise RendezvousError(
                             f"etcd {endpoint} refused to {what}: {reason}"
                         ) from exc

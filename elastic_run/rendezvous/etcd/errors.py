@@ -6,10 +6,12 @@ in this order:
   handshake: the request was refused and a retry cannot help (``RendezvousError``);
 - NOT_FOUND: the lease the request named is gone (``EtcdLeaseNotFoundError``); etcd answers
   NOT_FOUND for a lease or a cluster member, and the adapter never names a member;
-- UNAVAILABLE, DEADLINE_EXCEEDED, pyetcd's connection errors, or a watch the member did not
+- UNAVAILABLE, DEADLINE_EXCEEDED, pyetcd's connection errors, a watch the member did not
   create within the RPC deadline (``WatchTimedOut``: a frozen or partitioned member holds
-  its stream open and never answers): the endpoint cannot be reached; the caller fails over
-  and retries (``is_unreachable``);
+  its stream open and never answers), or the member's own deadline passing while it waited
+  for a leader (UNKNOWN "context deadline exceeded": etcd 3.4 passes a linearizable read's
+  or a login's timeout through untranslated during an election): the endpoint cannot be
+  reached; the caller fails over and retries (``is_unreachable``);
 - anything else: refused (``RendezvousError``).
 
 Invariant: message text is read in exactly one place, ``message_kind``, and only for the
@@ -57,6 +59,7 @@ class MessageKind(enum.Enum):
     LOGIN_FAILED = "login failed"
     NO_USER = "no user"
     TLS_HANDSHAKE = "tls handshake"
+    SERVER_DEADLINE = "server deadline"
 
 
 _TLS_MARKERS = ("handshake", "ssl", "certificate", "tls")
@@ -69,7 +72,9 @@ def message_kind(details: str) -> MessageKind | None:
     code of every malformed request, with the reason only in the message (etcd's own Go
     client maps these messages back to errors the same way). gRPC reports a TLS handshake
     that failed as UNAVAILABLE, the code of an unreachable server, with only the message
-    telling them apart.
+    telling them apart. A member whose own deadline passed while it waited for a leader
+    (a linearizable read or a login during an election) answers UNKNOWN, the code of any
+    untranslated server error, with Go's "context deadline exceeded".
 
     Args:
         details: the status details (the error message) of a failed call.
@@ -84,6 +89,8 @@ def message_kind(details: str) -> MessageKind | None:
         return MessageKind.NO_USER
     if any(marker in lowered for marker in _TLS_MARKERS):
         return MessageKind.TLS_HANDSHAKE
+    if "context deadline exceeded" in lowered:
+        return MessageKind.SERVER_DEADLINE
     return None
 
 
@@ -109,8 +116,16 @@ def status_of(exc: BaseException) -> tuple[grpc.StatusCode | None, str]:
     return code, " ".join(str(exc).split()) or type(exc).__name__
 
 
-def is_unreachable(code: grpc.StatusCode | None, exc: BaseException) -> bool:
-    """Whether a failure means the endpoint could not be reached (fail over and retry)."""
+def is_unreachable(code: grpc.StatusCode | None, exc: BaseException, reason: str = "") -> bool:
+    """Whether a failure means the endpoint could not be reached (fail over and retry).
+
+    Args:
+        code: the gRPC status code of the failure (None: not a gRPC error).
+        exc: the failure.
+        reason: the failure's message (``status_of``), read only for an UNKNOWN code.
+    """
+    if code == grpc.StatusCode.UNKNOWN:
+        return message_kind(reason) is MessageKind.SERVER_DEADLINE
     if code is not None:
         return code in _UNREACHABLE_CODES
     return isinstance(exc, _UNREACHABLE_TYPES)
