@@ -5,7 +5,10 @@ use and turns every failure into a typed error (see ``etcd_errors``):
 - the endpoint cannot be reached: drop its client, move to the next endpoint and retry, until
   the retry window (or the caller's deadline) has passed;
 - the auth token expired (UNAUTHENTICATED after an idle spell): log in again, once;
-- the call ran on a raw client that is no longer the current one: retry on the current one.
+- the call ran on a raw client that is no longer the current one: retry on the current one;
+- the leader changed while the call waited (``leader_watch``: a write forwarded to a leader
+  that died is lost, and the member would hold the call until its deadline): the watch drops
+  the raw client, and the call is retried on a fresh one.
 
 A cut node leaves promptly: once a call found no endpoint answering ("cannot be reached"), every
 RPC gets at most ``SHORT_RPC_TIMEOUT_S`` (a few seconds instead of ``read_timeout``) until a call
@@ -46,6 +49,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousUnreachableError,
 )
 from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
+from elastic_run.rendezvous.etcd.leader_watch import WATCH, raft_term_of
 
 __all__ = ["SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
 
@@ -150,6 +154,7 @@ class EtcdConnection:
         self._raw: Any = None
         self._generation = 0
         self._closed = threading.Event()
+        self._term = 0  # the newest raft term seen in a response (0: none yet)
 
     @property
     def endpoint(self) -> str:
@@ -266,6 +271,12 @@ class EtcdConnection:
                 self._index = (self._index + 1) % len(self._endpoints)
         _close_quietly(raw)
 
+    def release(self, raw: Any, why: str) -> None:
+        """Drop ``raw`` for the leader watch (its calls fail as stale and are retried on a
+        fresh client of the same member)."""
+        log.debug("etcd %s: dropping the client: %s", self.endpoint, why)
+        self.drop(raw)
+
     def close(self) -> None:
         """Close the connection; calls in flight fail as closed. Idempotent."""
         with self._lock:
@@ -315,7 +326,14 @@ class EtcdConnection:
                 raise RendezvousConnectionError(gone)
             try:
                 raw, endpoint, generation = self._current()
-                result = fn(raw)
+                token = WATCH.enter(self, raw, what, self._term)
+                try:
+                    result = fn(raw)
+                finally:
+                    WATCH.leave(token)
+                term = raft_term_of(result)
+                if term > self._term:
+                    self._term = term
                 if self._unreached:
                     # Reached again: the next raw client gets the full RPC deadline back.
                     self._unreached = False
@@ -387,7 +405,7 @@ def _fix_stubs(raw: Any) -> None:
     stubs on first use and throws them away after a failed call, to make them again; this
     adapter drops the whole raw client after a failure instead, so it needs neither.
     """
-    for stub in ("kvstub", "leasestub", "watcher"):
+    for stub in ("kvstub", "leasestub", "maintenancestub", "watcher"):
         getattr(raw, stub)
     raw._clear_old_stubs = _keep_stubs
 
