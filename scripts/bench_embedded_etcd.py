@@ -28,6 +28,9 @@ No assertions: figures only; the load average is printed beside them. Root only 
 
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --runs 3
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case cut --runs 3
+
+``BENCH_KEEP=1`` keeps each run's agent logs (``a.log``, ``b.log``, ``c.log``, with the events)
+and steps, and prints where.
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case kill-two --runs 3
 """
 
@@ -248,7 +251,10 @@ def run_once(launcher: str, bound_s: float, case: str = "kill", cut_s: float = 3
         return Outcome(trains, exit_s, tuple(p.poll() for p in procs[1:]), a_led=a_led)
     finally:
         hosts.close()
-        shutil.rmtree(tmp, ignore_errors=True)
+        if os.environ.get("BENCH_KEEP"):
+            print(f"  kept the run's logs and steps in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _stats(values: list[float]) -> str:

@@ -17,7 +17,11 @@ from typing import Any
 
 import pyetcd
 import pytest
-from etcd_fixtures import etcd_cluster3_fixture, requires_etcd  # noqa: F401 - fixtures
+from etcd_fixtures import (  # noqa: F401 - fixtures
+    etcd_cluster3_fixture,
+    requires_etcd,
+    wait_until,
+)
 
 from elastic_run.rendezvous.etcd.client import EtcdClient
 from elastic_run.rendezvous.etcd.leader_watch import LeaderWatch, Released, raft_term_of
@@ -137,3 +141,22 @@ def test_the_raft_term_of_a_response() -> None:
     assert raft_term_of([rpc.LeaseKeepAliveResponse(header=header)]) == 4
     assert raft_term_of(None) == 0
     assert raft_term_of(b"value") == 0
+
+
+def test_a_connection_goes_back_to_its_home_member(etcd_cluster3: EtcdServer) -> None:
+    # The embedded backend lists this host's member first (home). At start it may fail over
+    # (home is down here); once home answers with a leader, the next call goes back to it.
+    endpoints = etcd_cluster3.endpoints
+    etcd_cluster3.kill_member(0)
+    client = EtcdClient(endpoints, timeout_s=5.0, prefer_first=True)
+    try:
+        client.put("k", b"1")
+        assert client.endpoint != endpoints[0]
+        etcd_cluster3.restart_member(0)
+        wait_until(
+            lambda: client.get("k") is not None and client.endpoint == endpoints[0],
+            60,
+            "the client back on its home member",
+        )
+    finally:
+        client.close()

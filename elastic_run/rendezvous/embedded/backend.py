@@ -276,6 +276,8 @@ def create_embedded_backend(
             spec, bind = found
             member = EmbeddedMember(cluster, spec, bind, params.run_id, tls=tls)
             endpoints = [spec.client_endpoint] + [e for e in endpoints if e != spec.client_endpoint]
+            # Calls on another host's member are cut off with that host: go back home.
+            options["prefer_first"] = True
     # Members' agents knock twice a second; the others, possibly thousands, every 2 s.
     watch = QuorumWatch(cluster, interval_s=0.5 if member is not None else 2.0)
     options["require_leader"] = True

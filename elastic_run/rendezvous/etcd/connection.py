@@ -16,8 +16,14 @@ succeeds again, so the calls on a cut node's way out (the failure event, the lea
 rejoin, the revoke) fail in seconds, not minutes each; the first success ends that state and the
 next call gets the full timeout back.
 
-That last-but-one rule is decided from state, not from the error: each raw client carries the
-*generation* it was built in, and dropping or closing it starts a new generation. A client
+A connection with a home (``prefer_first``: the embedded backend lists this host's own member
+first) that failed over elsewhere (at start, members refuse until they elect a leader) looks
+at home every ``HOME_LOOK_S`` from a background thread, and goes back once home answers with a
+leader: a node whose calls sit on another host's member is cut off with that host, while its
+own member only goes with its own host. Calls in flight finish on the client they started on.
+
+Whether a failed call ran on a dropped client is decided from state, not from the error: each
+raw client carries the *generation* it was built in, and dropping or closing it starts a new generation. A client
 dropped by another thread (after its own failure) or by ``close()`` fails the calls still
 using it (a ValueError before they start, CANCELLED in flight); such a failure says nothing
 about the cluster, so it is retried, or, after ``close()``, reported as closed.
@@ -49,7 +55,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousUnreachableError,
 )
 from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
-from elastic_run.rendezvous.etcd.leader_watch import WATCH, raft_term_of
+from elastic_run.rendezvous.etcd.leader_watch import WATCH, member_status, raft_term_of
 
 __all__ = ["SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
 
@@ -65,6 +71,8 @@ _GRPC_OPTIONS = [
 ]
 # The deadline of each RPC while the cluster could not be reached (see the module docstring).
 SHORT_RPC_TIMEOUT_S = 2.0
+# How often a connection away from its home member looks whether home answers again.
+HOME_LOOK_S = 1.0
 # The shortest deadline given to an RPC: gRPC fails one of 0 s at once, which is what a
 # caller whose deadline has passed gets.
 _MIN_RPC_TIMEOUT_S = 0.001
@@ -84,6 +92,7 @@ class ConnectionOptions(TypedDict, total=False):
     require_leader: bool
     gone_reason: Callable[[], str | None] | None
     silence_may_heal: bool
+    prefer_first: bool
 
 
 class EtcdConnection:
@@ -107,6 +116,8 @@ class EtcdConnection:
         silence_may_heal: a call that no endpoint answered raises ``RendezvousUnreachableError``
             (a partition that may heal: the join retries until its timeout) instead of
             ``RendezvousConnectionError`` (exit 4), unless ``gone_reason`` says otherwise.
+        prefer_first: the first endpoint is home (this host's own member): after a failover,
+            go back to it once it answers with a leader.
 
     Raises:
         ConfigurationError: when the protocol, the TLS or the credential settings are wrong.
@@ -127,6 +138,7 @@ class EtcdConnection:
         require_leader: bool = False,
         gone_reason: Callable[[], str | None] | None = None,
         silence_may_heal: bool = False,
+        prefer_first: bool = False,
     ) -> None:
         if not endpoints:
             raise ConfigurationError("no etcd endpoint given")
@@ -155,6 +167,9 @@ class EtcdConnection:
         self._generation = 0
         self._closed = threading.Event()
         self._term = 0  # the newest raft term seen in a response (0: none yet)
+        self._prefer_first = prefer_first and len(self._endpoints) > 1
+        self._home_ready = False  # home answers again: the next call goes back to it
+        self._home_look: threading.Thread | None = None
 
     @property
     def endpoint(self) -> str:
@@ -245,6 +260,14 @@ class EtcdConnection:
         with self._lock:
             if self._closed.is_set():
                 raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
+            if self._home_ready:
+                self._home_ready = False
+                if self._index != 0:
+                    # Calls in flight on the old client finish there; it closes when unused.
+                    self._raw = None
+                    self._generation += 1
+                    self._index = 0
+                    log.info("etcd: back on %s (this host's member answers again)", self.endpoint)
             endpoint = self.endpoint
             if self._raw is None:
                 try:
@@ -252,6 +275,7 @@ class EtcdConnection:
                 except BaseException:
                     # The login reached no server (or was refused): a retry takes the next.
                     self._index = (self._index + 1) % len(self._endpoints)
+                    self._away_from_home()
                     raise
             return self._raw, endpoint, self._generation
 
@@ -269,7 +293,42 @@ class EtcdConnection:
             self._generation += 1
             if rotate:
                 self._index = (self._index + 1) % len(self._endpoints)
+                self._away_from_home()
         _close_quietly(raw)
+
+    def _away_from_home(self) -> None:
+        """Start looking at home (under ``_lock``, after the index moved)."""
+        if not self._prefer_first or self._index == 0 or self._closed.is_set():
+            return
+        if self._home_look is not None and self._home_look.is_alive():
+            return
+        self._home_look = threading.Thread(
+            target=self._look_at_home, name="etcd-home-look", daemon=True
+        )
+        self._home_look.start()
+
+    def _look_at_home(self) -> None:
+        """Every ``HOME_LOOK_S`` while away: does home answer with a leader? Then go back."""
+        while not self._closed.wait(HOME_LOOK_S):
+            with self._lock:
+                if self._index == 0:
+                    return
+            if self._home_answers():
+                with self._lock:
+                    self._home_ready = True
+                    self._home_look = None
+                return
+
+    def _home_answers(self) -> bool:
+        try:
+            raw = self._build(*self._endpoints[0])
+        except Exception:  # noqa: BLE001 - home does not answer yet (or refuses): look again
+            return False
+        try:
+            status = member_status(raw)
+        finally:
+            _close_quietly(raw)
+        return status is not None and status[0] != 0
 
     def release(self, raw: Any, why: str) -> None:
         """Drop ``raw`` for the leader watch (its calls fail as stale and are retried on a
