@@ -316,3 +316,38 @@ def test_a_login_a_member_cannot_serve_without_a_leader_is_retried(
         assert kv is not None and kv.value == b"ok"
     finally:
         client.close()
+
+
+def test_once_no_member_answered_each_call_tries_every_member_once(
+    etcd_cluster3: EtcdServer,
+) -> None:
+    # A cut node leaves promptly: after one call found no member answering for the whole
+    # retry window, the calls on its way out try each member once instead of retrying for
+    # the window again; the first call that succeeds gives the window back.
+    endpoints = etcd_cluster3.endpoints[:2]
+    conn = EtcdConnection(
+        parse_endpoints(",".join(endpoints), 2379), timeout_s=2.0, retry_window_s=1.0
+    )
+    tries: list[str] = []
+
+    def get(raw: Any) -> Any:
+        tries.append(conn.endpoint)
+        return raw.get("/k")
+
+    def fails() -> list[str]:
+        tries.clear()
+        with pytest.raises(RendezvousConnectionError, match="cannot be reached"):
+            conn.call("get '/k'", get)
+        return sorted(tries)
+
+    try:
+        etcd_cluster3.kill_member(0)
+        etcd_cluster3.kill_member(1)
+        assert len(fails()) > len(endpoints)  # retried over the window
+        assert fails() == sorted(endpoints)  # each member once
+        etcd_cluster3.restart_member(1)
+        conn.call("get '/k'", get)
+        etcd_cluster3.kill_member(1)
+        assert len(fails()) > len(endpoints)  # the window is back
+    finally:
+        conn.close()

@@ -11,10 +11,11 @@ use and turns every failure into a typed error (see ``etcd_errors``):
   the raw client, and the call is retried on a fresh one.
 
 A cut node leaves promptly: once a call found no endpoint answering ("cannot be reached"), every
-RPC gets at most ``SHORT_RPC_TIMEOUT_S`` (a few seconds instead of ``read_timeout``) until a call
-succeeds again, so the calls on a cut node's way out (the failure event, the lease grant of the
-rejoin, the revoke) fail in seconds, not minutes each; the first success ends that state and the
-next call gets the full timeout back.
+RPC gets at most ``SHORT_RPC_TIMEOUT_S`` (a few seconds instead of ``read_timeout``) and every
+call tries each endpoint once (instead of retrying for the retry window) until a call succeeds
+again, so the calls on a cut node's way out (the failure
+event, the lease grant of the rejoin, the revoke) fail in seconds, not minutes each; the first
+success ends that state and the next call gets the full timeout and window back.
 
 A connection with a home (``prefer_first``: the embedded backend lists this host's own member
 first) that failed over elsewhere (at start, members refuse until they elect a leader) looks
@@ -57,7 +58,7 @@ from elastic_run.rendezvous.errors import (
 from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
 from elastic_run.rendezvous.etcd.leader_watch import WATCH, member_status, raft_term_of
 
-__all__ = ["SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
+__all__ = ["HOME_LOOK_S", "SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
 
 log = logging.getLogger(__name__)
 
@@ -359,7 +360,8 @@ class EtcdConnection:
             what: a few words for error messages (``get 'round'``).
             fn: the operation on the raw pyetcd client; it may be retried.
             deadline_s: a monotonic time by which to give up (default: the retry window
-                from now, after every endpoint was tried).
+                from now, none while the cluster could not be reached; in either case after
+                every endpoint was tried).
 
         Returns:
             What ``fn`` returned.
@@ -370,9 +372,8 @@ class EtcdConnection:
             EtcdLeaseNotFoundError: when the lease the request named is gone.
             RendezvousError: when etcd refused the request (credentials, TLS, permission).
         """
-        give_up_at_s = (
-            deadline_s if deadline_s is not None else time.monotonic() + self._retry_window_s
-        )
+        window_s = 0.0 if self._unreached else self._retry_window_s
+        give_up_at_s = deadline_s if deadline_s is not None else time.monotonic() + window_s
         reauthenticated = False
         delay_s = 0.05
         tried = 0
