@@ -74,6 +74,8 @@ _GRPC_OPTIONS = [
 SHORT_RPC_TIMEOUT_S = 2.0
 # How often a connection away from its home member looks whether home answers again.
 HOME_LOOK_S = 1.0
+# How long ``close`` waits for the look at home to end.
+_HOME_JOIN_S = 2.0
 # The shortest deadline given to an RPC: gRPC fails one of 0 s at once, which is what a
 # caller whose deadline has passed gets.
 _MIN_RPC_TIMEOUT_S = 0.001
@@ -171,6 +173,8 @@ class EtcdConnection:
         self._prefer_first = prefer_first and len(self._endpoints) > 1
         self._home_ready = False  # home answers again: the next call goes back to it
         self._home_look: threading.Thread | None = None
+        self._in_flight: dict[int, int] = {}  # id(raw client) -> calls in flight on it
+        self._retired: dict[int, Any] = {}  # replaced clients with calls still in flight
 
     @property
     def endpoint(self) -> str:
@@ -225,7 +229,9 @@ class EtcdConnection:
                 )
         return grpc.ssl_channel_credentials(ca, key, cert)
 
-    def _build(self, host: str, port: int) -> Any:
+    def _build(self, host: str, port: int, *, login: bool = True) -> Any:
+        """A raw client of one member (``login=False``: no credentials, for status reads,
+        which etcd serves without a login)."""
         # pyetcd joins host and port as the gRPC target: an IPv6 host needs its brackets.
         ep = pyetcd.Endpoint(
             f"[{host}]" if ":" in host else host,
@@ -239,8 +245,8 @@ class EtcdConnection:
             raw = pyetcd.MultiEndpointEtcd3Client(
                 endpoints=[ep],
                 timeout=self._rpc_limit_s(),
-                user=self._user,
-                password=self._password,
+                user=self._user if login else None,
+                password=self._password if login else None,
                 failover=False,
             )
             if not self._secure:
@@ -264,8 +270,14 @@ class EtcdConnection:
             if self._home_ready:
                 self._home_ready = False
                 if self._index != 0:
-                    # Calls in flight on the old client finish there; it closes when unused.
-                    self._raw = None
+                    # Calls in flight on the old client finish there; it closes when the last
+                    # of them returns (``_let_go``), or now when none is in flight.
+                    old, self._raw = self._raw, None
+                    if old is not None:
+                        if self._in_flight.get(id(old), 0):
+                            self._retired[id(old)] = old
+                        else:
+                            _close_quietly(old)
                     self._generation += 1
                     self._index = 0
                     log.info("etcd: back on %s (this host's member answers again)", self.endpoint)
@@ -310,19 +322,22 @@ class EtcdConnection:
 
     def _look_at_home(self) -> None:
         """Every ``HOME_LOOK_S`` while away: does home answer with a leader? Then go back."""
+        me = threading.current_thread()
         while not self._closed.wait(HOME_LOOK_S):
             with self._lock:
                 if self._index == 0:
-                    return
+                    break
             if self._home_answers():
                 with self._lock:
                     self._home_ready = True
-                    self._home_look = None
-                return
+                break
+        with self._lock:
+            if self._home_look is me:
+                self._home_look = None
 
     def _home_answers(self) -> bool:
         try:
-            raw = self._build(*self._endpoints[0])
+            raw = self._build(*self._endpoints[0], login=False)
         except Exception:  # noqa: BLE001 - home does not answer yet (or refuses): look again
             return False
         try:
@@ -331,20 +346,57 @@ class EtcdConnection:
             _close_quietly(raw)
         return status is not None and status[0] != 0
 
-    def release(self, raw: Any, why: str) -> None:
-        """Drop ``raw`` for the leader watch (its calls fail as stale and are retried on a
-        fresh client of the same member)."""
-        log.debug("etcd %s: dropping the client: %s", self.endpoint, why)
-        self.drop(raw)
+    def release(self, raw: Any, why: str, *, next_member: bool) -> None:
+        """Close ``raw`` for the leader watch: its calls fail as stale and are retried, on a
+        fresh client of the same member, or of the next one when ``next_member``. A client
+        already replaced (a connection back home) is closed too."""
+        log.debug("etcd %s: closing the client: %s", self.endpoint, why)
+        with self._lock:
+            current = self._raw is raw
+            if not current:
+                self._retired.pop(id(raw), None)
+        if current:
+            self.drop(raw, rotate=next_member)
+        else:
+            _close_quietly(raw)
+
+    def note_term(self, term: int) -> None:
+        """The member said (a response header, a status) the cluster is at raft ``term``."""
+        with self._lock:
+            if term > self._term:
+                self._term = term
+
+    def _hold(self, raw: Any) -> None:
+        with self._lock:
+            self._in_flight[id(raw)] = self._in_flight.get(id(raw), 0) + 1
+
+    def _let_go(self, raw: Any) -> None:
+        """A call on ``raw`` returned: close it if it was retired and this was the last."""
+        with self._lock:
+            left = self._in_flight.get(id(raw), 1) - 1
+            if left > 0:
+                self._in_flight[id(raw)] = left
+                return
+            self._in_flight.pop(id(raw), None)
+            retired = self._retired.pop(id(raw), None)
+        if retired is not None:
+            _close_quietly(retired)
 
     def close(self) -> None:
-        """Close the connection; calls in flight fail as closed. Idempotent."""
+        """Close the connection; calls in flight fail as closed. Idempotent. The look at
+        home stops (a bounded join: one in a login or status read ends within its deadline)."""
         with self._lock:
             self._closed.set()
             raw, self._raw = self._raw, None
+            retired = list(self._retired.values())
+            self._retired.clear()
             self._generation += 1
-        if raw is not None:
-            _close_quietly(raw)
+            look = self._home_look
+        for old in [raw, *retired]:
+            if old is not None:
+                _close_quietly(old)
+        if look is not None and look is not threading.current_thread():
+            look.join(_HOME_JOIN_S)
 
     @property
     def is_closed(self) -> bool:
@@ -386,14 +438,14 @@ class EtcdConnection:
                 raise RendezvousConnectionError(gone)
             try:
                 raw, endpoint, generation = self._current()
+                self._hold(raw)
                 token = WATCH.enter(self, raw, what, self._term)
                 try:
                     result = fn(raw)
                 finally:
                     WATCH.leave(token)
-                term = raft_term_of(result)
-                if term > self._term:
-                    self._term = term
+                    self._let_go(raw)
+                self.note_term(raft_term_of(result))
                 if self._unreached:
                     # Reached again: the next raw client gets the full RPC deadline back.
                     self._unreached = False

@@ -60,6 +60,7 @@ class MessageKind(enum.Enum):
     NO_USER = "no user"
     TLS_HANDSHAKE = "tls handshake"
     SERVER_DEADLINE = "server deadline"
+    NO_LEADER = "no leader"
 
 
 _TLS_MARKERS = ("handshake", "ssl", "certificate", "tls")
@@ -74,7 +75,9 @@ def message_kind(details: str) -> MessageKind | None:
     that failed as UNAVAILABLE, the code of an unreachable server, with only the message
     telling them apart. A member whose own deadline passed while it waited for a leader
     (a linearizable read or a login during an election) answers UNKNOWN, the code of any
-    untranslated server error, with Go's "context deadline exceeded".
+    untranslated server error, with Go's "context deadline exceeded". A member asked under the
+    require-leader flag while it has no leader answers UNAVAILABLE, as an unreachable one does,
+    with "etcdserver: no leader" (read by ``leader_watch.member_status``).
 
     Args:
         details: the status details (the error message) of a failed call.
@@ -91,6 +94,8 @@ def message_kind(details: str) -> MessageKind | None:
         return MessageKind.TLS_HANDSHAKE
     if "context deadline exceeded" in lowered:
         return MessageKind.SERVER_DEADLINE
+    if "etcdserver: no leader" in lowered:
+        return MessageKind.NO_LEADER
     return None
 
 

@@ -9,15 +9,21 @@ leader 1.8 s after the kill.
 
 The rule, for every call made through ``EtcdConnection.call``: once a call has been in flight
 for ``SLOW_S``, a process-wide thread asks the member it waits on for its status (a local read,
-no leader needed) every ``LOOK_S`` while it stays in flight. The leader changed under the call
-when the member has no leader, or its raft term is past the newest term the connection had seen
-in a response before the call began, or past the term of the first look. Then the connection
-drops the raw client the call waits on: the call fails as stale and ``call`` retries it on a
-fresh client of the same member, which forwards it to the new leader (or waits for one). A
-member that answers neither the call nor the status is left to the call's own deadline.
+no leader needed; under the require-leader flag etcd refuses it at once when there is none,
+which says the same) every ``LOOK_S`` while it stays in flight. The leader changed under the
+call when the member has no leader, or its raft term is past the newest term the connection had
+seen (in a response or a look) before the call began, or past the term of the first look. Every
+look tells the connection the term it read, so one leader change releases the calls it caught,
+not every later slow call of a connection that had not heard of it. Then the connection closes
+the raw client the call waits on: the call fails as stale and ``call`` retries it, on a fresh
+client of the same member when there is a new leader (the member forwards it there), on the next
+member when this one has none (it may be the one cut off). A member that answers neither the
+call nor the status is left to the call's own deadline.
 
-A released write may apply twice when the lost leader had replicated it before it died, as a
-retry after the deadline (``EtcdConnection.call`` retries DEADLINE_EXCEEDED) already may.
+Closing the client fails every call in flight on it, not only the slow one: each is retried. A
+released write may apply twice when the lost leader had replicated it before it died (or, for
+the other calls on the client, when it had already landed), as a retry after the deadline
+(``EtcdConnection.call`` retries DEADLINE_EXCEEDED) already may.
 
 Threads: one daemon thread per process, started with the first call, asleep while no call is
 in flight; it never raises (a failed status read leaves the call alone).
@@ -35,6 +41,8 @@ from typing import Any, Protocol
 
 import grpc
 import pyetcd
+
+from elastic_run.rendezvous.etcd.errors import MessageKind, message_kind
 
 __all__ = [
     "LOOK_S",
@@ -61,8 +69,12 @@ _STATUS_TIMEOUT_S = 0.5
 class Watched(Protocol):
     """What the watch needs of a connection (``EtcdConnection`` has it)."""
 
-    def release(self, raw: Any, why: str) -> None:
-        """Drop ``raw`` if it is still in use: its calls fail as stale and are retried."""
+    def release(self, raw: Any, why: str, *, next_member: bool) -> None:
+        """Close ``raw``: its calls fail as stale and are retried (on the next member when
+        ``next_member``)."""
+
+    def note_term(self, term: int) -> None:
+        """A look read raft term ``term`` from the member."""
 
 
 @dataclass(frozen=True)
@@ -110,7 +122,7 @@ def member_status(raw: Any) -> tuple[int, int] | None:
         )
     except grpc.RpcError as exc:
         details = str(exc.details() or "") if hasattr(exc, "details") else ""
-        if "no leader" in details:
+        if message_kind(details) is MessageKind.NO_LEADER:
             return 0, 0
         return None
     except ValueError:  # the raw client was closed meanwhile
@@ -138,6 +150,7 @@ class LeaderWatch:
         self._ids = itertools.count()
         self._cond = threading.Condition()
         self._thread: threading.Thread | None = None
+        self._stopped = False
 
     def enter(self, conn: Watched, raw: Any, what: str, term_before: int) -> int:
         """Note a call about to wait on ``raw``; returns its token for ``leave``."""
@@ -159,17 +172,30 @@ class LeaderWatch:
         with self._cond:
             self._calls.pop(token, None)
 
+    def stop(self, timeout_s: float = 5.0) -> None:
+        """Stop the thread (calls in flight are no longer looked at); bounded join."""
+        with self._cond:
+            self._stopped = True
+            self._cond.notify_all()
+            thread = self._thread
+        if thread is not None:
+            thread.join(timeout_s)
+
     def _run(self) -> None:
         while True:
             with self._cond:
-                while not self._calls:
+                while not self._calls and not self._stopped:
                     self._cond.wait()
+                if self._stopped:
+                    return
                 now = time.monotonic()
                 due = [(t, c) for t, c in self._calls.items() if c.next_look_s <= now]
                 if not due:
                     wake = min(c.next_look_s for c in self._calls.values())
                     self._cond.wait(max(0.0, wake - now))
                     continue
+                for _, call in due:  # a look that raises is not retried at once
+                    call.next_look_s = now + LOOK_S
             for token, call in due:
                 try:
                     self._look(token, call)
@@ -179,6 +205,8 @@ class LeaderWatch:
     def _look(self, token: int, call: _Call) -> None:
         status = self._status(call.raw)
         now = time.monotonic()
+        if status is not None and status[1]:
+            call.conn.note_term(status[1])
         with self._cond:
             if token not in self._calls:
                 return  # it returned meanwhile
@@ -200,7 +228,7 @@ class LeaderWatch:
             del self._calls[token]
         released = Released(call.what, why, now - call.started_s)
         log.info("etcd: %s waited %.1f s and %s: retrying it", call.what, released.waited_s, why)
-        call.conn.release(call.raw, why)
+        call.conn.release(call.raw, why, next_member=leader == 0)
         if self._on_release is not None:
             self._on_release(released)
 
