@@ -254,20 +254,35 @@ def test_a_call_on_a_dropped_client_is_retried_on_the_current_one(
         conn.close()
 
 
-def test_a_login_that_reaches_no_member_moves_to_the_next(etcd_cluster3: EtcdServer) -> None:
-    ctl = [
-        require_program("etcdctl", "etcd-client"),
-        "--endpoints",
-        ",".join(etcd_cluster3.endpoints),
-    ]
+ROOT_PASSWORD = "rootpw"
+
+
+def _enable_auth(cluster: EtcdServer) -> None:
+    """Add user root and turn etcd's authentication on (etcdctl, as an operator would)."""
+    ctl = [require_program("etcdctl", "etcd-client"), "--endpoints", ",".join(cluster.endpoints)]
     env = {**os.environ, "ETCDCTL_API": "3"}
-    for args in (["user", "add", "root:rootpw"], ["auth", "enable"]):
+    for args in (["user", "add", f"root:{ROOT_PASSWORD}"], ["auth", "enable"]):
         subprocess.run([*ctl, *args], check=True, capture_output=True, env=env, timeout=30)
+
+
+def _root_client(endpoint: str) -> EtcdClient:
+    """A client of one member, logged in as root, retrying for up to 120 s."""
+    return EtcdClient(
+        [endpoint], user="root", password=ROOT_PASSWORD, timeout_s=2.0, retry_window_s=120.0
+    )
+
+
+def test_a_login_that_reaches_no_member_moves_to_the_next(etcd_cluster3: EtcdServer) -> None:
+    _enable_auth(etcd_cluster3)
     etcd_cluster3.kill_member(0)
     # The first endpoint is down: the login (made when the raw client is built) fails there,
     # and the next try must go to the next member, not to the same one until the window ends.
     client = EtcdClient(
-        etcd_cluster3.endpoints, user="root", password="rootpw", timeout_s=2.0, retry_window_s=5.0
+        etcd_cluster3.endpoints,
+        user="root",
+        password=ROOT_PASSWORD,
+        timeout_s=2.0,
+        retry_window_s=5.0,
     )
     try:
         client.put("/login", b"ok")
@@ -285,23 +300,10 @@ def test_a_login_a_member_cannot_serve_without_a_leader_is_retried(
     # and answers UNKNOWN "context deadline exceeded", etcd 3.4's untranslated timeout. That is
     # a member not reached, not a refusal: the call retries until a leader is back (a refusal
     # ended CI's login test once, when the member killed there had been the leader).
-    ctl = [
-        require_program("etcdctl", "etcd-client"),
-        "--endpoints",
-        ",".join(etcd_cluster3.endpoints),
-    ]
-    env = {**os.environ, "ETCDCTL_API": "3"}
-    for args in (["user", "add", "root:rootpw"], ["auth", "enable"]):
-        subprocess.run([*ctl, *args], check=True, capture_output=True, env=env, timeout=30)
+    _enable_auth(etcd_cluster3)
     etcd_cluster3.kill_member(0)
     etcd_cluster3.kill_member(1)
-    client = EtcdClient(
-        [etcd_cluster3.endpoints[2]],
-        user="root",
-        password="rootpw",
-        timeout_s=2.0,
-        retry_window_s=120.0,
-    )
+    client = _root_client(etcd_cluster3.endpoints[2])
     try:
         # Logins fail (2 s each) until the deadline: the member was not reached, not refusing.
         with pytest.raises(RendezvousConnectionError, match="cannot be reached"):
@@ -315,13 +317,7 @@ def test_a_login_a_member_cannot_serve_without_a_leader_is_retried(
     etcd_cluster3.restart_member(1)
     # A fresh client (the one above found no member answering: it would try once) retries
     # its login until the two members have elected a leader.
-    again = EtcdClient(
-        [etcd_cluster3.endpoints[2]],
-        user="root",
-        password="rootpw",
-        timeout_s=2.0,
-        retry_window_s=120.0,
-    )
+    again = _root_client(etcd_cluster3.endpoints[2])
     try:
         again.put("/leaderless", b"ok")
         kv = again.get("/leaderless")

@@ -8,7 +8,7 @@ answers at each look, what the watch does with the call.
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import pyetcd
@@ -17,12 +17,29 @@ import pytest
 from elastic_run.rendezvous.etcd.leader_watch import LeaderWatch, Released, raft_term_of
 
 
-@pytest.fixture(name="watches")
-def watches_fixture() -> Iterator[list[LeaderWatch]]:
+@pytest.fixture(name="new_watch")
+def new_watch_fixture() -> Iterator[Callable[..., LeaderWatch]]:
+    """Make watches (``LeaderWatch`` arguments); each is stopped after the test."""
     made: list[LeaderWatch] = []
-    yield made
+
+    def make(**kwargs: Any) -> LeaderWatch:
+        made.append(LeaderWatch(**kwargs))
+        return made[-1]
+
+    yield make
     for watch in made:
         watch.stop()
+
+
+def _in_flight(
+    watch: LeaderWatch, conn: Any, raw: str, what: str, term_before: int, until: threading.Event
+) -> None:
+    """Hold one call in flight on ``watch`` until ``until`` is set (30 s at most)."""
+    token = watch.enter(conn, raw, what, term_before=term_before)
+    try:
+        assert until.wait(30)
+    finally:
+        watch.leave(token)
 
 
 class _Conn:
@@ -39,7 +56,9 @@ class _Conn:
         self.terms.append(term)
 
 
-def test_a_slow_call_under_a_steady_leader_is_left_alone(watches: list[LeaderWatch]) -> None:
+def test_a_slow_call_under_a_steady_leader_is_left_alone(
+    new_watch: Callable[..., LeaderWatch],
+) -> None:
     # The member answers its status with the same leader and term: the call is slow, not
     # lost, and nothing is released while it waits (the watch looks several times).
     looks: list[Any] = []
@@ -51,14 +70,8 @@ def test_a_slow_call_under_a_steady_leader_is_left_alone(watches: list[LeaderWat
             looked.set()
         return 7, 5
 
-    watch = LeaderWatch(status=status)
-    watches.append(watch)
     conn = _Conn()
-    token = watch.enter(conn, "raw", "put 'k'", term_before=5)
-    try:
-        assert looked.wait(30)
-    finally:
-        watch.leave(token)
+    _in_flight(new_watch(status=status), conn, "raw", "put 'k'", 5, looked)
     assert conn.released == []
     assert conn.terms[:3] == [5, 5, 5]  # each look tells the connection the term
 
@@ -79,7 +92,7 @@ def test_a_call_the_leader_changed_under_is_released(
     term_before: int,
     why: str,
     next_member: bool,
-    watches: list[LeaderWatch],
+    new_watch: Callable[..., LeaderWatch],
 ) -> None:
     remaining = list(answers)
 
@@ -87,21 +100,18 @@ def test_a_call_the_leader_changed_under_is_released(
         return remaining.pop(0) if len(remaining) > 1 else remaining[0]
 
     released: list[Released] = []
-    watch = LeaderWatch(status=status, on_release=released.append)
-    watches.append(watch)
     conn = _Conn()
-    token = watch.enter(conn, "raw", "put 'k'", term_before=term_before)
-    try:
-        assert conn.done.wait(30)
-    finally:
-        watch.leave(token)
+    watch = new_watch(status=status, on_release=released.append)
+    _in_flight(watch, conn, "raw", "put 'k'", term_before, conn.done)
     assert len(conn.released) == 1
     raw, said, to_next = conn.released[0]
     assert raw == "raw" and why in said and to_next is next_member
     assert [r.what for r in released] == ["put 'k'"]
 
 
-def test_one_leader_change_releases_the_calls_it_caught_once(watches: list[LeaderWatch]) -> None:
+def test_one_leader_change_releases_the_calls_it_caught_once(
+    new_watch: Callable[..., LeaderWatch],
+) -> None:
     # The connection last saw term 5; the member is at 6 (an election it had not heard of).
     # The first slow call is released, and its look tells the connection of term 6: the next
     # slow call, entered with that term, is left alone (it is slow, not caught by a change).
@@ -114,20 +124,11 @@ def test_one_leader_change_releases_the_calls_it_caught_once(watches: list[Leade
             looked.set()
         return 7, 6
 
-    watch = LeaderWatch(status=status)
-    watches.append(watch)
+    watch = new_watch(status=status)
     conn = _Conn()
-    first = watch.enter(conn, "first", "put 'a'", term_before=5)
-    try:
-        assert conn.done.wait(30)
-    finally:
-        watch.leave(first)
+    _in_flight(watch, conn, "first", "put 'a'", 5, conn.done)
     assert [r[0] for r in conn.released] == ["first"]
-    second = watch.enter(conn, "second", "put 'b'", term_before=max(conn.terms))
-    try:
-        assert looked.wait(30)
-    finally:
-        watch.leave(second)
+    _in_flight(watch, conn, "second", "put 'b'", max(conn.terms), looked)
     assert [r[0] for r in conn.released] == ["first"]
 
 

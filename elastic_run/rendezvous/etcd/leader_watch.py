@@ -36,7 +36,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 import grpc
@@ -94,7 +94,7 @@ class _Call:
     started_s: float
     term_before: int  # the newest term the connection saw before the call began (0: none)
     first_term: int | None = None  # the term of the first look
-    next_look_s: float = field(default=0.0)
+    next_look_s: float = 0.0
 
 
 def raft_term_of(result: Any) -> int:
@@ -194,7 +194,7 @@ class LeaderWatch:
                     wake = min(c.next_look_s for c in self._calls.values())
                     self._cond.wait(max(0.0, wake - now))
                     continue
-                for _, call in due:  # a look that raises is not retried at once
+                for _, call in due:  # the next look, whatever this one does
                     call.next_look_s = now + LOOK_S
             for token, call in due:
                 try:
@@ -210,7 +210,6 @@ class LeaderWatch:
         with self._cond:
             if token not in self._calls:
                 return  # it returned meanwhile
-            call.next_look_s = now + LOOK_S
             if status is None:
                 return
             leader, term = status
