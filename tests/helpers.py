@@ -81,6 +81,24 @@ def free_port() -> int:
         return port
 
 
+def free_port_pair() -> int:
+    """A port on 127.0.0.1 that was free a moment ago with the next one free too.
+
+    For an embedded etcd member, whose peer port is its client port + 1.
+
+    Returns:
+        The lower port of the pair (the same race as :func:`free_port`).
+    """
+    while True:
+        port = free_port()
+        with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+            try:
+                sock.bind(("127.0.0.1", port + 1))
+            except OSError:
+                continue
+            return port
+
+
 def is_alive(pid: int) -> bool:
     """Whether ``pid`` names a running process (a zombie counts as gone).
 

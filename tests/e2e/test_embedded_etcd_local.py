@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import glob
 import os
+import socket
 import subprocess
 import sys
 import tempfile
@@ -18,11 +19,12 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.helpers import REPO_ROOT, free_port, run_cli, wait_until
+from tests.helpers import REPO_ROOT, free_port_pair, run_cli, wait_until
 from tests.machine import require_etcd, require_program
 
 WORKER = Path(__file__).resolve().parent / "mn_scripts" / "worker.py"
-STEP_S = 120.0
+STEP_S = 45.0  # one step takes under 10 s; the cases' own limit below leaves room to say why
+pytestmark = pytest.mark.timeout(300)
 
 
 @pytest.fixture(name="etcd_required")
@@ -67,7 +69,7 @@ def _agent(tmp: Path, run_id: str, endpoint: str, env: dict[str, str] | None = N
 @needs_etcd
 def test_a_one_member_job_trains_and_leaves_nothing(tmp_path: Path) -> None:
     run_id = f"emb1-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    port = free_port_pair()
     out = tmp_path / "out"
     out.mkdir()
     (out / "go").touch()
@@ -85,7 +87,7 @@ def test_a_one_member_job_trains_and_leaves_nothing(tmp_path: Path) -> None:
 
 def test_a_member_host_without_etcd_fails_before_the_agent_starts(tmp_path: Path) -> None:
     run_id = f"emb2-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    port = free_port_pair()
     done = run_cli(
         _agent(tmp_path, run_id, f"127.0.0.1:{port},127.0.0.2,127.0.0.3"),
         env={"PATH": str(tmp_path), "MN_OUT": str(tmp_path)},  # no etcd on PATH
@@ -98,6 +100,28 @@ def test_a_member_host_without_etcd_fails_before_the_agent_starts(tmp_path: Path
     assert "Traceback" not in done.stderr
     assert not list((tmp_path / "logs").glob("*/events.jsonl"))  # no agent.started
     assert not _leftovers(run_id, port)
+
+
+@needs_etcd
+def test_a_member_whose_peer_port_is_taken_says_why_in_one_line(tmp_path: Path) -> None:
+    run_id = f"emb5-{uuid.uuid4().hex[:8]}"
+    port = free_port_pair()
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as taken:
+        taken.bind(("127.0.0.1", port + 1))
+        taken.listen()
+        done = run_cli(
+            _agent(tmp_path, run_id, f"127.0.0.1:{port}"),
+            env={"MN_OUT": str(tmp_path), "MN_NODE": "a"},
+            timeout_s=STEP_S,
+        )
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode != 0, done.stderr
+    assert len(lines) == 1 and lines[0].startswith("Error:"), done.stderr
+    assert f"127.0.0.1:{port + 1}: bind: address already in use" in lines[0], lines
+    assert not list(tmp_path.glob("a_*.json"))  # no worker started
+    wait_until(
+        lambda: not _leftovers(run_id, port), 30.0, message=lambda: str(_leftovers(run_id, port))
+    )
 
 
 def test_print_config_shows_the_members_and_which_one_is_here(tmp_path: Path) -> None:
@@ -130,7 +154,7 @@ def test_bad_member_lists_are_one_line_and_exit_2(tmp_path: Path, endpoint: str)
 @needs_etcd
 def test_status_and_close_from_a_reader_show_the_members_and_end_the_job(tmp_path: Path) -> None:
     run_id = f"emb3-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    port = free_port_pair()
     endpoint = f"127.0.0.1:{port}"
     out = tmp_path / "out"
     out.mkdir()
@@ -146,10 +170,11 @@ def test_status_and_close_from_a_reader_show_the_members_and_end_the_job(tmp_pat
     )
     try:
         wait_until(
-            lambda: list(out.glob("a_*.json")),
+            lambda: list(out.glob("a_*.json")) or agent.poll() is not None,
             STEP_S,
             message=lambda: (tmp_path / "agent.log").read_text(),
         )
+        assert agent.poll() is None, (tmp_path / "agent.log").read_text()
         reader = [
             "--rdzv-backend",
             "embedded-etcd",
@@ -203,7 +228,7 @@ def _certificates(d: Path) -> None:
 def test_three_members_with_peer_and_client_tls_train(tmp_path: Path) -> None:
     _certificates(tmp_path)
     run_id = f"emb4-{uuid.uuid4().hex[:8]}"
-    port = free_port()
+    port = free_port_pair()
     endpoint = ",".join(f"127.0.0.{i}:{port}" for i in (1, 2, 3))
     conf = (
         f"ssl_cert={tmp_path / 'member.pem'},ssl_cert_key={tmp_path / 'member.key'},"

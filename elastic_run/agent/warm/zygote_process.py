@@ -417,11 +417,18 @@ def _exit_after_uncaught(exc: BaseException) -> None:
 
 
 def _arm_auto_progress() -> None:
-    """In a worker, before its script: beat once per optimizer step when the agent asks.
+    """In a worker, before its script: the exit guard, and one beat per optimizer step if asked.
 
-    The one import of elastic_run here, and in the worker only (the zygote never runs it): torch
-    is imported already, so the hooks are registered at once (see elastic_run.auto_progress).
+    The imports of elastic_run here, in the worker only (the zygote never runs them): torch is
+    imported already, so the hooks are registered at once (see elastic_run.auto_progress). The
+    exit guard (elastic_run.exit_guard) is armed in every warm worker.
     """
+    try:
+        from elastic_run.exit_guard import arm
+
+        arm()
+    except Exception as exc:
+        print(f"elastic_run: the exit guard is off: {type(exc).__name__}: {exc}", file=sys.stderr)
     if os.environ.get("ELASTIC_RUN_AUTO_PROGRESS") != "1":
         return
     try:

@@ -183,7 +183,12 @@ class EmbeddedMember:
         return not (self._root / keeper.EXITED_FILE).exists()
 
     def last_log_line(self) -> str:
-        """The member's last log line (why it exited), or ``""``."""
+        """Why the member exited, from its log, or ``""``.
+
+        etcd's last critical or error line (``C |``/``E |``, or a zap ``fatal``/``error`` level)
+        names the cause (``listen tcp ...: bind: address already in use``), without its time
+        stamp; else the log's last line (the keeper's ``etcd exited with status N``).
+        """
         root = self._root
         if root is None:
             return ""
@@ -192,6 +197,12 @@ class EmbeddedMember:
         except OSError:
             return ""
         lines = [line.strip() for line in text.splitlines() if line.strip()]
+        for line in reversed(lines):
+            for mark in (" C | ", " E | "):
+                if mark in line:
+                    return line.partition(mark)[2][:300]
+            if '"level":"fatal"' in line or '"level":"error"' in line:
+                return line[:300]
         return lines[-1][:300] if lines else ""
 
     def stop(self, graceful: bool = False) -> None:
