@@ -27,16 +27,15 @@ if [[ -n "${ELASTIC_RUN_ALLOW_SKIPS:-}" ]]; then
     echo "note: ELASTIC_RUN_ALLOW_SKIPS is ignored here: a skip fails the whole check" >&2
     unset ELASTIC_RUN_ALLOW_SKIPS
 fi
-# Independent tests run in parallel (pytest-xdist): most of a test's time is spent waiting on
-# real processes, stores and timeouts, not on the CPU. Whole files go to one worker, so a
-# module's fixtures (a Slurm cluster, an etcd cluster) start once.
-# Two at a time on the two cores here (12.6 minutes for the whole check). Three took 9.4 minutes
-# (14 % of the CPU is still idle while tests wait on timeouts), but under that load a gloo worker
-# of tests/e2e/test_auto_progress.py died in torch's own teardown (SIGABRT in
-# destroy_process_group, "terminate called without an active exception") in one of two runs
-# with three workers and in the one run with four; not seen with two.
+# Independent tests run in parallel (pytest-xdist). Whole files go to one worker, so a module's
+# fixtures (a Slurm cluster, an etcd cluster) start once.
+# Four at a time on the two cores here: the whole run is CPU-bound (18 CPU-minutes, most of it
+# ~600 agents and CLI processes importing torch, about 1.1 s each, measured with process
+# accounting), so four keep both cores busy to the end: 9.9 minutes, against 10.2-10.9 with three
+# and 13.3 with two. Three and four once lost a gloo worker to torch's teardown abort under this
+# load; elastic_run.exit_guard now keeps a worker's exit from racing gloo's threads.
 # ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs them serially.
-jobs=${ELASTIC_RUN_TEST_JOBS:-2}
+jobs=${ELASTIC_RUN_TEST_JOBS:-4}
 parallel=()
 if [[ "$jobs" != 0 ]]; then
     parallel=(-n "$jobs" --dist loadfile)
