@@ -171,9 +171,10 @@ def test_after_a_node_loss_one_whole_panel_and_no_remnants(tmux: Tmux, tmp_path:
     )
     history = tmux.history(0)
     lost_at = max(i for i, line in enumerate(history) if "round 1" in line or "node 0/1" in line)
-    # Worker lines printed after the loss, above the panel.
+    # Worker lines printed after the loss, above the panel (from the start of the history when
+    # the loss came early: a negative start would read only the panel at its end).
     wait_until(
-        lambda: any("rank 0 step" in line for line in tmux.history(0)[lost_at - 40 :]),
+        lambda: any("rank 0 step" in line for line in tmux.history(0)[max(0, lost_at - 40) :]),
         120,
         message=lambda: "\n".join(tmux.history(0)[-60:]),
     )
