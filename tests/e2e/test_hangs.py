@@ -189,8 +189,10 @@ def status_json(
     job: Job, *, may_be_absent: bool = False, in_process: bool = False
 ) -> dict[str, Any]:
     """``elastic-run status --json`` of the job; with ``may_be_absent``, ``{}`` while the job has
-    not written its rendezvous yet (status exits 3 then: the agents are still starting). With
-    ``in_process``, the command runs in this process (for a wait loop: no torch import per call)."""
+    not written its rendezvous yet (status exits 3 then: the agents are still starting) or while
+    the host agent's store does not listen yet (exit 4: on a loaded machine an agent may take
+    more than status's 5 s to start). With ``in_process``, the command runs in this process (for
+    a wait loop: no torch import per call)."""
     proc = (run_cli_in_process if in_process else run_cli)(
         [
             "status",
@@ -207,6 +209,8 @@ def status_json(
         timeout_s=60,
     )
     if may_be_absent and proc.returncode == 3 and "no rendezvous" in proc.stderr:
+        return {}
+    if may_be_absent and proc.returncode == 4 and "cannot reach" in proc.stderr:
         return {}
     assert proc.returncode == 0, proc.stderr
     body: dict[str, Any] = json.loads(proc.stdout)
