@@ -31,7 +31,7 @@ import atexit
 import os
 import sys
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 __all__ = [
     "GLOO_THREADS",
@@ -92,7 +92,6 @@ def wait_for_idle_threads(
     *,
     limit_s: float = LIMIT_S,
     needs_module: str | None = "torch.distributed",
-    sleep: Callable[[float], None] = time.sleep,
 ) -> bool:
     """Wait until every thread named ``names`` is asleep; whether they all were by the limit.
 
@@ -100,7 +99,6 @@ def wait_for_idle_threads(
         names: the threads' ``comm`` names.
         limit_s: the longest wait.
         needs_module: return at once (True) unless this module was imported; None looks always.
-        sleep: the pause between looks (a test's own).
     """
     if needs_module is not None and needs_module not in sys.modules:
         return True
@@ -115,7 +113,7 @@ def wait_for_idle_threads(
             return True
         if time.monotonic() >= deadline:
             return False
-        sleep(LOOK_S)
+        time.sleep(LOOK_S)
 
 
 def _at_exit() -> None:

@@ -28,10 +28,10 @@ No assertions: figures only; the load average is printed beside them. Root only 
 
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --runs 3
     PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case cut --runs 3
+    PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case kill-two --runs 3
 
 ``BENCH_KEEP=1`` keeps each run's agent logs (``a.log``, ``b.log``, ``c.log``, with the events)
 and steps, and prints where.
-    PYTHONPATH=. .venv/bin/python scripts/bench_embedded_etcd.py --case kill-two --runs 3
 """
 
 from __future__ import annotations

@@ -15,9 +15,10 @@ Python imports this at start-up because the agent put this folder first on the w
 
 ``/proc/self/environ`` (the process's environment block, which ``ps`` and psutil read) is
 rewritten to match (:func:`_tidy_proc_environ`). What a script could still notice:
-``sys.modules`` holds ``elastic_run``,
-``elastic_run.auto_progress`` and ``elastic_run.exit_guard``; :mod:`atexit` holds one handler; ``sys.meta_path`` starts with the waiting finder until torch's
-optimizer module is imported; and torch's global optimizer hook registries hold two hooks.
+``sys.modules`` holds ``elastic_run``, ``elastic_run.auto_progress`` and
+``elastic_run.exit_guard``; :mod:`atexit` holds one handler; ``sys.meta_path`` starts with the
+waiting finder until torch's optimizer module is imported; and torch's global optimizer hook
+registries hold two hooks.
 
 Errors never stop the worker: anything that goes wrong here is said in one line on stderr and
 the script runs without automatic beats.

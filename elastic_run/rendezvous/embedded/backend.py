@@ -132,7 +132,7 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
             if member is not None and not member.is_running():
                 raise RendezvousConnectionError(
                     f"the embedded etcd member {member.spec.name} ({member.spec.client_endpoint}) "
-                    f"exited at start: {member.last_log_line() or 'no output'}"
+                    f"exited at start: {member.exit_reason() or 'no output'}"
                 )
             try:
                 super().check_reachable(min(1.0, max(0.05, deadline - time.monotonic())))

@@ -182,7 +182,7 @@ class EmbeddedMember:
             return False
         return not (self._root / keeper.EXITED_FILE).exists()
 
-    def last_log_line(self) -> str:
+    def exit_reason(self) -> str:
         """Why the member exited, from its log, or ``""``.
 
         etcd's last critical or error line (``C |``/``E |``, or a zap ``fatal``/``error`` level)

@@ -13,9 +13,9 @@ use and turns every failure into a typed error (see ``etcd_errors``):
 A cut node leaves promptly: once a call found no endpoint answering ("cannot be reached"), every
 RPC gets at most ``SHORT_RPC_TIMEOUT_S`` (a few seconds instead of ``read_timeout``) and every
 call tries each endpoint once (instead of retrying for the retry window) until a call succeeds
-again, so the calls on a cut node's way out (the failure
-event, the lease grant of the rejoin, the revoke) fail in seconds, not minutes each; the first
-success ends that state and the next call gets the full timeout and window back.
+again, so the calls on a cut node's way out (the failure event, the lease grant of the rejoin,
+the revoke) fail in seconds, not minutes each; the first success ends that state and the next
+call gets the full timeout and window back.
 
 A connection with a home (``prefer_first``: the embedded backend lists this host's own member
 first) that failed over elsewhere (at start, members refuse until they elect a leader) looks
@@ -24,8 +24,8 @@ leader: a node whose calls sit on another host's member is cut off with that hos
 own member only goes with its own host. Calls in flight finish on the client they started on.
 
 Whether a failed call ran on a dropped client is decided from state, not from the error: each
-raw client carries the *generation* it was built in, and dropping or closing it starts a new generation. A client
-dropped by another thread (after its own failure) or by ``close()`` fails the calls still
+raw client carries the *generation* it was built in, and dropping or closing it starts a new
+generation. A client dropped by another thread (after its own failure) or by ``close()`` fails the calls still
 using it (a ValueError before they start, CANCELLED in flight); such a failure says nothing
 about the cluster, so it is retried, or, after ``close()``, reported as closed.
 
@@ -268,19 +268,7 @@ class EtcdConnection:
             if self._closed.is_set():
                 raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
             if self._home_ready:
-                self._home_ready = False
-                if self._index != 0:
-                    # Calls in flight on the old client finish there; it closes when the last
-                    # of them returns (``_let_go``), or now when none is in flight.
-                    old, self._raw = self._raw, None
-                    if old is not None:
-                        if self._in_flight.get(id(old), 0):
-                            self._retired[id(old)] = old
-                        else:
-                            _close_quietly(old)
-                    self._generation += 1
-                    self._index = 0
-                    log.info("etcd: back on %s (this host's member answers again)", self.endpoint)
+                self._go_home()
             endpoint = self.endpoint
             if self._raw is None:
                 try:
@@ -308,6 +296,22 @@ class EtcdConnection:
                 self._index = (self._index + 1) % len(self._endpoints)
                 self._away_from_home()
         _close_quietly(raw)
+
+    def _go_home(self) -> None:
+        """Switch back to the first endpoint (under ``_lock``, once home answered). Calls in
+        flight on the old client finish there; it closes when the last of them returns
+        (``_let_go``), or now when none is in flight."""
+        self._home_ready = False
+        if self._index == 0:
+            return
+        old, self._raw = self._raw, None
+        if old is not None and self._in_flight.get(id(old), 0):
+            self._retired[id(old)] = old
+        elif old is not None:
+            _close_quietly(old)
+        self._generation += 1
+        self._index = 0
+        log.info("etcd: back on %s (this host's member answers again)", self.endpoint)
 
     def _away_from_home(self) -> None:
         """Start looking at home (under ``_lock``, after the index moved)."""
