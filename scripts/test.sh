@@ -19,6 +19,14 @@ step "ruff check" .venv/bin/ruff check .
 step "ruff format" .venv/bin/ruff format --check .
 step "mypy" .venv/bin/mypy
 
+# Byte-compile the project's Python before the tests: a run starts ~1,000 Python processes (agents,
+# `status`/`close`, zygotes, workers whose site hook imports elastic_run), and where
+# PYTHONDONTWRITEBYTECODE is set (it is on this machine) each of them compiled every elastic_run
+# module it imports from source again: 0.2 s of CPU an agent (0.52 s against 0.32 s to import the
+# CLI and the agent, measured), on a run that is CPU-bound. Python checks each cached file
+# against its source's mtime and size, so an edit made later is never run stale.
+step "byte-compile" .venv/bin/python -m compileall -q -j 0 elastic_run tests scripts examples
+
 # No test skips here. A test whose program (etcd, Slurm, tmux, openssl, ip) is missing fails with
 # one `missing: ...` line, repeated once at the end of pytest's summary; and tests/conftest.py
 # makes a run in which any test skipped exit non-zero. ELASTIC_RUN_ALLOW_SKIPS=1 lets a plain
