@@ -24,7 +24,7 @@ from tests.machine import require_etcd, require_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402
-from helpers import REPO_ROOT, free_port, no_process_left, wait_until  # noqa: E402
+from helpers import REPO_ROOT, free_port, no_process_left, run_cli_in_process, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -61,18 +61,21 @@ def test_status_json_matches_the_running_agents(
     try:
         agent_pids = {a.pid: n for a, n in zip(job.agents, job.nprocs, strict=True)}
 
-        body: dict[str, object] = {}
+        query = ("status", *job.rdzv_args, "--rdzv-id", job.run_id, "--nnodes", "2", "--json")
 
-        def every_member_healthy() -> bool:
-            done = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--nnodes", "2", "--json")
+        def every_member_healthy(done: subprocess.CompletedProcess[str]) -> bool:
             assert done.returncode == 0, done.stderr
             read = json.loads(done.stdout)
-            if len(read["members"]) == 2 and all(m["state"] == "HEALTHY" for m in read["members"]):
-                body.update(read)
-                return True
-            return False
+            return len(read["members"]) == 2 and all(
+                m["state"] == "HEALTHY" for m in read["members"]
+            )
 
-        wait_until(every_member_healthy, 60, interval_s=0.2)
+        # Polled in this process (the same command; a child imports torch for each read),
+        # then read once by the real command in a child, which is what is asserted.
+        wait_until(lambda: every_member_healthy(run_cli_in_process(query)), 60, interval_s=0.2)
+        done = _status(*query[1:])
+        assert every_member_healthy(done), done.stdout
+        body = json.loads(done.stdout)
         assert body["v"] == 1
         assert body["run_id"] == job.run_id
         assert body["backend"] == backend
@@ -107,7 +110,9 @@ def test_status_json_matches_the_running_agents(
         ranks: list[dict[str, object]] = []
 
         def every_rank_published() -> bool:
-            done = _status(*job.rdzv_args, "--rdzv-id", job.run_id, "--json", "--sample", "0")
+            done = run_cli_in_process(
+                ["status", *job.rdzv_args, "--rdzv-id", job.run_id, "--json", "--sample", "0"]
+            )
             progress = json.loads(done.stdout).get("progress") or {}
             ranks[:] = progress.get("ranks") or []
             return len(ranks) == 3

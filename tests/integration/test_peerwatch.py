@@ -211,7 +211,13 @@ class CuttingProxy:
                 down, _ = self._server.accept()
             except OSError:
                 return
-            up = socket.create_connection(("127.0.0.1", self._upstream))
+            try:
+                up = socket.create_connection(("127.0.0.1", self._upstream))
+            except OSError:
+                # The upstream is gone (the test's teardown stops it while a watch may still
+                # be reconnecting): refuse this one as a middlebox would, keep listening.
+                down.close()
+                continue
             with self._lock:
                 self._pairs.append((down, up))
                 self.accepted += 1
