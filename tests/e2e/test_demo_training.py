@@ -61,7 +61,12 @@ def calm_fixture(tmp_path_factory: pytest.TempPathFactory) -> dict[str, object]:
     """The undisturbed run (cold), once for both starts: its result is deterministic."""
     where = tmp_path_factory.mktemp("calm")
     calm, calm_log = _launch(where, "calm")
-    assert calm.wait(180) == 0, calm_log.read_text()
+    try:
+        assert calm.wait(180) == 0, calm_log.read_text()
+    finally:
+        if calm.poll() is None:
+            os.killpg(calm.pid, signal.SIGKILL)
+            calm.wait(10)
     expected: dict[str, object] = json.loads((where / "calm" / "final.json").read_text())
     assert expected["steps"] == STEPS and expected["restarts"] == 0, calm_log.read_text()
     return expected
