@@ -20,6 +20,7 @@ with no event until someone killed it. Here:
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 from typing import Any, cast
 
@@ -92,9 +93,16 @@ def test_a_global_whose_finalizer_blocks_is_stopped_after_the_scripts_end(
     assert "every local worker succeeded" in agent.stderr
 
 
+_AGENT_LINE = re.compile(r"^\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ elastic-run\[")
+
+
 def _traceback(agent: Agent) -> list[str]:
-    """The worker's traceback lines, from ``Traceback`` to the exception's line."""
-    lines = agent.stderr.splitlines()
+    """The worker's traceback lines, from ``Traceback`` to the exception's line.
+
+    The agent writes its own lines to the same stderr; a warm worker can fail before the agent
+    says it started, so those lines are left out.
+    """
+    lines = [line for line in agent.stderr.splitlines() if not _AGENT_LINE.match(line)]
     start = lines.index("Traceback (most recent call last):")
     end = next(i for i in range(start, len(lines)) if lines[i].startswith("ValueError: "))
     return lines[start : end + 1]
