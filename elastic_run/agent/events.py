@@ -38,7 +38,7 @@ Kinds (stable, documented in the README):
     signal               the agent received a signal (fields: signal)
     closed               the rendezvous was closed (fields: reason)
     goodput              where this node's wall time went, once its run ended (the last event of
-                         events.jsonl; fields: the account's JSON, see agent/progress/goodput.py:
+                         events.jsonl; fields: the account's JSON, see agent/loop/goodput.py:
                          v, wall_s, training_s, share, lost_s, lost (by cause), restart_count,
                          nodes, ended, restarts (each: cause, lost_s, detection_s, stop_s,
                          rendezvous_s, worker_start_s, first_beat_s))

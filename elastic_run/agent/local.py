@@ -5,8 +5,8 @@ log_line_prefix_template, ...)``), plus our options (``AgentOptions``: the watch
 server, the signals, extra worker variables). It owns, for the life of the run: the guardian (no
 worker outlives the agent), the file-timer watchdog (when enabled), the health-check server
 (when a port is given), the JSON-lines event log ``<run log dir>/events.jsonl``, and the
-progress duties (``progress_duties.py``) and the zygote of warm starts (``warm_start.py``). Per
-attempt it builds each worker's command and torchrun environment (``worker_env.py``), asks the
+progress duties (``progress/duties.py``) and the zygote of warm starts (``warm/zygote.py``). Per
+attempt it builds each worker's command and torchrun environment (``workers/env.py``), asks the
 logs specs where the output goes, and hands the launches to ``WorkerProcesses``. A callable
 entrypoint runs in a process per worker (``function_workers.py``), its return values in
 ``RunResult.return_values``.
@@ -25,13 +25,13 @@ from typing import Any
 
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.config import AgentOptions
-from elastic_run.agent.events import AgentEvent, EventLog
+from elastic_run.agent.events import EventLog
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
+from elastic_run.agent.loop.goodput import goodput_metrics
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.loop.state_machine import Observation
 from elastic_run.agent.progress.duties import ProgressDuties
-from elastic_run.agent.progress.goodput import goodput_metrics
 from elastic_run.agent.warm.policy import WarmStarts
 from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.agent.workers.console import duplicate_filters, tee_prefix
@@ -132,7 +132,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._progress = ProgressDuties(opts.progress, self._host)
         self._expiry_where: dict[int, str] = {}
         warm = opts.warm_start and self._functions is None
-        emit = lambda kind, message, fields: self._emit(kind, message, **fields)  # noqa: E731
+        emit = lambda kind, message, fields: self.emit_event(kind, message, **fields)  # noqa: E731
         self._warm = WarmStarts(enabled=warm, preload=opts.preload, emit=emit)
         self._gloo = GlooLoopbackCheck()
 
@@ -150,20 +150,21 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _setup(self) -> None:
         opts = self._options
+        spec = self.get_worker_group().spec
         self._guardian.start()
-        if isinstance(self._spec.entrypoint, str):
+        if isinstance(spec.entrypoint, str):
             env = shared_worker_env(
                 self._base_env(),
-                local_world_size=self._spec.local_world_size,
+                local_world_size=spec.local_world_size,
                 extra=dict(opts.extra_env),
             )
-            argv = worker_argv(self._spec, 0)
+            argv = worker_argv(spec, 0)
             self._warm.begin(argv, env.get("PYTHON_EXEC") or python_command(), os.getcwd(), env)
         if opts.watchdog:
             path = opts.timer_file or str(self._run_dir / "watchdog.fifo")
             self._watchdog = FileTimerServer(
                 path,
-                self._spec.rdzv_handler.get_run_id(),
+                spec.rdzv_handler.get_run_id(),
                 max_interval=0.1,
                 is_known_pid=self._is_worker_pid,
                 on_expired=self._on_timer_expired,
@@ -175,24 +176,25 @@ class LocalElasticAgent(SimpleElasticAgent):
         if opts.health_check_port is not None:
             self._start_health(opts)
         self._progress.start_publisher(
-            self._spec.rdzv_handler,
-            self._spec.rdzv_handler.get_run_id(),
+            spec.rdzv_handler,
+            spec.rdzv_handler.get_run_id(),
             position=self._position,
             attempt=lambda: self.attempt,
-            running=lambda: self._worker_group.state is WorkerState.HEALTHY,
+            running=lambda: self.get_worker_group().state is WorkerState.HEALTHY,
             members=self._member_ids,
-            emit=lambda kind, message, fields: self._emit(kind, message, **fields),
+            emit=lambda kind, message, fields: self.emit_event(kind, message, **fields),
             goodput=lambda: self.goodput().to_json(with_restarts=False),
         )
 
     def _position(self) -> tuple[int, int]:
-        group = self._worker_group
+        group = self.get_worker_group()
         if group.group_rank is None:
             return -1, -1
         return group.round, group.group_rank
 
     def _member_ids(self, round_: int) -> list[str]:
-        snap = self._rdzv.snapshot() if self._rdzv is not None else None
+        rdzv = self.rendezvous
+        snap = rdzv.snapshot() if rdzv is not None else None
         if snap is None or snap.round != round_:
             return []
         return [m.node_id for m in snap.members]
@@ -212,7 +214,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             metrics_fn=self._metrics,
         )
         self._health.start()
-        self._emit(
+        self.emit_event(
             "health.started",
             f"health check on http://{opts.health_check_addr}:{self._health.port}/healthz",
             addr=opts.health_check_addr,
@@ -232,26 +234,14 @@ class LocalElasticAgent(SimpleElasticAgent):
             self._functions.close()
         self._event_log.close()
 
-    def _emit(self, kind: str, message: str, **fields: Any) -> None:
-        if kind == "agent.exited":
-            # The log is closed by then; the sinks other than the log still get it.
-            event = AgentEvent(kind, message, fields)
-            for sink in self._sinks:
-                if sink is not self._event_log:
-                    try:
-                        sink(event)
-                    except Exception:
-                        log.exception("an event sink failed")
-            return
-        super()._emit(kind, message, **fields)
-
     def _status_json(self) -> dict[str, object]:
         body = dataclasses.asdict(self.snapshot())
         body["log_dir"] = str(self._run_dir)
-        if self._watchdog is not None:
+        watchdog = self._watchdog  # once: the teardown sets it to None
+        if watchdog is not None:
             body["watchdog"] = {
-                "file": self._watchdog.file_path,
-                "armed": [dataclasses.asdict(t) for t in self._watchdog.armed_timers()],
+                "file": watchdog.file_path,
+                "armed": [dataclasses.asdict(t) for t in watchdog.armed_timers()],
             }
         return body
 
@@ -281,14 +271,14 @@ class LocalElasticAgent(SimpleElasticAgent):
     def _on_timer_expired(self, expiry: TimerExpiry) -> None:
         self._expiries[expiry.pid] = expiry
         name = signal.Signals(expiry.signal).name if expiry.signal > 0 else str(expiry.signal)
-        self._emit(
+        self.emit_event(
             "watchdog.expired",
             f"watchdog: timer '{expiry.scope_id}' of pid {expiry.pid} expired; sent {name}",
             pid=expiry.pid,
             scope_id=expiry.scope_id,
             signal=name,
         )
-        self._waker.wake()
+        self.wake()
 
     # -- workers -------------------------------------------------------------------------
 
@@ -297,7 +287,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         return self._guardian.worker_env(dict(base) if base is not None else os.environ)
 
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
-        spec, group = self._spec, worker_group
+        spec, group = worker_group.spec, worker_group
         handler = spec.rdzv_handler
         self._warm.before_attempt()
         envs = {
@@ -315,7 +305,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             )
             for w in group.workers
         }
-        self._gloo.check(group.group_world_size or 1, self._advertised_addr(), envs)
+        self._gloo.check(group.group_world_size or 1, self.advertised_addr(), envs)
         try:
             dest = self._logs_specs.reify(
                 {lr: {**env, ATTEMPT_ENV: str(self.attempt)} for lr, env in envs.items()}
@@ -375,18 +365,18 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._expiries.clear()
         self._expiry_where.clear()
         self._stopped_by_agent = False
-        procs = WorkerProcesses(launches, on_exit=self._waker.wake, guardian=self._guardian)
+        procs = WorkerProcesses(launches, on_exit=self.wake, guardian=self._guardian)
         self._procs = procs
         self._launched = {launch.local_rank: launch for launch in launches}
         procs.start()
         pids = procs.pids
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
-        self._progress.started(pids, self._warm, self._emit)
+        self._progress.started(pids, self._warm, self.emit_event)
         return dict(pids)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
-        self._shutdown(signal.SIGTERM, int(self._shutdown_timeout))
+        self._shutdown(signal.SIGTERM, int(self.shutdown_timeout))
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         procs = self._procs
@@ -394,13 +384,13 @@ class LocalElasticAgent(SimpleElasticAgent):
             return
         self._stopped_by_agent = True
         self._progress.workers_stopping((death_sig, signal.SIGKILL), time.time())
-        signals_before = self._signal_log.stop_count()
+        signals_before = self.stop_signal_count()
         # A signal that arrives while stopping (a second one, after the one that stops us):
         # no more grace.
         procs.stop(
             int(death_sig),
             float(timeout),
-            escalate=lambda: self._signal_log.stop_count() > signals_before,
+            escalate=lambda: self.stop_signal_count() > signals_before,
         )
         if self._watchdog is not None:
             for pid in procs.pids.values():
@@ -464,7 +454,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             stacks_file=self._progress.stacks_file(exit_.local_rank),
         )
 
-    # -- progress hooks (progress_duties.py) -----------------------------------------------
+    # -- progress hooks (agent/progress/duties.py) ---------------------------------------
 
     def _worker_progress(self, local_rank: int) -> WorkerProgress | None:
         return self._progress.watch.progress().get(local_rank)
@@ -479,7 +469,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         return self._progress.observe(obs)
 
     def _stop_hung(self) -> None:
-        self._progress.stop_hung(lambda kind, message, fields: self._emit(kind, message, **fields))
+        self._progress.stop_hung(
+            lambda kind, message, fields: self.emit_event(kind, message, **fields)
+        )
 
     def _before_failed_stop(self) -> None:
         procs = self._procs

@@ -165,7 +165,7 @@ def run_job(config: LaunchConfig) -> int:
         if isinstance(view, LiveView):
             view.stop()
         _close_backend(handler)
-    from elastic_run.agent.progress.goodput import summary_line
+    from elastic_run.agent.loop.goodput import summary_line
 
     sys.stderr.write(f"elastic-run: {summary_line(agent.goodput())}\n")
     if result.failures:

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.agent.progress.goodput import RESTART_PHASES
+from elastic_run.agent.loop.goodput import RESTART_PHASES
 from tests.helpers import run_cli
 
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "bench_workers" / "steady_failures.py"

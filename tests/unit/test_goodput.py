@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from elastic_run.agent.progress import goodput as gp
+from elastic_run.agent.loop import goodput as gp
 
 
 def _parts(acc: gp.GoodputAccount) -> float:

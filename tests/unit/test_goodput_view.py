@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_run.agent.progress import goodput as gp
+from elastic_run.agent.loop import goodput as gp
 from elastic_run.cli.views.goodput_view import goodput_picture, render_goodput
 
 

@@ -27,6 +27,7 @@ import socket
 import threading
 import time
 from abc import abstractmethod
+from collections import deque
 from collections.abc import Iterable
 from dataclasses import replace
 from types import FrameType
@@ -34,13 +35,13 @@ from typing import Any
 
 from elastic_run.agent.api import ElasticAgent, RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.events import AgentEvent, EventSink
+from elastic_run.agent.loop import goodput as gp
 from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.exit_barrier import RoundExit
 from elastic_run.agent.loop.progress_hooks import ProgressHooks
 from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait_keys
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
-from elastic_run.agent.progress import goodput as gp
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.errors import AgentError
 from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous, RoundPoll
@@ -126,6 +127,10 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._workers_up = False  # the attempt's workers were started and not yet stopped
         self._goodput = gp.begin(time.monotonic())  # folded by the loop only
         self._goodput_from: float | None = None
+        # Events handed in from other threads (the watchdog's, the publisher's...): the loop
+        # emits them at its next turn (``emit_event``).
+        self._posted: deque[tuple[str, str, dict[str, Any]]] = deque()
+        self._loop_thread: threading.Thread | None = None
 
     # -- the ElasticAgent interface ---------------------------------------------------
 
@@ -146,6 +151,54 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def add_event_sink(self, sink: EventSink) -> None:
         """Send every event to ``sink`` as well."""
         self._sinks.append(sink)
+
+    # -- for subclasses (the services a subclass starts call these, from any thread) -------
+
+    @property
+    def rendezvous(self) -> AgentRendezvous | None:
+        """The handler's agent-facing calls, or None for a handler with torch's calls only."""
+        return self._rdzv
+
+    @property
+    def shutdown_timeout(self) -> float:
+        """Seconds the workers get between the stopping signal and SIGKILL."""
+        return self._shutdown_timeout
+
+    def advertised_addr(self) -> str:
+        """The address this node gives its peers: ``--local-addr``, else the rendezvous's."""
+        if self._spec.local_addr:
+            return self._spec.local_addr
+        if self._rdzv is not None:
+            return self._rdzv.advertised_addr
+        return socket.getfqdn()
+
+    def wake(self) -> None:
+        """Make the loop take its next turn now (a worker exited, a timer expired)."""
+        self._waker.wake()
+
+    def stop_signal_count(self) -> int:
+        """How many stopping signals (SIGTERM, SIGINT, ...) the agent has received so far."""
+        return self._signal_log.stop_count()
+
+    def emit_event(self, kind: str, message: str, **fields: Any) -> None:
+        """Emit an agent event from any thread.
+
+        On the loop's thread it is emitted at once; from another thread it is handed to the
+        loop, which emits it at its next turn (woken now): only the loop folds events into the
+        goodput account, runs the sinks and publishes to the store.
+        """
+        loop = self._loop_thread
+        if loop is None or loop is threading.current_thread():
+            self._emit(kind, message, **fields)
+            return
+        self._posted.append((kind, message, fields))
+        self._waker.wake()
+
+    def _emit_posted(self) -> None:
+        """Emit, on the loop, the events other threads handed in (``emit_event``)."""
+        while self._posted:
+            kind, message, fields = self._posted.popleft()
+            self._emit(kind, message, **fields)
 
     def snapshot(self) -> AgentSnapshot:
         """The picture of the agent the loop published last (any thread; for the live view,
@@ -273,7 +326,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             addr, port, self._workers_store = share_workers_store(
                 info.store,
                 info.rank,
-                self._advertised_addr(),
+                self.advertised_addr(),
                 self._give_up_waiting,
             )
         group.master_addr, group.master_port = addr, port
@@ -326,14 +379,16 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         (the caller publishes it later with ``_publish_event``: the store may not answer).
         Every event is folded into the goodput account first (its phases are the events')."""
         self._fold_goodput(kind, fields)
-        event = AgentEvent(kind, message, fields)
+        self._tell_sinks(AgentEvent(kind, message, fields))
+        if publish:
+            self._publish_event(kind, message, fields)
+
+    def _tell_sinks(self, event: AgentEvent) -> None:
         for sink in self._sinks:
             try:
                 sink(event)
             except Exception:  # a view must never break the agent
                 log.exception("an event sink failed")
-        if publish:
-            self._publish_event(kind, message, fields)
 
     def _fold_goodput(self, kind: str, fields: dict[str, Any]) -> None:
         now = time.monotonic()
@@ -394,9 +449,11 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         """
         now = time.monotonic()
         self._goodput = gp.begin(min(now, self._goodput_from if self._goodput_from else now))
+        self._loop_thread = threading.current_thread()
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
+            self._emit_posted()
             self._goodput = gp.close(self._goodput, time.monotonic())
             self._publish_snapshot()
             final = gp.account(self._goodput, time.monotonic())
@@ -414,8 +471,14 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 for sig, old in previous.items():
                     signal.signal(sig, old)
                 self._waker.close()
-        self._emit(
-            "agent.exited", f"agent exits with code {result.exit_code}", exit_code=result.exit_code
+        # After the teardown: to the sinks still open only (the events log is closed), neither
+        # folded nor published (this node has left the rendezvous).
+        self._tell_sinks(
+            AgentEvent(
+                "agent.exited",
+                f"agent exits with code {result.exit_code}",
+                {"exit_code": result.exit_code},
+            )
         )
         return result
 
@@ -664,7 +727,10 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             )
             self._leave_last()  # the store's host waits until the others have read `closed`
             return RunResult(
-                action.state, failures=result.failures, exit_code=action.exit_code, reason=reason
+                action.state,
+                failures=self._failures_after_stop(result),
+                exit_code=action.exit_code,
+                reason=reason,
             )
         if isinstance(action, sm.Finish):
             self._set_state(action.state)
@@ -690,6 +756,14 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 )
             return RunResult(action.state, exit_code=action.exit_code, reason=action.reason)
         raise AssertionError(f"not an ending action: {action}")
+
+    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
+        """The failures of the run's last attempt, as torch's result has them: the workers that
+        failed, and those that the stop then ended with a non-zero status (a signal's ``-N``)."""
+        after = self._monitor_workers(self._worker_group)
+        if after.state is not WorkerState.FAILED:
+            return dict(result.failures)
+        return {**after.failures, **result.failures}
 
     def _fail_run(self, exit_code: int, reason: str) -> RunResult:
         self._stop_workers(self._worker_group)
@@ -757,6 +831,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _wait_tick(self) -> None:
         self._waker.wait(self._spec.monitor_interval)
         self._last_loop = time.monotonic()
+        self._emit_posted()
         for sig in self._signal_log.take_forwarded():
             self._forward_signal(sig)
             name = signal.Signals(sig).name
@@ -805,13 +880,6 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _set_state(self, state: WorkerState) -> None:
         self._worker_group.state = state
         self._publish_snapshot()
-
-    def _advertised_addr(self) -> str:
-        if self._spec.local_addr:
-            return self._spec.local_addr
-        if self._rdzv is not None:
-            return self._rdzv.advertised_addr
-        return socket.getfqdn()
 
     def _close_rendezvous(self, reason: sm.ClosedReason) -> None:
         try:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from elastic_run.agent.progress.goodput import GoodputAccount
+from elastic_run.agent.loop.goodput import GoodputAccount
 
 __all__ = ["AgentSnapshot", "JobProgress", "WorkerProgress", "WorkerSnapshot"]
 

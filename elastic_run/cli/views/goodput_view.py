@@ -2,7 +2,7 @@
 
 Reads the accounts the agents published (``gp/<node id>``, see
 ``rendezvous/dynamic/telemetry.py``) and merges them
-(:func:`~elastic_run.agent.progress.goodput.merge`): node-seconds summed per cause, so the job's
+(:func:`~elastic_run.agent.loop.goodput.merge`): node-seconds summed per cause, so the job's
 share is its nodes' training time over their wall time, each node's measured on its own clock;
 one node's account is the job's. Each node's own account is shown beside, with its age.
 """
@@ -15,7 +15,7 @@ from typing import Any
 
 from rich.text import Text
 
-from elastic_run.agent.progress.goodput import GoodputAccount, from_json, merge, summary_line
+from elastic_run.agent.loop.goodput import GoodputAccount, from_json, merge, summary_line
 
 __all__ = ["MERGE_RULE", "GoodputPicture", "goodput_picture", "render_goodput"]
 

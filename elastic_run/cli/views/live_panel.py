@@ -174,11 +174,11 @@ class LiveView:
         self._rdzv_at = 0.0
 
     def __call__(self, event: AgentEvent) -> None:
+        # Kept for the next frame only: rich's refresh thread draws it (twice a second). Drawing
+        # here would read the rendezvous on the emitting thread, the loop's, which must never
+        # wait on the store for a view.
         with self._lock:
             self._events.append(event)
-        live = self._live
-        if live is not None:
-            live.refresh()
 
     def start(self) -> None:
         """Show the panel; route the workers' lines and this process's own output above it."""
