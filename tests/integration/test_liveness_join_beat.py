@@ -1,4 +1,4 @@
-"""A node beats before each join (liveness.py ``start``), on a real TCPStore and a real etcd.
+"""A node beats before each join (``liveness/turns.py``, ``start``), on a real TCPStore and etcd.
 
 After a partition a node's heartbeat key may be gone (its etcd lease expired; here the node's
 key is dropped with ``forget_node``, which reads the same to the others). When the node joins

@@ -1,4 +1,4 @@
-"""The liveness pool (liveness_pool.py) with real threads: bounded workers, no overlap, poke, stop."""
+"""The liveness pool (``liveness/pool.py``) on real threads: bounded, no overlap, poke, stop."""
 
 from __future__ import annotations
 

@@ -1,4 +1,5 @@
-"""The no-cascade rules of liveness (protocol.py), pure: no store, no clock, no thread.
+"""The no-cascade rules of liveness (``rendezvous/protocol/decisions.py``), pure: no store, no
+clock, no thread.
 
 A node is judged gone only when its counter stood still for the budget of the reader's time
 *and* over ``min_reads`` of the reader's reads; a death notice judges at once. The defaults

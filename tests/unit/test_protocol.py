@@ -1,4 +1,4 @@
-"""The pure rendezvous decisions of ``protocol.py``, driven by a fake clock (plain floats).
+"""The pure rendezvous decisions (``rendezvous/protocol/decisions.py``), on a fake clock (floats).
 
 The first tests pin each row of the barrier table, the liveness rules and the rank
 arithmetic. The last one is a hypothesis state machine: a model store (a dict per round,
@@ -276,8 +276,9 @@ class _Round:
 class RendezvousModel(RuleBasedStateMachine):
     """A model store plus nodes that decide only through ``protocol``'s functions.
 
-    The shell's duties are modelled as dynamic.py does them: check ``closed`` before each
-    step, seal by compare-set from absent, end a round by advancing ``round`` once.
+    The shell's duties are modelled as the dynamic handler (``rendezvous/dynamic/``) does them:
+    check ``closed`` before each step, seal by compare-set from absent, end a round by advancing
+    ``round`` once.
     """
 
     def __init__(self) -> None:

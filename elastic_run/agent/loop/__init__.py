@@ -5,11 +5,12 @@ decides and applies) and what it uses: the pure decisions (``state_machine.py``,
 action, with its transition table), the exit barrier (``exit_barrier.py``, on a narrow
 ``RoundExit`` the loop hands it), the rank arithmetic of a
 completed round (``ranks.py``), how signals reach the loop (``signals.py``), the immutable
-snapshot the loop publishes for views (``snapshot.py``) and the progress hooks a subclass fills
+snapshot the loop publishes for views (``snapshot.py``), the pure goodput account the loop folds
+its events and beats into (``goodput.py``) and the progress hooks a subclass fills
 (``progress_hooks.py``).
 
-May import: ``elastic_run.agent`` (api, config, events), ``agent.workers`` (failures, ranks'
-stores), ``agent.progress.goodput`` (the pure account the loop folds its events and beats into),
-``elastic_run.rendezvous`` through its public API, and the top-level helpers. Never the CLI,
-never click or rich.
+May import: ``elastic_run.agent`` (api, events), ``agent.workers.failures``, the rendezvous's
+API and errors (``rendezvous.api``, ``rendezvous.errors``) and the top-level ``errors``. Never
+``agent.progress`` (it reads the loop's snapshot, so the loop must not read it), never the CLI,
+click or rich.
 """

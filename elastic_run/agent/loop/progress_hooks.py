@@ -3,7 +3,7 @@
 A mixin of :class:`~elastic_run.agent.loop.simple.SimpleElasticAgent`: the loop calls these at
 the points where progress matters (each observation, a hang verdict, before the survivors of a
 failed group are stopped, at the end of an attempt); ``LocalElasticAgent`` fills them in
-(``progress_duties.py``). An agent that watches no beats keeps these defaults.
+(``agent/progress/duties.py``). An agent that watches no beats keeps these defaults.
 """
 
 from __future__ import annotations

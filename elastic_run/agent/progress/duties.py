@@ -6,7 +6,7 @@ the beat file and worker variables of each attempt, the tick that reads the beat
 ``worker.hung`` event, stacks before the survivors of a failed group are stopped and before
 the watchdog kills a worker, the error text of a hung worker's failure, the observation fields
 the state machine reads, the node's progress record and its ``/metrics``, the publisher
-thread (``progress_publisher.py``), and workers that outlive their script's end
+thread (``publisher.py``), and workers that outlive their script's end
 (``script_end_watch.py``: killed with a ``worker.outlived`` event, their exit counted as the
 script's own), and warm workers that die after their script's end (counted as the script's
 status, with a ``worker.died_after_script`` event).

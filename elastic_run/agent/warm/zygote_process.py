@@ -30,9 +30,10 @@ fresh random seeds; then it leaves every frame of the zygote and runs the script
 is Python's own.
 
 Invariants:
-- Standard library only, besides torch and the preloads: no elastic_run import (run by path);
-  a forked worker imports ``elastic_run.auto_progress`` before its script when automatic
-  progress beats are on (``ELASTIC_RUN_AUTO_PROGRESS=1``).
+- Standard library only, besides torch and the preloads: the zygote itself imports nothing of
+  elastic_run (run by path); a forked worker, before its script, imports
+  ``elastic_run.exit_guard`` (always) and ``elastic_run.auto_progress`` (when automatic progress
+  beats are on, ``ELASTIC_RUN_AUTO_PROGRESS=1``).
 - Safe to fork or not warm at all: no Python thread besides the main one, no more native
   threads than ``import torch`` alone starts, CUDA not initialized; otherwise it reports not
   ready with the reason and exits.

@@ -2,5 +2,5 @@
 
 Owns the timer table (``timer_table.py``, pure: which timers are armed and due at ``now``) and
 the server (``server.py``: the FIFO, its reader thread, the kills). May import the top-level
-``timer_wire`` and nothing else of elastic-run.
+``timer_wire`` and ``errors``, nothing else of elastic-run.
 """

@@ -7,7 +7,8 @@ agent (``guardian.py``), callable entrypoints (``function_workers.py`` in the ag
 ``logs_specs.py``), error files and the failure summary (``failures.py``), NUMA binding
 (``numa.py``) and the gloo loopback check (``gloo_check.py``).
 
-May import: ``elastic_run.agent`` (api, config, events) and the top-level helpers
-(``parent_death``, ``descriptors``, ``multiprocessing_errors``). Nothing of the run loop, the
-rendezvous or the CLI.
+May import: ``elastic_run.agent`` (api, config) and the top-level ``errors``, ``parent_death``,
+``auto_progress`` (its variable), ``site_hook`` (its directory on the worker's path) and
+``worker`` (``function_call.py`` runs in the worker). Nothing of the run loop, the rendezvous or
+the CLI.
 """

@@ -2,5 +2,6 @@
 
 Owns ``C10dRendezvousBackend`` (``backend.py``), the link to the store host with its read
 deadlines (``link.py``) and the typed store calls (``store.py``). May import: the seam, the
-API, errors, ``rendezvous.protocol``'s keys, and torch's public store classes.
+API, errors (the rendezvous's and the top-level ``errors``), settings, endpoints,
+``rendezvous.protocol``'s keys and records, and torch's public store classes.
 """

@@ -13,7 +13,7 @@ one coordinator step at once, so a full round completes without waiting for a ti
 if the max arrivals are alive (the protocol decides, not this module).
 
 A seal is written once, by compare-set from absent (``protocol.build_seal`` decides what it
-admits). Every decision is in ``protocol.py``; this module reads, asks, and writes.
+admits). Every decision is in ``protocol/decisions.py``; this module reads, asks, and writes.
 """
 
 from __future__ import annotations

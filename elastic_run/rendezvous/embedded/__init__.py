@@ -10,5 +10,7 @@ member process and its keeper (``member.py``, ``keeper.py``: etcd dies with its 
 SIGKILL, and its data directory with it), the quorum watch (``quorum.py``: the members that died,
 and when the rendezvous lost its quorum for good) and the backend (``backend.py``: the etcd
 backend on the members' client URLs, which keeps this host's member up until the job ends).
-May import: the seam, the API, errors, settings, endpoints, ``rendezvous.etcd``, ``parent_death``.
+May import: the API, errors (the rendezvous's and the top-level ``errors``), settings,
+endpoints, ``rendezvous.protocol``'s keys and ``rendezvous.etcd``; ``keeper.py`` imports nothing
+of elastic-run.
 """

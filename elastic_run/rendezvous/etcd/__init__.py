@@ -3,6 +3,8 @@
 Owns ``EtcdRendezvousBackend`` (``backend.py``), the typed client over pyetcd (``client.py``,
 ``connection.py``, ``errors.py``, ``kv.py``, ``counter.py``, ``watch.py``, ``lease.py``),
 torch's ``EtcdStore`` (``store.py``), ``EtcdServer`` (``server.py``, a local etcd for tests,
-demos and ``elastic-run etcd``) and gRPC's fork handlers (``grpc_fork.py``). Only this package
-imports pyetcd or grpc. May import: the seam, the API, errors, ``rendezvous.protocol``'s keys.
+demos and ``elastic-run etcd``), calls held by a leader that is gone (``leader_watch.py``) and
+gRPC's fork handlers (``grpc_fork.py``). Only this package imports pyetcd or grpc. May import:
+the seam, the API, errors (the rendezvous's and the top-level ``errors``), settings, endpoints,
+and the top-level ``parent_death`` (the etcd ``server.py`` starts dies with its parent).
 """

@@ -3,6 +3,6 @@
 Owns one node's liveness turns (``turns.py``), the threads that run them (``pool.py``), death
 notices in milliseconds (``peerwatch.py``, ``notices.py``, ``notice_loop.py``).
 
-May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), errors, and the
-top-level ``descriptors``. Never the handler, a concrete backend or the agent.
+May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), the API, errors,
+settings, and the top-level ``descriptors``. Never the handler, a concrete backend or the agent.
 """

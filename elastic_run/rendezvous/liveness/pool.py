@@ -1,7 +1,7 @@
 """The threads that run the liveness turns of every node of a process, each turn when it is due.
 
 A node's liveness work is one short turn per ``keep_alive_interval`` (a heartbeat write, a ring
-read, an epoch read: ``liveness.py``). An agent holds one node, and gets one thread for it, as
+read, an epoch read: ``turns.py``). An agent holds one node, and gets one thread for it, as
 before. A process that holds many nodes (a benchmark, a test) does not get a thread per node:
 the turns are queued by due time and run by at most ``MAX_WORKERS`` threads (one per node up to
 that), so a thousand nodes in a process are not a thousand threads competing for its

@@ -1,7 +1,7 @@
 """One node's liveness turns: bump its own heartbeat, watch its ring successor, report verdicts.
 
 Every ``keep_alive_interval`` (or at once when poked, e.g. by a death notice) one turn, run by
-the process's liveness workers (``liveness_pool.py``: one thread for an agent's one node, at
+the process's liveness workers (``pool.py``: one thread for an agent's one node, at
 most ``MAX_WORKERS`` for a process holding many), does:
 
 1. bumps this node's heartbeat counter (one O(1) write that the store answers: a write sent
@@ -21,7 +21,7 @@ Between rounds it keeps watching the last successor, so the next round's coordin
 successor that died meanwhile from when it died, not from when the next round began.
 
 Invariants: a node's turns never overlap, ``stop()`` is bounded; nothing here decides
-(protocol.py does) or raises into the caller (errors are recorded and reported).
+(``protocol/decisions.py`` does) or raises into the caller (errors are recorded and reported).
 """
 
 from __future__ import annotations

@@ -4,5 +4,6 @@ Owns the decisions ((what was read, now) -> action, ``decisions.py``), the versi
 records the protocol keeps in a store (``records.py``, never pickle), the key schema
 (``keys.py``) and the stable order of a new round's members (``stable_ranks.py``).
 
-Imports no store, clock, thread or socket; may import ``elastic_run.rendezvous.errors`` only.
+Imports no store, clock, thread or socket; may import ``elastic_run.rendezvous.errors`` and
+``rendezvous.api``'s plain ``Assignment`` (what the rank decision returns) only.
 """

@@ -1,6 +1,6 @@
 """The pure decisions of the O(N) rendezvous protocol: (what was read, now) -> action.
 
-No store, no clock, no threads here: the handler (``dynamic.py``) reads, passes the
+No store, no clock, no threads here: the handler (``dynamic/handler.py``) reads, passes the
 reading and ``now`` in, and applies what comes back. Times are monotonic seconds of
 the reading node; no two nodes' clocks are ever compared.
 
