@@ -16,6 +16,7 @@
 from __future__ import annotations
 
 import enum
+import os
 from abc import ABC, abstractmethod
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -113,10 +114,10 @@ class WorkerSpec:
         self.args = tuple(self.args)
 
     def get_entrypoint_name(self) -> str:
-        """The entrypoint's name: the program, or the callable's qualified name."""
+        """The entrypoint's name: the program's file name, or the callable's qualified name."""
         entry = self.entrypoint
         if isinstance(entry, str):
-            return entry
+            return os.path.basename(entry)
         return str(getattr(entry, "__qualname__", repr(entry)))
 
 

@@ -50,7 +50,7 @@ class Std(enum.IntFlag):
         """
         text = vm.strip()
         if not text:
-            return cls.NONE
+            _bad_std(vm)  # torch's: an empty text is not a value either
         if ":" not in text:
             return cls(int(text)) if text in ("0", "1", "2", "3") else _bad_std(vm)
         out: dict[int, Std] = {}

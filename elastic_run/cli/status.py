@@ -19,14 +19,22 @@ import os
 import socket
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
 
 import click
 
-from elastic_run.cli.options.rdzv_options import explicit_options, rdzv_options, resolve_target
+from elastic_run.cli.options.rdzv_options import (
+    RendezvousTarget,
+    explicit_options,
+    rdzv_options,
+    resolve_target,
+)
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
+
+if TYPE_CHECKING:
+    from elastic_run.rendezvous.backend import RendezvousBackend
 
 __all__ = [
     "EXIT_NO_RENDEZVOUS",
@@ -37,7 +45,6 @@ __all__ = [
 
 EXIT_NO_RENDEZVOUS = 3
 EXIT_UNREACHABLE = 4
-_DEFAULT_READ_TIMEOUT_S = "5"
 
 
 class _Exit(Exception):
@@ -48,18 +55,16 @@ class _Exit(Exception):
         self.code = code
 
 
-def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[Any, Any]:
+def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[RendezvousTarget, RendezvousBackend]:
     """Resolve the target and open its backend as a reader: (target, backend)."""
     # torch's C++ layer logs every failed connect attempt with a stack: one line is enough.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
     from elastic_run.rendezvous.registry import create_backend
+    from elastic_run.rendezvous.settings import STATUS_READ_TIMEOUT_S
 
     target = resolve_target(values, explicit_options(ctx), os.environ)
-    conf = dict(target.conf)
-    conf.setdefault("read_timeout", _DEFAULT_READ_TIMEOUT_S)
     params = target.parameters()
-    for key, value in conf.items():
-        params.config[key] = value
+    params.config.setdefault("read_timeout", STATUS_READ_TIMEOUT_S)
     try:
         backend = create_backend(params, allow_hosting=False)
     except RendezvousConnectionError as exc:
@@ -90,17 +95,7 @@ def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict
     return {n: (None if t is None else end - t) for n, t in moved_at.items()}
 
 
-def _etcd_members(backend: Any) -> dict[str, str] | None:
-    """An embedded etcd cluster's members and their states (up, down, silent), or None."""
-    from elastic_run.rendezvous.embedded.backend import EmbeddedEtcdBackend
-
-    if not isinstance(backend, EmbeddedEtcdBackend):
-        return None
-    states = backend.member_states().states
-    return {m.client_endpoint: states.get(m.name, "silent") for m in backend.cluster.members}
-
-
-def _say_members(members: dict[str, str] | None) -> None:
+def _say_members(members: Mapping[str, str] | None) -> None:
     if members is not None:
         shown = ", ".join(f"{endpoint} {state}" for endpoint, state in members.items())
         click.echo(f"embedded etcd members: {shown}", err=True)
@@ -195,7 +190,7 @@ def status_command(
 
         target, backend = _open(ctx, values)
         try:
-            members = _etcd_members(backend)
+            members = backend.member_states()
             if not as_json:
                 _say_members(members)
             if not watch:
@@ -205,7 +200,7 @@ def status_command(
                 if as_json:
                     body = status_to_json(snap, ages, reason, progress, goodput)
                     if members is not None:
-                        body["etcd_members"] = members
+                        body["etcd_members"] = dict(members)
                     click.echo(json.dumps(body, sort_keys=True))
                 else:
                     Console().print(render_status(snap, ages, reason, progress, goodput))
@@ -257,7 +252,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
             raise ConfigurationError("--timeout is how long --wait waits: pass --wait with it")
         target, backend = _open(ctx, values)
         try:
-            _say_members(_etcd_members(backend))
+            _say_members(backend.member_states())
             # Nothing is decoded before the close is written: whatever the job's keys hold,
             # the operator's kill switch works. A job exists when any of its keys does.
             if not backend.exists():
@@ -303,7 +298,7 @@ _DEFAULT_WAIT_S = 120.0
 _LEFT_AFTER_S = 3.0  # a heartbeat counter that did not move this long (or 3 beats): agent left
 
 
-def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
+def _wait_until_left(backend: Any, target: RendezvousTarget, timeout_s: float) -> None:
     """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s or 3 beats).
 
     The members are read again each window (a node waiting at the door counts too); the last
@@ -313,11 +308,11 @@ def _wait_until_left(backend: Any, target: Any, timeout_s: float) -> None:
         _Exit: (exit 1) an agent still beats after ``timeout_s``: named, with its host and pid.
     """
     from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
-    from elastic_run.rendezvous.settings import DEFAULT_KEEP_ALIVE_INTERVAL_S, parse_conf_value
+    from elastic_run.rendezvous.settings import RendezvousSettings
 
-    interval = dict(target.conf).get("keep_alive_interval", DEFAULT_KEEP_ALIVE_INTERVAL_S)
+    interval_s = RendezvousSettings.from_params(target.parameters()).keep_alive_interval_s
     # Whole windows, never cut short: a counter judged in a shorter one would look stopped.
-    window_s = max(_LEFT_AFTER_S, 3 * float(parse_conf_value("keep_alive_interval", interval)))
+    window_s = max(_LEFT_AFTER_S, 3 * interval_s)
     deadline = time.monotonic() + timeout_s
     alive: list[Any] = []
     while True:

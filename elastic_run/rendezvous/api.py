@@ -12,6 +12,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.settings import check_nnodes, parse_bool
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -33,9 +34,6 @@ __all__ = [
     "SupportedClosedReason",
 ]
 
-_TRUE = {"1", "true", "t", "yes", "y"}
-_FALSE = {"0", "false", "f", "no", "n"}
-
 
 class RendezvousParameters:
     """What a handler is built from: backend, endpoint, run id, node counts and config.
@@ -50,7 +48,8 @@ class RendezvousParameters:
         **kwargs: backend configuration (``--rdzv-conf``), kept as given.
 
     Raises:
-        ConfigurationError: when the node counts are not ``0 < min <= max``.
+        ConfigurationError: when the backend name is empty or the node counts are not
+            ``1 <= min <= max <= MAX_NODES`` (``settings.check_nnodes``; a ``ValueError``).
     """
 
     def __init__(
@@ -65,12 +64,7 @@ class RendezvousParameters:
     ) -> None:
         if not backend:
             raise ConfigurationError("the rendezvous backend name must not be empty")
-        if min_nodes < 1:
-            raise ConfigurationError(f"min_nodes must be at least 1, got {min_nodes}")
-        if max_nodes < min_nodes:
-            raise ConfigurationError(
-                f"max_nodes ({max_nodes}) must not be less than min_nodes ({min_nodes})"
-            )
+        check_nnodes(min_nodes, max_nodes, "min_nodes:max_nodes")
         self.backend = backend
         self.endpoint = endpoint
         self.run_id = run_id
@@ -87,21 +81,10 @@ class RendezvousParameters:
         """Return ``key`` as a bool (1/0, true/false, t/f, yes/no, y/n in any case).
 
         Raises:
-            ConfigurationError: when the value is none of those.
+            ConfigurationError: when the value is none of those (``settings.parse_bool``).
         """
         value = self.get(key, default)
-        if value is None or isinstance(value, bool):
-            return value
-        if isinstance(value, int):
-            if value in (0, 1):
-                return bool(value)
-        elif isinstance(value, str):
-            lowered = value.strip().lower()
-            if lowered in _TRUE:
-                return True
-            if lowered in _FALSE:
-                return False
-        raise ConfigurationError(f"the rendezvous config '{key}={value}' is not a valid boolean")
+        return None if value is None else parse_bool(value, f"--rdzv-conf {key}")
 
     def get_as_int(self, key: str, default: int | None = None) -> int | None:
         """Return ``key`` as an int.

@@ -1,6 +1,6 @@
 """The seam between the dynamic rendezvous and a store: a small key-value interface.
 
-The O(N) protocol (see ``protocol.py``) needs only these primitives, each O(1) in
+The O(N) protocol (see ``protocol/decisions.py``) needs only these primitives, each O(1) in
 size except the two batch calls. Keys are relative to the job (``round``,
 ``r3/arrivals``...); a backend maps them under its own prefix for the run id.
 
@@ -16,6 +16,8 @@ Contract, for every implementation:
   ``heartbeat`` raises when this node's liveness is not being kept (the write failed, or
   etcd's lease could not be refreshed), so the node learns it before its peers evict it.
 - ``read_counter`` reads an integer key in one request that never blocks (0 when absent).
+- ``member_states`` names the store's own members and their states where the job runs them
+  (the embedded etcd cluster), None elsewhere: views ask the seam, never the concrete class.
 - ``CONF_KEYS``: the ``--rdzv-conf`` keys the backend reads itself (beside the handler's).
 - Every method raises ``RendezvousConnectionError`` when the store cannot be
   reached within the backend's read timeout; no third-party error escapes.
@@ -218,6 +220,16 @@ class RendezvousBackend(ABC):
     def is_hosting(self) -> bool:
         """Whether this process hosts the store (it must outlive the job's other agents)."""
         return False
+
+    def member_states(self) -> Mapping[str, str] | None:
+        """The store's own members and their states, for ``status`` and ``close`` (one knock each).
+
+        Returns:
+            Each member's client ``host:port`` and its state (``up``, ``down`` or ``silent``),
+            in the order the members are listed; None for a store whose members are not the
+            job's to show (the default: a c10d store, an external etcd cluster).
+        """
+        return None
 
     def exists(self) -> bool:
         """Return whether anything was ever written for this run id (one batch read).

@@ -1,4 +1,5 @@
-"""Rendezvous settings: ``--rdzv-conf`` parsed once, at the edge, into one frozen object.
+"""Rendezvous settings: ``--rdzv-conf`` and the node counts parsed once, at the edge, into one
+frozen object, by one set of checks.
 
 Every key is read here and nowhere else, by one parser (:func:`parse_conf_value`) over one table
 of kinds, bounds and defaults (:data:`CONF_TABLE`); the handler, the coordinator, the heartbeat
@@ -8,55 +9,86 @@ the parameters' config is unchanged). The CLI checks ``--rdzv-conf`` with the sa
 anything starts, and ``from_backend`` takes the same defaults. Each backend declares the keys it
 reads (``CONF_KEYS`` in its module); the handler's own keys are :data:`HANDLER_KEYS`.
 
+One set of bounds, whatever the path: text from the command line (:func:`parse_conf_value`),
+typed values from Python (:class:`RendezvousSettings`, :class:`RendezvousTimeout`,
+``from_backend``) and the node counts (:func:`parse_nnodes`, :func:`check_nnodes`, used by the
+CLI, ``RendezvousParameters`` and the dynamic handler) all end in the same checks. Durations
+must be finite, positive (as torch's ``RendezvousTimeout`` wants, ``last_call_timeout`` too) and
+at most a year; ``keep_alive_max_attempt`` an integer (not a bool) in 1..1000; node counts
+``1 <= min <= max <=`` :data:`MAX_NODES`. A bad value is a ``ConfigurationError`` (also a
+``ValueError``); a value of the wrong type from Python is a :class:`ConfigurationTypeError`
+(also a ``TypeError``, as torch raises for it).
+
 A key that torch knows but neither the handler nor this backend uses (``etcd_prefix`` in a
-c10d job, ``join_timeout`` in a static one) is ignored with one warning line saying so, as
+c10d job, ``read_timeout`` in a static one) is ignored with one warning line saying so, as
 torchrun ignores it. A key nobody knows is ignored with one warning line naming the keys that
-are known. A known key with a bad value is a ``ConfigurationError`` (also a ``ValueError``):
-durations must be finite, positive (``last_call_timeout`` may be 0) and at most a year;
-``keep_alive_max_attempt`` an integer in 1..1000.
+are known.
 """
 
 from __future__ import annotations
 
 import logging
 import math
+import re
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Literal
+from typing import Any, Literal, Protocol
 
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.api import RendezvousParameters
 
 __all__ = [
     "CONF_TABLE",
+    "DEFAULT_JOIN_TIMEOUT_S",
     "DEFAULT_KEEP_ALIVE_INTERVAL_S",
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
+    "DEFAULT_READ_TIMEOUT_S",
     "HANDLER_KEYS",
-    "MAX_KEEP_ALIVE_ATTEMPTS",
-    "ConfKey",
-    "RendezvousTimeout",
     "MAX_DURATION_S",
+    "MAX_KEEP_ALIVE_ATTEMPTS",
+    "MAX_NODES",
+    "STATUS_READ_TIMEOUT_S",
     "TORCH_KEYS",
+    "ConfKey",
+    "ConfSource",
+    "ConfigurationTypeError",
     "RendezvousSettings",
+    "RendezvousTimeout",
     "check_conf_keys",
     "check_conf_values",
+    "check_nnodes",
+    "check_seconds",
+    "check_setting",
     "conf_seconds",
+    "parse_bool",
     "parse_conf_value",
+    "parse_node_count",
+    "parse_nnodes",
 ]
 
 log = logging.getLogger(__name__)
 
 MAX_DURATION_S = 365 * 24 * 3600.0
+"""The longest duration: Python's ``timedelta`` and the stores' C++ clocks overflow above it."""
 MAX_KEEP_ALIVE_ATTEMPTS = 1000
-_MAX_ATTEMPTS = MAX_KEEP_ALIVE_ATTEMPTS
+MAX_NODES = 1_000_000
+"""The most nodes of a job: beyond, a typo is likelier than a job, and C++ ints overflow."""
+DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's, for join_timeout and its older name timeout
 # The heartbeat budget: a node is judged gone after 5 intervals (and 5 reads) without a beat.
 # Long enough that a busy or starved host (a GC pause, a loaded core, thousands of nodes on two
 # cores in bench_rendezvous.py) is never judged; short enough that a hung host is dropped in
 # about 6 s (5 s, plus up to one interval until its watcher's next read).
 DEFAULT_KEEP_ALIVE_INTERVAL_S = 1.0
 DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 5
+DEFAULT_READ_TIMEOUT_S = 60.0  # one store call of an agent (c10d's TCPStore timeout, etcd's)
+STATUS_READ_TIMEOUT_S = 5.0
+"""The ``read_timeout`` of ``elastic-run status`` and ``close`` when ``--rdzv-conf`` gives none.
+
+Shorter than an agent's (``CONF_TABLE['read_timeout']``, 60 s): an agent's store call may wait
+out a store that restarts, but an operator's read of a backend that does not answer should say
+so in seconds, not hang for a minute.
+"""
 
 HANDLER_KEYS = frozenset(
     {
@@ -91,35 +123,45 @@ TORCH_KEYS = HANDLER_KEYS | frozenset(
     }
 )
 
-
+# torch's spellings of a boolean (RendezvousParameters.get_as_bool), in any case: the one table.
 _TRUE = frozenset({"1", "true", "t", "yes", "y"})
 _FALSE = frozenset({"0", "false", "f", "no", "n"})
 _SHOWN_CHARS = 60
+_COUNT_RE = re.compile(r"[+-]?[0-9]+")
+_MAX_COUNT_DIGITS = 30  # more digits than any bound here has: "far too large", not a parse
+
+
+class ConfigurationTypeError(ConfigurationError, TypeError):
+    """A setting given from Python with the wrong type (a str or a bool where a number is due).
+
+    Both a :class:`ConfigurationError` (a ``ValueError``; the CLI exits 2) and the ``TypeError``
+    that Python code, and torch for the same call, raise for a value of the wrong type.
+    """
 
 
 @dataclass(frozen=True)
 class ConfKey:
     """What a ``--rdzv-conf`` key holds: its kind, its default and (for a choice) its values.
 
-    Kinds: ``seconds`` (finite, > 0, at most a year), ``seconds0`` (the same, 0 allowed),
-    ``attempts`` (a whole number 1..1000), ``bool`` (torch's spellings), ``choice``.
+    Kinds: ``seconds`` (finite, > 0, at most a year), ``attempts`` (a whole number 1..1000),
+    ``bool`` (torch's spellings), ``choice``.
     """
 
-    kind: Literal["seconds", "seconds0", "attempts", "bool", "choice"]
+    kind: Literal["seconds", "attempts", "bool", "choice"]
     default: float | int | bool | str | None
     choices: tuple[str, ...] = ()
 
 
 # The one table of the keys whose meaning is known: kinds, bounds and defaults.
 CONF_TABLE: Mapping[str, ConfKey] = {
-    "join_timeout": ConfKey("seconds", 600.0),
-    "timeout": ConfKey("seconds", None),  # torch's older name of join_timeout
-    "last_call_timeout": ConfKey("seconds0", 30.0),
+    "join_timeout": ConfKey("seconds", DEFAULT_JOIN_TIMEOUT_S),
+    "timeout": ConfKey("seconds", DEFAULT_JOIN_TIMEOUT_S),  # torch's older name of join_timeout
+    "last_call_timeout": ConfKey("seconds", 30.0),
     "close_timeout": ConfKey("seconds", 30.0),
     "heartbeat_timeout": ConfKey("seconds", 5.0),
     "keep_alive_interval": ConfKey("seconds", DEFAULT_KEEP_ALIVE_INTERVAL_S),
     "keep_alive_max_attempt": ConfKey("attempts", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT),
-    "read_timeout": ConfKey("seconds", 60.0),
+    "read_timeout": ConfKey("seconds", DEFAULT_READ_TIMEOUT_S),
     "is_host": ConfKey("bool", None),
     "use_libuv": ConfKey("bool", None),
     "store_type": ConfKey("choice", "tcp", ("tcp", "file")),
@@ -127,9 +169,133 @@ CONF_TABLE: Mapping[str, ConfKey] = {
 }
 
 
+class ConfSource(Protocol):
+    """What the settings read of a ``RendezvousParameters``: its backend name and its config."""
+
+    backend: str
+    config: dict[str, Any]
+
+
 def _shown(raw: object) -> str:
     text = repr(str(raw)) if isinstance(raw, str) else repr(raw)
     return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
+
+
+# -- the checks: one per kind, for every path ------------------------------------------------
+
+
+def check_seconds(value: float, what: str, *, allow_zero: bool = False) -> float:
+    """Check a duration in seconds: finite, positive (or zero) and at most a year.
+
+    Args:
+        value: the duration.
+        what: the flag or key, for the message (``--rdzv-conf join_timeout``).
+        allow_zero: whether 0 is allowed (no rendezvous key allows it; some CLI flags do).
+
+    Returns:
+        ``value`` as a float.
+
+    Raises:
+        ConfigurationError: NaN, infinite, negative, zero when not allowed, or above a year.
+    """
+    try:
+        seconds = float(value)
+    except OverflowError:  # an int past a float's range
+        seconds = math.inf
+    if not math.isfinite(seconds):
+        raise ConfigurationError(f"{what} {seconds} is not a finite number of seconds")
+    if seconds < 0 or (seconds == 0 and not allow_zero):
+        bound = "not be negative" if allow_zero else "be positive"
+        raise ConfigurationError(f"{what} {seconds:g} must {bound}")
+    if seconds > MAX_DURATION_S:
+        raise ConfigurationError(
+            f"{what} {seconds:g} is more than a year ({MAX_DURATION_S:.0f} s), the longest "
+            "duration the stores' clocks take"
+        )
+    return seconds
+
+
+def _check_attempts(count: int, what: str) -> int:
+    if not 1 <= count <= MAX_KEEP_ALIVE_ATTEMPTS:
+        raise ConfigurationError(f"{what} {count} is out of range (1..{MAX_KEEP_ALIVE_ATTEMPTS})")
+    return count
+
+
+def _check_choice(key: str, value: str, what: str) -> str:
+    choices = CONF_TABLE[key].choices
+    if value not in choices:
+        raise ConfigurationError(f"{what} {_shown(value)} must be {' or '.join(choices)}")
+    return value
+
+
+def check_setting(key: str, value: object, what: str | None = None) -> object:
+    """Check one value of a key of :data:`CONF_TABLE` as Python holds it (not text).
+
+    The typed paths (:class:`RendezvousSettings`, :class:`RendezvousTimeout`, ``from_backend``)
+    check here; :func:`parse_conf_value` parses text and ends in the same bounds.
+
+    Args:
+        key: the key (must be in the table).
+        value: seconds as an int or a float, attempts as an int, a bool (or None: the backend's
+            default), a choice as a lower-case str.
+        what: the name for the message (default ``--rdzv-conf KEY``).
+
+    Returns:
+        The value (seconds as a float).
+
+    Raises:
+        ConfigurationTypeError: the value is of the wrong type (a bool or a str for a number,
+            a float for attempts).
+        ConfigurationError: the value is out of the key's bounds.
+    """
+    kind = CONF_TABLE[key].kind
+    name = what or f"--rdzv-conf {key}"
+    if kind == "seconds":
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ConfigurationTypeError(f"{name} {_shown(value)} is not a number of seconds")
+        return check_seconds(value, name)
+    if kind == "attempts":
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise ConfigurationTypeError(
+                f"{name} {_shown(value)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
+            )
+        return _check_attempts(value, name)
+    if kind == "bool":
+        if value is not None and not isinstance(value, bool):
+            raise ConfigurationTypeError(f"{name} {_shown(value)} is not a bool")
+        return value
+    if not isinstance(value, str):
+        raise ConfigurationTypeError(f"{name} {_shown(value)} is not a str")
+    return _check_choice(key, value, name)
+
+
+def parse_bool(raw: object, what: str) -> bool:
+    """Read a boolean as torch's ``RendezvousParameters.get_as_bool`` does: the one reader.
+
+    Args:
+        raw: a bool; the int 1 or 0; or text ``1/0``, ``true/false``, ``t/f``, ``yes/no``,
+            ``y/n`` in any case (white space around it ignored).
+        what: the key, for the message.
+
+    Returns:
+        The boolean.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    if isinstance(raw, bool):
+        return raw
+    if isinstance(raw, int) and raw in (0, 1):
+        return bool(raw)
+    if isinstance(raw, str):
+        lowered = raw.strip().lower()
+        if lowered in _TRUE:
+            return True
+        if lowered in _FALSE:
+            return False
+    raise ConfigurationError(
+        f"{what} {_shown(raw)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
+    )
 
 
 def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
@@ -144,53 +310,26 @@ def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
 
     Raises:
         ConfigurationError: the value is not of the key's kind or out of its bounds (NaN,
-            infinite, negative, zero where not allowed, more than a year, not a whole number).
+            infinite, not positive, more than a year, not a whole number).
     """
     spec = CONF_TABLE[key]
     what = f"--rdzv-conf {key}"
     text = str(raw).strip()
-    if spec.kind in ("seconds", "seconds0"):
+    if spec.kind == "seconds":
         try:
             value = float(text)
         except ValueError:
             raise ConfigurationError(f"{what} {_shown(raw)} is not a number of seconds") from None
-        if not math.isfinite(value):
-            raise ConfigurationError(f"{what} {text} is not a finite number of seconds")
-        if value < 0 or (value == 0 and spec.kind == "seconds"):
-            bound = "not be negative" if spec.kind == "seconds0" else "be positive"
-            raise ConfigurationError(f"{what} {value:g} must {bound}")
-        if value > MAX_DURATION_S:
-            raise ConfigurationError(
-                f"{what} {value:g} is more than a year ({MAX_DURATION_S:.0f} s), the longest "
-                "duration the stores' clocks take"
-            )
-        return value
+        return check_seconds(value, what)
     if spec.kind == "attempts":
         if isinstance(raw, bool) or not (text.isascii() and text.isdigit()) or len(text) > 9:
             raise ConfigurationError(
                 f"{what} {_shown(raw)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
             )
-        count = int(text)
-        if not 1 <= count <= MAX_KEEP_ALIVE_ATTEMPTS:
-            raise ConfigurationError(
-                f"{what} {count} is out of range (1..{MAX_KEEP_ALIVE_ATTEMPTS})"
-            )
-        return count
+        return _check_attempts(int(text), what)
     if spec.kind == "bool":
-        if isinstance(raw, bool):
-            return raw
-        lowered = text.lower()
-        if lowered in _TRUE:
-            return True
-        if lowered in _FALSE:
-            return False
-        raise ConfigurationError(
-            f"{what} {_shown(raw)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
-        )
-    lowered = text.lower()
-    if lowered not in spec.choices:
-        raise ConfigurationError(f"{what} {_shown(raw)} must be {' or '.join(spec.choices)}")
-    return lowered
+        return parse_bool(raw, what)
+    return _check_choice(key, text.lower(), what)
 
 
 def check_conf_values(config: Mapping[str, object]) -> dict[str, float | int | bool | str]:
@@ -209,24 +348,19 @@ def check_conf_values(config: Mapping[str, object]) -> dict[str, float | int | b
     }
 
 
-def conf_seconds(
-    params: RendezvousParameters, key: str, default: float, *, allow_zero: bool = False
-) -> float:
-    """Read ``key`` (a seconds key of :data:`CONF_TABLE`) with ``default`` when absent.
-
-    ``allow_zero`` is kept for callers' clarity; the table decides whether 0 is allowed.
+def conf_seconds(params: ConfSource, key: str) -> float:
+    """Read ``key`` (a seconds key of :data:`CONF_TABLE`), the table's default when absent.
 
     Raises:
         ConfigurationError: the value is not such a number.
     """
     raw = params.config.get(key)
-    if raw is None:
-        return default
-    return float(parse_conf_value(key, raw))
+    value = CONF_TABLE[key].default if raw is None else parse_conf_value(key, raw)
+    return float(value)  # type: ignore[arg-type]  # a seconds key: a float, checked above
 
 
 def check_conf_keys(
-    params: RendezvousParameters, backend_keys: Iterable[str], backend: str
+    params: ConfSource, backend_keys: Iterable[str], backend: str
 ) -> tuple[str, ...]:
     """Warn (one line each kind) about keys this backend ignores; return them.
 
@@ -256,20 +390,110 @@ def check_conf_keys(
     return tuple(foreign + unknown)
 
 
+# -- node counts ------------------------------------------------------------------------------
+
+
+def check_nnodes(
+    min_nodes: int, max_nodes: int, what: str = "--nnodes", given: str | None = None
+) -> tuple[int, int]:
+    """Check node counts: ``1 <= min <= max <= MAX_NODES``, the one bound of them.
+
+    Args:
+        min_nodes: the fewest nodes a round completes with.
+        max_nodes: the most nodes a round admits.
+        what: the flag or argument, for the message.
+        given: the value as the user wrote it, for the message (default ``MIN:MAX``).
+
+    Returns:
+        ``(min_nodes, max_nodes)``.
+
+    Raises:
+        ConfigurationTypeError: a count is not an int (a bool neither).
+        ConfigurationError: the counts are out of those bounds (a ``ValueError``, as torch's).
+    """
+    for count in (min_nodes, max_nodes):
+        if isinstance(count, bool) or not isinstance(count, int):
+            raise ConfigurationTypeError(f"{what} {_shown(count)} is not a whole number of nodes")
+    shown = given if given is not None else f"{min_nodes}:{max_nodes}"
+    if min_nodes < 1:
+        raise ConfigurationError(f"{what} {shown}: the node count must be at least 1")
+    if max_nodes < min_nodes:
+        raise ConfigurationError(f"{what} {shown}: MAX must not be less than MIN")
+    if max_nodes > MAX_NODES:
+        raise ConfigurationError(
+            f"{what} {shown}: more than {MAX_NODES} nodes is not a job this launcher runs"
+        )
+    return min_nodes, max_nodes
+
+
+def _whole_count(part: str, what: str, text: str) -> int:
+    if len(part.strip().lstrip("+-")) > _MAX_COUNT_DIGITS:
+        raise ConfigurationError(f"{what} {_shown(text)} is far too large")
+    return int(part)
+
+
+def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
+    """Parse ``N`` or ``MIN:MAX`` into ``(min, max)``, then :func:`check_nnodes` them.
+
+    Args:
+        text: the ``--nnodes`` value (white space around it is ignored).
+        what: the flag or variable it came from, for the message.
+
+    Returns:
+        ``(min, max)`` with ``1 <= min <= max <= MAX_NODES``.
+
+    Raises:
+        ConfigurationError: the text is not of that form or a count is out of range.
+    """
+    parts = [p.strip() for p in text.strip().split(":")]
+    if len(parts) > 2 or not all(_COUNT_RE.fullmatch(p) for p in parts):
+        raise ConfigurationError(f"{what} {_shown(text)} is not N or MIN:MAX")
+    low, high = (_whole_count(p, what, text) for p in (parts[0], parts[-1]))
+    return check_nnodes(low, high, what, _shown(text))
+
+
+def parse_node_count(text: str, what: str) -> int:
+    """Parse one node count ``N`` (no ``MIN:MAX``), bounded as :func:`parse_nnodes` bounds it.
+
+    Args:
+        text: the value (``4``; the MIN of ``--nnodes 4:``, ``SLURM_JOB_NUM_NODES``).
+        what: the flag or variable it came from, for the message.
+
+    Returns:
+        The count, in ``1..MAX_NODES``.
+
+    Raises:
+        ConfigurationError: not a whole number, or out of range.
+    """
+    if not _COUNT_RE.fullmatch(text.strip()):
+        raise ConfigurationError(f"{what} {_shown(text)} is not a whole number of nodes")
+    count = _whole_count(text, what, text)
+    return check_nnodes(count, count, what, _shown(text))[0]
+
+
+# -- torch's typed timeouts, and the frozen settings -------------------------------------------
+
+
+def _default(key: str) -> Any:
+    return CONF_TABLE[key].default
+
+
 class RendezvousTimeout:
     """torch's timeouts of the dynamic rendezvous (``None``: the default of each).
 
     Args:
-        join: how long a rendezvous may take (600 s).
+        join: how long a rendezvous may take (``join_timeout`` in :data:`CONF_TABLE`, 600 s).
         last_call: how long a round at min nodes waits for more (30 s).
         close: the bound on closing and leaving (30 s).
         heartbeat: the deadline of one heartbeat (5 s).
 
     Raises:
-        ValueError: a timeout is not positive.
+        ConfigurationError: a timeout is not positive or is more than a year (a ``ValueError``,
+            as torch's).
+        ConfigurationTypeError: a timeout is not a ``timedelta``.
     """
 
-    _DEFAULTS = {"join": 600.0, "last_call": 30.0, "close": 30.0, "heartbeat": 5.0}
+    _NAMES = ("join", "last_call", "close", "heartbeat")
 
     def __init__(
         self,
@@ -280,11 +504,15 @@ class RendezvousTimeout:
     ) -> None:
         given = {"join": join, "last_call": last_call, "close": close, "heartbeat": heartbeat}
         self._values: dict[str, timedelta] = {}
-        for name, value in given.items():
-            chosen = value if value is not None else timedelta(seconds=self._DEFAULTS[name])
-            if chosen <= timedelta(0):
-                raise ValueError(f"the {name} timeout ({chosen}) must be positive")
-            self._values[name] = chosen
+        for name in self._NAMES:
+            value = given[name]
+            what = f"the {name} timeout"
+            if value is None:
+                value = timedelta(seconds=_default(f"{name}_timeout"))
+            elif not isinstance(value, timedelta):
+                raise ConfigurationTypeError(f"{what} {_shown(value)} is not a timedelta")
+            check_setting(f"{name}_timeout", value.total_seconds(), what)
+            self._values[name] = value
 
     @property
     def join(self) -> timedelta:
@@ -307,45 +535,62 @@ class RendezvousTimeout:
         return self._values["heartbeat"]
 
 
+# Each field of RendezvousSettings and the CONF_TABLE key it holds.
+_FIELD_KEYS: Mapping[str, str] = {
+    "join_timeout_s": "join_timeout",
+    "last_call_timeout_s": "last_call_timeout",
+    "close_timeout_s": "close_timeout",
+    "heartbeat_timeout_s": "heartbeat_timeout",
+    "keep_alive_interval_s": "keep_alive_interval",
+    "keep_alive_max_attempt": "keep_alive_max_attempt",
+    "read_timeout_s": "read_timeout",
+    "is_host": "is_host",
+    "use_libuv": "use_libuv",
+    "store_type": "store_type",
+    "protocol": "protocol",
+}
+
+
 @dataclass(frozen=True)
 class RendezvousSettings:
     """The timing of the dynamic rendezvous (torch's names, ``_s`` for seconds).
 
+    Every default is :data:`CONF_TABLE`'s, and every value is checked by :func:`check_setting`.
+
     Attributes:
         join_timeout_s: how long ``next_rendezvous`` may take.
         last_call_timeout_s: how long a round at min nodes waits for more.
-        close_timeout_s: the bound on leaving (``shutdown``) and closing (``set_closed``).
-        heartbeat_timeout_s: the deadline of one heartbeat write.
+        close_timeout_s: torch's bound on leaving and closing; parsed and kept, not read (our
+            leave and close are one write each, bounded by ``read_timeout_s``).
+        heartbeat_timeout_s: torch's deadline of one heartbeat write; parsed and kept, not read
+            (a heartbeat is one store call, bounded by ``read_timeout_s``).
         keep_alive_interval_s: how often a node bumps its heartbeat.
         keep_alive_max_attempt: how many intervals without a move make a node gone; a reader
             also needs as many reads that found the counter unchanged (``protocol.Heartbeats``),
             so its own stall never convicts another node.
         read_timeout_s: how long one store call may take (the backends').
         is_host, use_libuv, store_type, protocol: the backends' switches (None: their default).
+
+    Raises:
+        ConfigurationTypeError: a value of the wrong type.
+        ConfigurationError: a value out of its bounds.
     """
 
-    join_timeout_s: float = 600.0
-    last_call_timeout_s: float = 30.0
-    close_timeout_s: float = 30.0
-    heartbeat_timeout_s: float = 5.0
-    keep_alive_interval_s: float = DEFAULT_KEEP_ALIVE_INTERVAL_S
-    keep_alive_max_attempt: int = DEFAULT_KEEP_ALIVE_MAX_ATTEMPT
-    read_timeout_s: float = 60.0
-    is_host: bool | None = None
-    use_libuv: bool | None = None
-    store_type: str = "tcp"
-    protocol: str = "http"
+    join_timeout_s: float = _default("join_timeout")
+    last_call_timeout_s: float = _default("last_call_timeout")
+    close_timeout_s: float = _default("close_timeout")
+    heartbeat_timeout_s: float = _default("heartbeat_timeout")
+    keep_alive_interval_s: float = _default("keep_alive_interval")
+    keep_alive_max_attempt: int = _default("keep_alive_max_attempt")
+    read_timeout_s: float = _default("read_timeout")
+    is_host: bool | None = _default("is_host")
+    use_libuv: bool | None = _default("use_libuv")
+    store_type: str = _default("store_type")
+    protocol: str = _default("protocol")
 
     def __post_init__(self) -> None:
-        for name in ("join_timeout_s", "close_timeout_s", "heartbeat_timeout_s", "read_timeout_s"):
-            _check_seconds(name, getattr(self, name), allow_zero=False)
-        _check_seconds("keep_alive_interval_s", self.keep_alive_interval_s, allow_zero=False)
-        _check_seconds("last_call_timeout_s", self.last_call_timeout_s, allow_zero=True)
-        if not 1 <= self.keep_alive_max_attempt <= _MAX_ATTEMPTS:
-            raise ConfigurationError(
-                f"keep_alive_max_attempt must be in 1..{_MAX_ATTEMPTS}, "
-                f"got {self.keep_alive_max_attempt}"
-            )
+        for name, key in _FIELD_KEYS.items():
+            check_setting(key, getattr(self, name), name)
 
     @property
     def stale_after_s(self) -> float:
@@ -359,7 +604,13 @@ class RendezvousSettings:
         keep_alive_interval_s: float,
         keep_alive_max_attempt: int,
     ) -> RendezvousSettings:
-        """Settings from torch's ``RendezvousTimeout`` and keep-alive numbers."""
+        """Settings from torch's ``RendezvousTimeout`` and keep-alive numbers (``from_backend``).
+
+        Raises:
+            ConfigurationTypeError: a keep-alive value of the wrong type (a bool, a str; a float
+                for the attempts).
+            ConfigurationError: a keep-alive value out of its bounds.
+        """
         t = timeout or RendezvousTimeout()
         return cls(
             join_timeout_s=t.join.total_seconds(),
@@ -372,12 +623,13 @@ class RendezvousSettings:
 
     @classmethod
     def from_params(
-        cls, params: RendezvousParameters, backend_keys: Iterable[str] | None = None
+        cls, params: ConfSource, backend_keys: Iterable[str] | None = None
     ) -> RendezvousSettings:
         """The settings of ``params.config``, parsed once; warn about keys nobody reads.
 
         The parse is kept with ``params`` while its config is unchanged: the registry's early
-        check, the handler and the backends all get the same object.
+        check, the handler and the backends all get the same object. ``join_timeout`` wins over
+        torch's older ``timeout``; a key not given takes :data:`CONF_TABLE`'s default.
 
         Args:
             params: the rendezvous parameters.
@@ -394,40 +646,16 @@ class RendezvousSettings:
         if kept is not None and kept[0] == given:
             return kept[1]
         values = check_conf_values(params.config)
-
-        def seconds(key: str, default: float | None = None) -> float:
-            value = values.get(key, default if default is not None else CONF_TABLE[key].default)
-            return float(value)  # type: ignore[arg-type]
-
-        settings = cls(
-            join_timeout_s=seconds("join_timeout", seconds("timeout", 600.0)),
-            last_call_timeout_s=seconds("last_call_timeout"),
-            close_timeout_s=seconds("close_timeout"),
-            heartbeat_timeout_s=seconds("heartbeat_timeout"),
-            keep_alive_interval_s=seconds("keep_alive_interval"),
-            keep_alive_max_attempt=int(
-                values.get("keep_alive_max_attempt", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT)
-            ),
-            read_timeout_s=seconds("read_timeout"),
-            is_host=_optional_bool(values.get("is_host")),
-            use_libuv=_optional_bool(values.get("use_libuv")),
-            store_type=str(values.get("store_type", "tcp")),
-            protocol=str(values.get("protocol", "http")),
-        )
+        fields: dict[str, Any] = {
+            name: values[key] for name, key in _FIELD_KEYS.items() if key in values
+        }
+        if "join_timeout" not in values and "timeout" in values:
+            fields["join_timeout_s"] = values["timeout"]
+        settings = cls(**fields)
         _PARSED[params] = (given, settings)
         return settings
 
 
 _PARSED: weakref.WeakKeyDictionary[
-    RendezvousParameters, tuple[tuple[tuple[str, str], ...], RendezvousSettings]
+    ConfSource, tuple[tuple[tuple[str, str], ...], RendezvousSettings]
 ] = weakref.WeakKeyDictionary()
-
-
-def _optional_bool(value: object) -> bool | None:
-    return value if isinstance(value, bool) else None
-
-
-def _check_seconds(name: str, value: float, *, allow_zero: bool) -> None:
-    low_ok = value >= 0 if allow_zero else value > 0
-    if not math.isfinite(value) or not low_ok or value > MAX_DURATION_S:
-        raise ConfigurationError(f"{name} must be a finite number of seconds in range, got {value}")

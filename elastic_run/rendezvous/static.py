@@ -11,6 +11,10 @@ As in torchrun, the workers use that same store: each round's ``RendezvousInfo``
 connects to it as a client (keys under ``/worker/attempt_<restart count>``).
 
 Waits are sliced (``_SLICE_S``) so the agent's interrupt check (a signal) is honoured.
+
+A store that cannot be reached (or hosted), or that went away, raises
+:class:`StaticStoreConnectionError`: our ``RendezvousConnectionError`` (exit 4) and, as torch's
+static rendezvous raises ``DistNetworkError`` there, a ``RuntimeError``.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousInterruptedError,
     RendezvousTimeoutError,
 )
-from elastic_run.rendezvous.settings import conf_seconds
+from elastic_run.rendezvous.settings import RendezvousSettings, check_conf_keys, conf_seconds
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -43,15 +47,28 @@ if TYPE_CHECKING:
 __all__ = [
     "CONF_KEYS",
     "StaticRendezvousHandler",
+    "StaticStoreConnectionError",
     "StaticTCPRendezvous",
+    "TORCHRUN_STATIC_TIMEOUT_S",
     "check_static_nodes",
     "create_rdzv_handler",
     "create_static_handler",
 ]
 
-CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "read_timeout", "local_addr"})
+CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "local_addr"})
+TORCHRUN_STATIC_TIMEOUT_S = 900.0
+"""What torchrun's static rendezvous waits when no timeout is given: its ``LaunchConfig`` puts
+``timeout=900`` in the rendezvous config (``--rdzv-conf``'s keys win), where torch's static
+handler alone would wait 600 s."""
 _SLICE_S = 0.5
-_TORCH_DEFAULT_TIMEOUT_S = 600  # torch's static rendezvous waits this long by default
+
+
+class StaticStoreConnectionError(RendezvousConnectionError, RuntimeError):
+    """The static rendezvous store cannot be reached or hosted, or went away.
+
+    A ``RendezvousConnectionError`` (the CLI exits 4) and a ``RuntimeError``, as torch's
+    ``DistNetworkError`` is, so code written against torch's static rendezvous still catches it.
+    """
 
 
 class StaticRendezvousHandler(RendezvousHandler):
@@ -93,6 +110,11 @@ class StaticRendezvousHandler(RendezvousHandler):
     def use_agent_store(self) -> bool:
         return True
 
+    @property
+    def timeout_s(self) -> float:
+        """How long ``next_rendezvous`` waits for the other nodes (and a client to connect)."""
+        return self._timeout_s
+
     def set_interrupt(self, is_interrupted: Callable[[], bool] | None) -> None:
         """Make ``next_rendezvous`` give up once ``is_interrupted()`` is True (sliced waits)."""
         self._is_interrupted = is_interrupted or (lambda: False)
@@ -113,7 +135,7 @@ class StaticRendezvousHandler(RendezvousHandler):
             except RuntimeError as exc:
                 role = "host" if self._node_rank == 0 else "reach"
                 first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-                raise RendezvousConnectionError(
+                raise StaticStoreConnectionError(
                     f"cannot {role} the static rendezvous store at {self._host}:{self._port}: "
                     f"{first}"
                 ) from exc
@@ -174,9 +196,9 @@ class StaticRendezvousHandler(RendezvousHandler):
         except RuntimeError as exc:
             raise self._gone(exc) from exc
 
-    def _gone(self, exc: BaseException) -> RendezvousConnectionError:
+    def _gone(self, exc: BaseException) -> StaticStoreConnectionError:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-        return RendezvousConnectionError(
+        return StaticStoreConnectionError(
             f"the static rendezvous store at {self._host}:{self._port} went away: {first}"
         )
 
@@ -208,20 +230,21 @@ def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandl
     """Build the static handler from the parameters the CLI gives it.
 
     The CLI passes ``rank`` (--node-rank) in the config, and the master address as the
-    endpoint; ``timeout`` or ``join_timeout`` (s) bounds the wait for the other nodes
-    (default 900).
+    endpoint; ``join_timeout`` (or torch's older ``timeout``) bounds the wait for the other
+    nodes, parsed as every rendezvous parses it (``RendezvousSettings.from_params``); without
+    either, torchrun's :data:`TORCHRUN_STATIC_TIMEOUT_S`.
 
     Raises:
         ConfigurationError: a bad node count, rank or timeout.
     """
-    from elastic_run.rendezvous.settings import check_conf_keys
-
     rank = params.get_as_int("rank", 0)
     assert rank is not None
     check_static_nodes(params.min_nodes, params.max_nodes, rank)
     check_conf_keys(params, CONF_KEYS, "static")
     host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
-    timeout_s = conf_seconds(params, "join_timeout", conf_seconds(params, "timeout", 900.0))
+    given = params.get("join_timeout") is not None or params.get("timeout") is not None
+    settings = RendezvousSettings.from_params(params)
+    timeout_s = settings.join_timeout_s if given else TORCHRUN_STATIC_TIMEOUT_S
     return StaticRendezvousHandler(params.run_id, host, port, rank, params.max_nodes, timeout_s)
 
 
@@ -247,7 +270,7 @@ class StaticTCPRendezvous(StaticRendezvousHandler):
         rank: int,
         world_size: int,
         run_id: str,
-        timeout: int,
+        timeout: float,
     ) -> None:
         super().__init__(run_id, master_addr, master_port, rank, world_size, float(timeout))
         self.master_addr = master_addr
@@ -263,7 +286,7 @@ def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
 
     Unlike :func:`create_static_handler` (the CLI's, which fills in torchrun's defaults), this
     one wants what torch wants: ``rank`` in the config and an endpoint with a port. ``timeout``
-    (s) defaults to 600, torch's.
+    (s, fractions kept) defaults to ``CONF_TABLE``'s, 600, torch's.
 
     Args:
         params: the rendezvous parameters.
@@ -288,5 +311,5 @@ def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
         )
     rank = params.get_as_int("rank")
     assert rank is not None  # present, checked above
-    timeout_s = conf_seconds(params, "timeout", _TORCH_DEFAULT_TIMEOUT_S)
-    return StaticTCPRendezvous(host, port, rank, params.max_nodes, params.run_id, int(timeout_s))
+    timeout_s = conf_seconds(params, "timeout")
+    return StaticTCPRendezvous(host, port, rank, params.max_nodes, params.run_id, timeout_s)

@@ -105,3 +105,35 @@ def test_etcd_create_backend_returns_a_backend_and_a_store_beside_it() -> None:
             handler.shutdown()
     finally:
         server.stop()
+
+
+def test_etcd_store_takes_torchs_parameter_names() -> None:
+    """torch's keyword calls bind to ours: ``EtcdStore(etcd_client, etcd_store_prefix, timeout)``,
+    ``add(key, num)``, ``wait(keys, override_timeout)`` (their positional order too)."""
+    from datetime import timedelta
+
+    from torch.distributed import DistStoreError
+    from torch.distributed.elastic.rendezvous.etcd_store import EtcdStore as Theirs
+
+    from elastic_run.elastic.rendezvous.etcd_store import EtcdStore as Mirrored
+
+    server = EtcdServer()
+    server.start(timeout=60)
+    try:
+        prefix = f"/compat-{uuid.uuid4().hex[:8]}"
+        client = server.get_client()
+        by_name = Mirrored(
+            etcd_client=client, etcd_store_prefix=prefix, timeout=timedelta(seconds=5)
+        )
+        by_place = Mirrored(client, prefix, timedelta(seconds=5))
+        try:
+            assert by_name.add(key="n", num=2) == 2 and by_place.add("n", 3) == 5
+            by_name.wait(keys=["n"], override_timeout=timedelta(seconds=1))
+            with pytest.raises(DistStoreError):  # torch's stores' timeout error
+                by_place.wait(["absent"], timedelta(milliseconds=200))
+            # torch's default timeout (its constructor only keeps the client)
+            assert Mirrored(client, prefix).timeout == Theirs(client, prefix).timeout
+        finally:
+            client.close()
+    finally:
+        server.stop()

@@ -76,6 +76,14 @@ def test_the_signature_is_torchs() -> None:
     assert factory == list(inspect.signature(torch_module.create_healthcheck_server).parameters)
 
 
+def test_alive_callback_gives_back_the_callback_as_torchs(progress: Progress) -> None:
+    from torch.distributed.elastic.agent.server import health_check_server as torch_module
+
+    theirs = torch_module.HealthCheckServer(progress, 0, 60)
+    ours = HealthCheckServer(progress, 0, 60)
+    assert theirs.alive_callback is progress and ours.alive_callback is progress
+
+
 def test_recent_progress_is_healthy(server: HealthCheckServer) -> None:
     status, body = get(server.port)
     assert status == 200

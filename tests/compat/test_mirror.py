@@ -50,6 +50,8 @@ MIRRORED = [
     "multiprocessing",
     "multiprocessing.api",
     "multiprocessing.errors",
+    "multiprocessing.errors.error_handler",
+    "multiprocessing.errors.handlers",
     "events",
     "events.api",
     "events.handlers",
@@ -63,6 +65,8 @@ MODULES_LEFT_OUT = {
     "`etcd`/`etcd-v2` run the dynamic handler on etcd v3",
     "timer.local_timer": "timers over a multiprocessing queue: workers here are separate "
     "processes of the agent, served by the file timer",
+    "timer.debug_info_logging": "one logging helper of torch's timer server: the watchdog logs "
+    "each expiry and kill itself",
     "multiprocessing.subprocess_handler": "torch's process-launch layer (see start_processes)",
     "multiprocessing.tail_log": "torch's process-launch layer (see start_processes)",
     "multiprocessing.redirects": "torch's process-launch layer (see start_processes)",
@@ -118,8 +122,6 @@ CONSTRUCTORS_DIFFER = {
         "documents; torch's __init__ takes its private node and state holder"
         for module in ("rendezvous.dynamic_rendezvous",)
     },
-    ("rendezvous.etcd_store", "EtcdStore"): "takes an etcd v3 client and a key prefix; torch's "
-    "takes an etcd v2 client",
     **{
         (module, "EtcdRendezvousBackend"): "takes an etcd v3 client; no ttl: liveness is a lease "
         "of the handler's keep-alive budget; torch's takes a v2 client"

@@ -220,8 +220,8 @@ def test_two_nodes_meet_through_from_backend_on_a_two_argument_c10d_backend(
         assert {i.world_size for i in infos} == {2}
         infos[0].store.set("hello", "from 0")
         assert infos[1].store.get("hello") == b"from 0"  # one store per round, shared
-        # torch's handlers fill bootstrap_store_info; ours leaves it to the agent, and
-        # RendezvousStoreInfo.build agrees on one over the round's store:
+        # RendezvousStoreInfo.build agrees on one address over the round's store (rank 0's
+        # values replace what the handler published there):
         built = [
             RendezvousStoreInfo.build(i.rank, i.store, "10.0.0.7", server_port=29511)
             for i in sorted(infos, key=lambda i: i.rank)
@@ -232,6 +232,52 @@ def test_two_nodes_meet_through_from_backend_on_a_two_argument_c10d_backend(
     finally:
         for h in handlers:
             h.shutdown()
+
+
+def _bootstrap_facts(infos: list[Any]) -> tuple[Any, ...]:
+    """What a caller of ``next_rendezvous`` may rely on in ``bootstrap_store_info``."""
+    where = [i.bootstrap_store_info for i in infos]
+    first = where[0]
+    published = [
+        (bytes(i.store.get("MASTER_ADDR")).decode(), int(bytes(i.store.get("MASTER_PORT"))))
+        for i in infos
+    ]
+    return (
+        sorted(i.rank for i in infos),
+        type(first).__name__,
+        len({(w.master_addr, w.master_port) for w in where}),  # the same on every node
+        first.master_addr,
+        isinstance(first.master_port, int) and 0 < first.master_port < 65536,
+        set(published) == {(first.master_addr, first.master_port)},  # as rank 0 published
+    )
+
+
+def test_next_rendezvous_gives_every_node_rank_0s_bootstrap_address_as_torchs_does(
+    tcp_store: TCPStore,
+) -> None:
+    from torch.distributed.elastic.rendezvous import RendezvousParameters as TheirParameters
+    from torch.distributed.elastic.rendezvous.registry import (
+        get_rendezvous_handler as their_handler,
+    )
+
+    from elastic_run.elastic.rendezvous import RendezvousParameters as MirrorParameters
+    from elastic_run.elastic.rendezvous.registry import get_rendezvous_handler as mirror_handler
+
+    facts = []
+    for params, create in ((TheirParameters, their_handler), (MirrorParameters, mirror_handler)):
+        job = run_id()
+        endpoint = f"127.0.0.1:{tcp_store.port}"
+        conf = {"join_timeout": "60", "is_host": "false"}
+        handlers = [
+            create(params("c10d", endpoint, job, 2, 2, local_addr="127.0.0.1", **conf))
+            for _ in range(2)
+        ]
+        try:
+            facts.append(_bootstrap_facts(join_all(handlers)))
+        finally:
+            for h in handlers:
+                h.shutdown()
+    assert facts[1] == facts[0], facts
 
 
 def test_create_handler_takes_torchs_argument_order(tcp_store: TCPStore) -> None:

@@ -150,6 +150,14 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     ),
     *[
         (
+            f"torch.distributed.elastic.rendezvous.etcd_store:EtcdStore.{name}",
+            f"elastic_run.rendezvous.etcd.store:EtcdStore.{name}",
+            frozenset(),
+        )
+        for name in ("__init__", "add", "wait")  # torch's names: etcd_client, num, ...
+    ],
+    *[
+        (
             f"torch.distributed.elastic.rendezvous.etcd_server:EtcdServer.{name}",
             f"elastic_run.rendezvous.etcd.server:EtcdServer.{name}",
             frozenset(),

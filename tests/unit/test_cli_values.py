@@ -14,7 +14,6 @@ from hypothesis import strategies as st
 from elastic_run.agent.config import Std, StdSpec
 from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
 from elastic_run.cli.options.values import (
-    MAX_NODES,
     MAX_NPROC_PER_NODE,
     MAX_RUN_ID_CHARS,
     MAX_SECONDS,
@@ -24,16 +23,15 @@ from elastic_run.cli.options.values import (
     check_seconds,
     parse_int,
     parse_local_ranks,
-    parse_nnodes,
     parse_nproc,
     parse_seconds,
     parse_signals,
     parse_std,
-    parse_torch_bool,
     safe_run_id,
     shown,
 )
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.settings import MAX_NODES, parse_bool, parse_nnodes
 
 
 def _no_cuda() -> int:
@@ -229,8 +227,8 @@ def test_check_endpoint_ports_rejects(endpoint: str) -> None:
 
 
 @pytest.mark.parametrize("text", ["1", "0", "TRUE", "false", "t", "F", "yes", "No", "y", "N"])
-def test_parse_torch_bool(text: str) -> None:
-    assert parse_torch_bool(text, "is_host") is (text.lower() in ("1", "true", "t", "yes", "y"))
+def test_parse_bool(text: str) -> None:
+    assert parse_bool(text, "is_host") is (text.lower() in ("1", "true", "t", "yes", "y"))
 
 
 def test_shown_is_one_short_line() -> None:
@@ -294,10 +292,10 @@ def test_parse_rdzv_conf() -> None:
     ("text", "parsed"),
     [
         (
-            "join_timeout=600,last_call_timeout=0,close_timeout=30,heartbeat_timeout=5",
+            "join_timeout=600,last_call_timeout=0.5,close_timeout=30,heartbeat_timeout=5",
             {
                 "join_timeout": 600.0,
-                "last_call_timeout": 0.0,
+                "last_call_timeout": 0.5,
                 "close_timeout": 30.0,
                 "heartbeat_timeout": 5.0,
             },
@@ -335,7 +333,8 @@ def test_validate_rdzv_conf_accepts(text: str, parsed: dict[str, object]) -> Non
         ("timeout=31536001", "more than a year"),
         ("heartbeat_timeout=0", "must be positive"),
         ("close_timeout=soon", "not a number of seconds"),
-        ("last_call_timeout=-1", "must not be negative"),
+        ("last_call_timeout=-1", "must be positive"),
+        ("last_call_timeout=0", "must be positive"),  # as torch's RendezvousTimeout
         ("keep_alive_max_attempt=0", "out of range (1..1000)"),
         ("keep_alive_max_attempt=1001", "out of range (1..1000)"),
         ("keep_alive_max_attempt=2.5", "not a whole number"),

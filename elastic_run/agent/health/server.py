@@ -355,6 +355,11 @@ class HealthCheckServer(AgentHealthServer):
             addr, port, status_fn=self._status, liveness_fn=self.check, metrics_fn=self._metrics
         )
 
+    @property
+    def alive_callback(self) -> Callable[[], float]:
+        """The callback given: the epoch time of the agent's last progress (torch's property)."""
+        return self._alive_callback
+
     def check(self) -> tuple[bool, str]:
         """Judge the agent alive: progress within ``timeout`` seconds.
 

@@ -38,7 +38,7 @@ from elastic_run.agent.watchdog.timer_table import ArmedTimer, TimerTable
 from elastic_run.errors import AgentError, ConfigurationError
 from elastic_run.timer_wire import MAX_LINE_BYTES, FileTimerRequest, RequestFramer
 
-__all__ = ["ArmedTimer", "FileTimerServer", "LogEvent", "TimerExpiry"]
+__all__ = ["ArmedTimer", "FileTimerServer", "LogEvent", "TimerExpiry", "WatchdogPipeNotFoundError"]
 
 logger = logging.getLogger(__name__)
 
@@ -50,6 +50,14 @@ _READ_CHUNK_BYTES = 65536
 _SWEEP_INTERVAL_S = 1.0
 # Conforming clients write whole lines at once: a tail this old was left by a dead client.
 _PARTIAL_STALE_S = 0.1
+
+
+class WatchdogPipeNotFoundError(ConfigurationError, FileNotFoundError):
+    """The watchdog pipe cannot be made: its directory does not exist.
+
+    A ``FileNotFoundError``, as torch's ``FileTimerServer`` raises, and a
+    ``ConfigurationError`` (a ``ValueError``), as bad user input is here.
+    """
 
 
 @dataclass(frozen=True)
@@ -200,6 +208,8 @@ class FileTimerServer:
         """Create the FIFO if needed, open it and start the server thread.
 
         Raises:
+            WatchdogPipeNotFoundError: the pipe's directory does not exist (also a
+                ``FileNotFoundError``, as torch's).
             ConfigurationError: the path exists and is not a FIFO, or cannot be created.
             AgentError: the server was already started.
         """
@@ -284,7 +294,12 @@ class FileTimerServer:
             try:
                 os.mkfifo(self._file_path, 0o600)
             except OSError as exc:
-                raise ConfigurationError(
+                error = (
+                    WatchdogPipeNotFoundError
+                    if isinstance(exc, FileNotFoundError)
+                    else ConfigurationError
+                )
+                raise error(
                     f"cannot create the watchdog pipe {self._file_path}: {exc.strerror}"
                 ) from exc
             self._created_fifo = True

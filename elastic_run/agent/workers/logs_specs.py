@@ -26,11 +26,28 @@ from pathlib import Path
 from typing import Any
 
 from elastic_run.agent.config import Std
+from elastic_run.errors import ConfigurationError
 
-__all__ = ["ATTEMPT_ENV", "DefaultLogsSpecs", "LogsDest", "LogsSpecs", "Std", "TorchLogsSpecs"]
+__all__ = [
+    "ATTEMPT_ENV",
+    "DefaultLogsSpecs",
+    "LogDirNotADirectoryError",
+    "LogsDest",
+    "LogsSpecs",
+    "Std",
+    "TorchLogsSpecs",
+]
 
 # Passed to ``reify`` (never to a worker): the agent's attempt number for the directory name.
 ATTEMPT_ENV = "ELASTIC_RUN_ATTEMPT"
+
+
+class LogDirNotADirectoryError(ConfigurationError, NotADirectoryError):
+    """``log_dir`` exists and is not a directory.
+
+    A ``NotADirectoryError``, as torch's ``DefaultLogsSpecs`` raises, and a
+    ``ConfigurationError`` (a ``ValueError``), as bad user input is here.
+    """
 
 
 @dataclass
@@ -67,7 +84,8 @@ class LogsSpecs(ABC):
         local_ranks_filter: the local ranks shown on the console (None: all).
 
     Raises:
-        ValueError: ``log_dir`` exists and is not a directory.
+        LogDirNotADirectoryError: ``log_dir`` exists and is not a directory (a
+            ``NotADirectoryError`` and a ``ValueError``).
     """
 
     def __init__(
@@ -78,7 +96,7 @@ class LogsSpecs(ABC):
         local_ranks_filter: set[int] | None = None,
     ) -> None:
         if log_dir is not None and os.path.exists(log_dir) and not os.path.isdir(log_dir):
-            raise ValueError(f"log_dir: {log_dir} is not a directory")
+            raise LogDirNotADirectoryError(f"log_dir: {log_dir} is not a directory")
         self._root_log_dir = log_dir
         self._redirects = redirects
         self._tee = tee

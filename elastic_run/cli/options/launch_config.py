@@ -26,7 +26,6 @@ from elastic_run.agent.progress.config import ProgressOptions
 from elastic_run.cli.options.entrypoint import check_entrypoint
 from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
 from elastic_run.cli.options.values import (
-    MAX_NODES,
     MAX_RESTARTS,
     check_count,
     check_endpoint_ports,
@@ -34,7 +33,6 @@ from elastic_run.cli.options.values import (
     check_seconds,
     parse_int,
     parse_local_ranks,
-    parse_nnodes,
     parse_nproc,
     parse_seconds,
     parse_signals,
@@ -44,6 +42,7 @@ from elastic_run.cli.options.values import (
 )
 from elastic_run.cli.options.warm_default import default_warm_start
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.settings import MAX_NODES, parse_nnodes
 from elastic_run.rendezvous.static import check_static_nodes
 
 __all__ = [
@@ -231,6 +230,9 @@ def _rendezvous(
     """Backend, endpoint, run id and config after --standalone and the static backend."""
     min_nodes, max_nodes = nodes
     conf = parse_rdzv_conf(params["rdzv_conf"])
+    # A check before anything starts: LaunchConfig.rdzv_configs keeps the text, as torch's keeps
+    # its raw values, and the rendezvous parses it again by the same parser over the same table
+    # (RendezvousSettings.from_params), so the two parses cannot disagree.
     validate_rdzv_conf(conf)
     backend, endpoint = params["rdzv_backend"], params["rdzv_endpoint"]
     local_addr = params["local_addr"]

@@ -6,8 +6,9 @@ allocation's variables into one frozen :class:`RendezvousTarget`: which job's re
 which backend. Every flag takes its dash and its underscore spelling (``--rdzv-id`` and
 ``--rdzv_id``), and each also reads ``PET_<NAME>`` (``PET_RDZV_ID``...).
 
-The values are read by the same parsers as the run command's (:func:`parse_nnodes`,
-:func:`parse_rdzv_conf` and :func:`validate_rdzv_conf`), and the run id is made safe for a
+The values are read by the same parsers as the run command's (the rendezvous's
+:func:`~elastic_run.rendezvous.settings.parse_nnodes`, :func:`parse_rdzv_conf` and
+:func:`validate_rdzv_conf`), and the run id is made safe for a
 path the same way (:func:`safe_run_id`), so ``status`` finds the job an agent started with the
 same ``--rdzv-id``.
 
@@ -25,9 +26,10 @@ from typing import Any, TypeVar
 import click
 
 from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
-from elastic_run.cli.options.values import parse_nnodes, safe_run_id
+from elastic_run.cli.options.values import safe_run_id
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.settings import parse_nnodes
 
 __all__ = [
     "RDZV_OPTION_NAMES",
@@ -210,6 +212,8 @@ def resolve_target(
     if nnodes:
         min_nodes, max_nodes = parse_nnodes(str(nnodes))
     conf = parse_rdzv_conf(str(chosen.get("rdzv_conf") or ""))
+    # A check before any connection: the backend parses the text again by the same parser over
+    # the same table (RendezvousSettings.from_params), so the two parses cannot disagree.
     validate_rdzv_conf(conf)
     return RendezvousTarget(
         backend=backend,

@@ -6,10 +6,12 @@ are pure functions of their arguments (no environment, no files, no torch), so t
 checks are tested without starting anything.
 
 Bounds, and why:
-- node counts 1..:data:`MAX_NODES` and workers per node 1..:data:`MAX_NPROC_PER_NODE`: beyond
-  them a typo, not a job, is more likely, and huge counts overflow C++ ints or memory;
+- workers per node 1..:data:`MAX_NPROC_PER_NODE`: beyond it a typo, not a job, is more likely,
+  and huge counts overflow C++ ints or memory; node counts (``--nnodes``) are the rendezvous's
+  to bound, by :func:`elastic_run.rendezvous.settings.parse_nnodes`, the one parser of them;
 - durations are finite, positive (some may be 0) and at most :data:`MAX_SECONDS` (a year):
-  Python's ``timedelta`` and the C++ ``std::chrono`` of torch's stores overflow above that;
+  Python's ``timedelta`` and the C++ ``std::chrono`` of torch's stores overflow above that
+  (:func:`check_seconds` is the rendezvous settings' own check, one set of bounds);
 - ``--max-restarts`` 0..:data:`MAX_RESTARTS`, ports 0..65535.
 A value the user typed is shown in an error at most :data:`_SHOWN_CHARS` characters long, with
 control characters escaped, so an error stays one readable line.
@@ -18,17 +20,15 @@ control characters escaped, so an error stays one readable line.
 from __future__ import annotations
 
 import hashlib
-import math
 import re
 import signal
 from collections.abc import Callable
 
 from elastic_run.agent.config import Std, StdSpec
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.settings import MAX_DURATION_S
+from elastic_run.rendezvous.settings import MAX_DURATION_S, check_seconds
 
 __all__ = [
-    "MAX_NODES",
     "MAX_NPROC_PER_NODE",
     "MAX_RESTARTS",
     "MAX_RUN_ID_CHARS",
@@ -39,17 +39,14 @@ __all__ = [
     "check_seconds",
     "parse_int",
     "parse_local_ranks",
-    "parse_nnodes",
     "parse_nproc",
     "parse_seconds",
     "parse_signals",
     "parse_std",
-    "parse_torch_bool",
     "safe_run_id",
     "shown",
 ]
 
-MAX_NODES = 1_000_000
 MAX_NPROC_PER_NODE = 1024
 MAX_RESTARTS = 10_000
 MAX_SECONDS = MAX_DURATION_S  # one year: the rendezvous's bound too, one number
@@ -59,8 +56,6 @@ _SHOWN_CHARS = 60
 _INT_RE = re.compile(r"^[+-]?[0-9]+$")
 _MAX_INT_DIGITS = 30  # more digits than any bound here has: "too large", not a parse
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-_TRUE = frozenset({"1", "true", "t", "yes", "y"})
-_FALSE = frozenset({"0", "false", "f", "no", "n"})
 
 
 def shown(text: str) -> str:
@@ -119,34 +114,6 @@ def check_count(value: int, what: str, low: int, high: int, why: str = "") -> in
         reason = f": {why}" if why and value > high else ""
         raise ConfigurationError(f"{what} {number} is out of range ({low}..{high}){reason}")
     return value
-
-
-def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
-    """Parse ``N`` or ``MIN:MAX`` into ``(min, max)``.
-
-    Args:
-        text: the ``--nnodes`` value.
-        what: the flag or variable it came from, for the message.
-
-    Returns:
-        ``(min, max)`` with ``1 <= min <= max <= MAX_NODES``.
-
-    Raises:
-        ConfigurationError: the text is not of that form or a count is out of range.
-    """
-    parts = text.strip().split(":")
-    if len(parts) > 2 or not all(_INT_RE.match(p.strip()) for p in parts):
-        raise ConfigurationError(f"{what} {shown(text)} is not N or MIN:MAX")
-    low, high = (parse_int(p, what) for p in (parts[0], parts[-1]))
-    if low < 1:
-        raise ConfigurationError(f"{what} {shown(text)}: the node count must be at least 1")
-    if high < low:
-        raise ConfigurationError(f"{what} {shown(text)}: MAX must not be less than MIN")
-    if high > MAX_NODES:
-        raise ConfigurationError(
-            f"{what} {shown(text)}: more than {MAX_NODES} nodes is not a job this launcher runs"
-        )
-    return low, high
 
 
 def parse_nproc(
@@ -339,33 +306,6 @@ def check_endpoint_ports(endpoint: str) -> tuple[int, ...]:
     return tuple(ports)
 
 
-def check_seconds(value: float, what: str, *, allow_zero: bool = False) -> float:
-    """Check a duration in seconds: finite, positive (or zero) and at most MAX_SECONDS.
-
-    Args:
-        value: the duration.
-        what: the flag or key, for the message (``--monitor-interval``).
-        allow_zero: whether 0 is allowed.
-
-    Returns:
-        ``value``.
-
-    Raises:
-        ConfigurationError: NaN, infinite, negative, zero when not allowed, or above a year.
-    """
-    if not math.isfinite(value):
-        raise ConfigurationError(f"{what} {value} is not a finite number of seconds")
-    if value < 0 or (value == 0 and not allow_zero):
-        bound = "not be negative" if allow_zero else "be positive"
-        raise ConfigurationError(f"{what} {value:g} must {bound}")
-    if value > MAX_SECONDS:
-        raise ConfigurationError(
-            f"{what} {value:g} is more than a year ({MAX_SECONDS:.0f} s), the longest "
-            "duration the stores' clocks take"
-        )
-    return value
-
-
 def parse_seconds(text: str, what: str, *, allow_zero: bool = False) -> float:
     """Parse a duration in seconds from text, then :func:`check_seconds` it.
 
@@ -385,29 +325,6 @@ def parse_seconds(text: str, what: str, *, allow_zero: bool = False) -> float:
     except ValueError:
         raise ConfigurationError(f"{what} {shown(text)} is not a number of seconds") from None
     return check_seconds(value, what, allow_zero=allow_zero)
-
-
-def parse_torch_bool(text: str, what: str) -> bool:
-    """Parse a boolean as torch's RendezvousParameters.get_as_bool does.
-
-    Args:
-        text: ``1/0``, ``true/false``, ``t/f``, ``yes/no`` or ``y/n``, in any case.
-        what: the key, for the message.
-
-    Returns:
-        The boolean.
-
-    Raises:
-        ConfigurationError: anything else.
-    """
-    value = text.strip().lower()
-    if value in _TRUE:
-        return True
-    if value in _FALSE:
-        return False
-    raise ConfigurationError(
-        f"{what} {shown(text)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
-    )
 
 
 def safe_run_id(run_id: str) -> str:

@@ -33,6 +33,7 @@ from dataclasses import dataclass
 
 from elastic_run.cli.slurm.hostlist import expand_hostlist, first_host
 from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.settings import parse_node_count
 
 __all__ = [
     "C10D_DEFAULT_PORT",
@@ -107,18 +108,13 @@ def node_count(environ: Mapping[str, str]) -> tuple[str, int] | None:
         ``("SLURM_JOB_NUM_NODES", 4)`` or the same from ``SLURM_NNODES``; None if neither.
 
     Raises:
-        ConfigurationError: the variable is not a positive integer.
+        ConfigurationError: the variable is not a node count (``settings.parse_node_count``:
+            a whole number in 1..MAX_NODES, as ``--nnodes``).
     """
     for variable in ("SLURM_JOB_NUM_NODES", "SLURM_NNODES"):
         value = environ.get(variable, "").strip()
         if value:
-            try:
-                count = int(value)
-            except ValueError as exc:
-                raise ConfigurationError(f"{variable}={value!r} is not a number of nodes") from exc
-            if count < 1:
-                raise ConfigurationError(f"{variable}={value!r} is not a positive number of nodes")
-            return variable, count
+            return variable, parse_node_count(value, variable)
     return None
 
 
@@ -146,17 +142,14 @@ def rdzv_id_for(job_id: str, step_id: str | None) -> str:
 
 
 def _parse_min_only(text: str) -> int | None:
-    """Return MIN for a ``MIN:`` nnodes value (empty MAX), else None."""
+    """Return MIN for a ``MIN:`` nnodes value (empty MAX), else None.
+
+    MIN is read by the rendezvous's one node-count parser (``settings.parse_node_count``); the
+    whole ``MIN:MAX`` it completes is checked again by ``parse_nnodes`` at the CLI's edge.
+    """
     if not text.endswith(":") or text.count(":") != 1:
         return None
-    head = text[:-1].strip()
-    try:
-        minimum = int(head)
-    except ValueError as exc:
-        raise ConfigurationError(f"--nnodes {text!r}: MIN must be a whole number") from exc
-    if minimum < 1:
-        raise ConfigurationError(f"--nnodes {text!r}: MIN must be at least 1")
-    return minimum
+    return parse_node_count(text[:-1], f"--nnodes {text!r}: MIN")
 
 
 def _nnodes_default(

@@ -11,6 +11,7 @@ from elastic_run.elastic.lazy_names import resolve
 
 _NAMES = {
     "Event": "elastic_run.events",
+    "EventMetadataValue": "elastic_run.events",  # torch's alias, outside its __all__ too
     "EventSource": "elastic_run.events",
     "NodeState": "elastic_run.events",
     "RdzvEvent": "elastic_run.events",

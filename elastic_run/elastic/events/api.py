@@ -1,13 +1,12 @@
-"""torch.distributed.elastic.events.api: the event records."""
+"""torch.distributed.elastic.events.api: the event records.
+
+``EventMetadataValue`` (the type of a metadata value) is importable, as torch's, though neither
+``__all__`` names it."""
 
 from __future__ import annotations
 
-from elastic_run.events import (
-    Event,
-    EventSource,
-    NodeState,
-    RdzvEvent,
-)
+from elastic_run.events import Event, EventSource, NodeState, RdzvEvent
+from elastic_run.events import EventMetadataValue as EventMetadataValue  # a re-export
 
 __all__ = [
     "Event",

@@ -69,7 +69,7 @@ from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_rendezvous
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import HEARTBEAT_GONE, decode_int
-from elastic_run.rendezvous.settings import RendezvousSettings
+from elastic_run.rendezvous.settings import DEFAULT_READ_TIMEOUT_S, RendezvousSettings
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -110,7 +110,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         endpoint: str | None = None,
         *,
         waiter: Store | Callable[[], Store] | None = None,
-        read_timeout_s: float = 60.0,
+        read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         server: Store | None = None,
         reconnect: Callable[[], Store] | None = None,
     ) -> None:

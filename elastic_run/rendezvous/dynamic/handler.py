@@ -1,4 +1,4 @@
-"""The dynamic rendezvous handler: the O(N) protocol of ``protocol.py`` applied to a backend.
+"""The dynamic rendezvous handler: the O(N) protocol of ``protocol/`` applied to a backend.
 
 The handler owns one node's place in the job: it joins rounds (``next_rendezvous``), waits at
 the door of a completed round, ends a round when its workers fail or it re-rendezvouses, and
@@ -6,10 +6,10 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
 
     keys.py           the key schema
     settings.py       --rdzv-conf, parsed once
-    protocol.py       every decision (barrier, seal, ring verdicts, ranks), pure
+    decisions.py      every decision (barrier, seal, ring verdicts, ranks), pure
     rounds.py         the blocking joins: arrive, be admitted or wait at the door, end a round
     coordinator.py    the barrier duties of an arrival (reads, asks the protocol, seals)
-    liveness.py       the heartbeat and ring-watch thread (verdicts tagged with their round)
+    turns.py          the heartbeat and ring-watch thread (verdicts tagged with their round)
     peerwatch.py      death notices between agents, in milliseconds
     notice_loop.py    the one select loop (thread) per process serving every death-notice socket
     telemetry.py      published agent state and the job's event ring
@@ -40,6 +40,7 @@ from elastic_run.rendezvous.api import (
     RendezvousInfo,
     RendezvousParameters,
     RendezvousSnapshot,
+    RendezvousStoreInfo,
     RoundEnd,
     RoundPoll,
 )
@@ -71,6 +72,7 @@ from elastic_run.rendezvous.settings import (
     DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
     RendezvousSettings,
     RendezvousTimeout,
+    check_nnodes,
 )
 
 if TYPE_CHECKING:
@@ -119,6 +121,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         clock: Callable[[], float] = time.monotonic,
     ) -> None:
         backend = require_backend(backend)  # a torch-style get_state/set_state one: TypeError
+        check_nnodes(min_nodes, max_nodes, "min_nodes:max_nodes")  # ValueError, as torch's
         self._run_id = run_id
         self._backend = backend
         self._settings = settings or RendezvousSettings()
@@ -197,6 +200,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 on every other path: ``settings.CONF_TABLE``).
             keep_alive_max_attempt: intervals without a heartbeat before a node is gone
                 (torch's default is 3; ours 5, as on every other path).
+
+        Raises:
+            ConfigurationError: a node count or a keep-alive value is out of its bounds
+                (``settings.CONF_TABLE``, ``settings.check_nnodes``; a ``ValueError``).
+            ConfigurationTypeError: a keep-alive value of the wrong type (a bool, a str, a
+                float for the attempts; also a ``TypeError``).
+            TypeError: ``backend`` is not a ``RendezvousBackend`` (e.g. torch-style).
         """
         settings = RendezvousSettings.from_timeout(
             timeout, keep_alive_interval, keep_alive_max_attempt
@@ -215,6 +225,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
 
         The agent passes its loop's wake-up, so it reacts to a lost member at once rather
         than at its next poll. The callback must be quick and must not raise.
+
+        Setting one says that our agent follows the rounds: it hosts its workers' store itself
+        and says where through the round's store (``agent/loop/ranks.py``), so
+        ``next_rendezvous`` then leaves ``bootstrap_store_info`` None instead of agreeing on a
+        port that nothing would host.
         """
         self._on_change = callback
 
@@ -552,8 +567,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and block until it completes. See RendezvousHandler.
 
+        The info's ``bootstrap_store_info`` is torch's: where the round's workers find their
+        store, the same on every node, as rank 0 published it in the round's store under
+        ``MASTER_ADDR``/``MASTER_PORT`` (``RendezvousStoreInfo.build``: rank 0's advertised
+        address and a free port of its host; nothing is hosted there, as with torch's
+        ``TORCH_DISABLE_SHARE_RDZV_TCP_STORE=1``). It is None when our agent follows the round
+        (it set a change callback): that agent hosts the workers' store itself and says where
+        through the round's store (``agent/loop/ranks.py``), and it would take a non-None
+        answer for a store already hosted.
+
         Raises:
             RendezvousInterruptedError: the agent's interrupt check turned true.
+            RendezvousConnectionError: the round's store failed while rank 0's address was
+                agreed, or holds no valid port.
         """
         self._start_liveness()
         deadline = self._clock() + self._settings.join_timeout_s
@@ -568,11 +594,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
         with self._lock:
             self._member = member
         self._state.begin(member)
+        store = self._backend.round_store(keys.shared_prefix(member.round))
+        bootstrap = None
+        if self._on_change is None:
+            bootstrap = RendezvousStoreInfo.build(member.assign.rank, store, self._addr)
         return RendezvousInfo(
-            store=self._backend.round_store(keys.shared_prefix(member.round)),
+            store=store,
             rank=member.assign.rank,
             world_size=member.assign.world_size,
-            bootstrap_store_info=None,
+            bootstrap_store_info=bootstrap,
             round=member.round,
         )
 

@@ -33,7 +33,7 @@ from elastic_run.rendezvous.embedded.cluster import (
     parse_cluster,
 )
 from elastic_run.rendezvous.embedded.member import EmbeddedMember, MemberTLS
-from elastic_run.rendezvous.embedded.quorum import QuorumWatch, Verdict
+from elastic_run.rendezvous.embedded.quorum import QuorumWatch
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 from elastic_run.rendezvous.etcd.backend import (
     EtcdRendezvousBackend,
@@ -111,9 +111,11 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
         """The member this agent runs, or None."""
         return self._member.spec if self._member is not None else None
 
-    def member_states(self) -> Verdict:
-        """Knock at every member now: which are up, down or silent (for ``status``)."""
-        return self._watch.check_now()
+    def member_states(self) -> dict[str, str]:
+        """Knock at every member now: each one's client ``host:port`` and whether it is up,
+        down or silent (for ``status`` and ``close``), in the order listed."""
+        states = self._watch.check_now().states
+        return {m.client_endpoint: states.get(m.name, "silent") for m in self._cluster.members}
 
     def check_reachable(self, timeout_s: float) -> None:
         """Wait for the cluster to answer: up to the join timeout while its members start.

@@ -57,6 +57,7 @@ from elastic_run.rendezvous.errors import (
 )
 from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_of
 from elastic_run.rendezvous.etcd.leader_watch import WATCH, member_status, raft_term_of
+from elastic_run.rendezvous.settings import DEFAULT_READ_TIMEOUT_S
 
 __all__ = ["HOME_LOOK_S", "SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
 
@@ -136,7 +137,7 @@ class EtcdConnection:
         key: str | None = None,
         user: str | None = None,
         password: str | None = None,
-        timeout_s: float = 60.0,
+        timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         retry_window_s: float = 10.0,
         require_leader: bool = False,
         gone_reason: Callable[[], str | None] | None = None,

@@ -45,26 +45,31 @@ def _to_bytes(value: str | bytes | bytearray | Sequence[int]) -> bytes:
 class EtcdStore(Store):
     """A torch Store on etcd v3.
 
+    The parameters are torch's, named and ordered as torch's ``EtcdStore`` (which takes an
+    etcd v2 client); ``owns_client`` is ours.
+
     Args:
-        client: the etcd client (shared; closed by ``close()`` only when ``owns_client``).
-        prefix: the key prefix of this store (a trailing ``/`` is added when missing).
-        timeout: how long blocking calls wait (torch's store timeout).
-        owns_client: whether ``close()`` closes ``client``.
+        etcd_client: the etcd client (shared; closed by ``close()`` only when ``owns_client``).
+        etcd_store_prefix: the key prefix of this store (a trailing ``/`` is added when
+            missing).
+        timeout: how long blocking calls wait (torch's store timeout; None: 300 s).
+        owns_client: whether ``close()`` closes ``etcd_client``.
     """
 
     def __init__(
         self,
-        client: EtcdClient,
-        prefix: str,
-        timeout: timedelta = DEFAULT_TIMEOUT,
+        etcd_client: EtcdClient,
+        etcd_store_prefix: str,
+        timeout: timedelta | None = None,
         owns_client: bool = False,
     ) -> None:
         super().__init__()
-        self._client = client
+        prefix = etcd_store_prefix
+        self._client = etcd_client
         self._prefix = prefix if prefix.endswith("/") else prefix + "/"
         self._owns_client = owns_client
-        self._timeout = timeout
-        self.set_timeout(timeout)
+        self._timeout = DEFAULT_TIMEOUT if timeout is None else timeout
+        self.set_timeout(self._timeout)
 
     @classmethod
     def connect(
@@ -124,9 +129,9 @@ class EtcdStore(Store):
         """
         return self._wait_values([key], self._timeout_s())[0]
 
-    def add(self, key: str, value: int) -> int:
-        """Atomically add ``value`` to the integer at ``key`` (0 when absent); return the result."""
-        return self._client.atomic_add(self._key(key), int(value))
+    def add(self, key: str, num: int) -> int:
+        """Atomically add ``num`` to the integer at ``key`` (0 when absent); return the result."""
+        return self._client.atomic_add(self._key(key), int(num))
 
     def compare_set(
         self, key: str, expected_value: str | bytes, desired_value: str | bytes
@@ -155,13 +160,17 @@ class EtcdStore(Store):
             if written:
                 return desired
 
-    def wait(self, keys: Sequence[str], timeout: timedelta | None = None) -> None:
+    def wait(self, keys: Sequence[str], override_timeout: timedelta | None = None) -> None:
         """Block until every key in ``keys`` exists.
+
+        Args:
+            keys: the keys to wait for.
+            override_timeout: how long to wait (None: the store's timeout), torch's name.
 
         Raises:
             EtcdStoreTimeoutError: when they do not all exist within the timeout.
         """
-        self._wait_values(list(keys), self._timeout_s(timeout))
+        self._wait_values(list(keys), self._timeout_s(override_timeout))
 
     def check(self, keys: Sequence[str]) -> bool:
         """Return whether every key in ``keys`` exists (never blocks)."""

@@ -1,4 +1,8 @@
-"""torch.distributed.elastic.multiprocessing.errors: how a worker's failure reaches the agent."""
+"""torch.distributed.elastic.multiprocessing.errors: how a worker's failure reaches the agent.
+
+Owns nothing: the names are ``elastic_run.multiprocessing_errors``'s. The modules, as torch's:
+``error_handler`` (``ErrorHandler``, which writes the error file) and ``handlers``
+(``get_error_handler``)."""
 
 from __future__ import annotations
 

@@ -1,0 +1,9 @@
+"""torch.distributed.elastic.multiprocessing.errors.error_handler: the error file's writer."""
+
+from __future__ import annotations
+
+from elastic_run.multiprocessing_errors import ErrorHandler
+
+__all__ = [
+    "ErrorHandler",
+]

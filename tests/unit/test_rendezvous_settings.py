@@ -1,0 +1,199 @@
+"""One table, one set of checks: every path to the rendezvous settings gets the same defaults and
+refuses the same values (--rdzv-conf text, RendezvousSettings, RendezvousTimeout, the node counts,
+the static handlers, the Slurm allocation's node counts). Pure: no store is reached."""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Any
+
+import pytest
+
+from elastic_run.cli.slurm.allocation import node_count, slurm_defaults
+from elastic_run.errors import ConfigurationError
+from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.settings import (
+    CONF_TABLE,
+    MAX_NODES,
+    ConfigurationTypeError,
+    RendezvousSettings,
+    RendezvousTimeout,
+    check_nnodes,
+    parse_bool,
+    parse_conf_value,
+    parse_nnodes,
+)
+from elastic_run.rendezvous.static import (
+    TORCHRUN_STATIC_TIMEOUT_S,
+    create_rdzv_handler,
+    create_static_handler,
+)
+
+ALLOC = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "n[1-4]"}
+
+
+def params(backend: str = "c10d", min_nodes: int = 1, max_nodes: int = 1, **conf: Any) -> Any:
+    return RendezvousParameters(backend, "127.0.0.1:29500", "job", min_nodes, max_nodes, **conf)
+
+
+# ---- defaults: the table's, on every path --------------------------------------------------
+
+
+def test_every_default_is_the_tables() -> None:
+    settings = RendezvousSettings()
+    assert settings.join_timeout_s == CONF_TABLE["join_timeout"].default
+    assert settings.last_call_timeout_s == CONF_TABLE["last_call_timeout"].default
+    assert settings.close_timeout_s == CONF_TABLE["close_timeout"].default
+    assert settings.heartbeat_timeout_s == CONF_TABLE["heartbeat_timeout"].default
+    assert settings.keep_alive_interval_s == CONF_TABLE["keep_alive_interval"].default
+    assert settings.keep_alive_max_attempt == CONF_TABLE["keep_alive_max_attempt"].default
+    assert settings.read_timeout_s == CONF_TABLE["read_timeout"].default
+    assert settings.store_type == CONF_TABLE["store_type"].default
+    assert settings.protocol == CONF_TABLE["protocol"].default
+    timeout = RendezvousTimeout()
+    for name in ("join", "last_call", "close", "heartbeat"):
+        assert getattr(timeout, name) == timedelta(seconds=CONF_TABLE[f"{name}_timeout"].default)
+    assert RendezvousSettings.from_params(params()) == settings
+    defaults = (
+        CONF_TABLE["keep_alive_interval"].default,
+        CONF_TABLE["keep_alive_max_attempt"].default,
+    )
+    assert RendezvousSettings.from_timeout(None, *defaults) == settings
+
+
+def test_the_cli_static_handler_waits_torchruns_timeout_unless_given_one() -> None:
+    # torchrun's LaunchConfig puts timeout=900 in the config; torch's handler alone waits 600.
+    handler = create_static_handler(params("static", rank="0"))
+    assert handler.timeout_s == TORCHRUN_STATIC_TIMEOUT_S == 900
+    assert create_static_handler(params("static", rank="0", timeout="42")).timeout_s == 42
+    both = params("static", rank="0", timeout="42", join_timeout="7")
+    assert create_static_handler(both).timeout_s == 7  # join_timeout wins, as everywhere
+
+
+def test_torchs_static_handler_keeps_a_fraction_of_a_second() -> None:
+    # int(0.4) made it a 0 s wait.
+    handler = create_rdzv_handler(params("static", rank="0", timeout="0.4"))
+    assert handler.timeout == timedelta(seconds=0.4)
+    assert handler.timeout_s == 0.4
+    default = create_rdzv_handler(params("static", rank="0"))
+    assert default.timeout == timedelta(seconds=CONF_TABLE["timeout"].default)
+
+
+# ---- bounds: one set, whatever the path ------------------------------------------------------
+
+
+def test_a_zero_last_call_timeout_is_refused_on_every_path_as_torchs() -> None:
+    with pytest.raises(ValueError):
+        RendezvousTimeout(last_call=timedelta(0))
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        parse_conf_value("last_call_timeout", "0")
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        RendezvousSettings.from_params(params(last_call_timeout="0"))
+    with pytest.raises(ConfigurationError, match="must be positive"):
+        RendezvousSettings(last_call_timeout_s=0.0)
+
+
+@pytest.mark.parametrize("attempts", [2.5, True, 0, 1001])
+def test_keep_alive_attempts_are_a_whole_number_in_range_on_every_path(attempts: Any) -> None:
+    with pytest.raises(ConfigurationError):
+        RendezvousSettings(keep_alive_max_attempt=attempts)
+    with pytest.raises(ConfigurationError):
+        RendezvousSettings.from_timeout(None, 1.0, attempts)
+    with pytest.raises(ConfigurationError):
+        parse_conf_value("keep_alive_max_attempt", attempts)
+
+
+@pytest.mark.parametrize(
+    ("field", "value"),
+    [
+        ("keep_alive_max_attempt", "5"),
+        ("keep_alive_max_attempt", 2.5),
+        ("keep_alive_max_attempt", True),
+        ("keep_alive_interval_s", "5"),
+        ("keep_alive_interval_s", True),
+        ("join_timeout_s", None),
+        ("is_host", "yes"),
+    ],
+)
+def test_a_value_of_the_wrong_type_is_a_type_error_and_a_value_error(
+    field: str, value: object
+) -> None:
+    with pytest.raises(ConfigurationTypeError) as caught:
+        RendezvousSettings(**{field: value})
+    assert isinstance(caught.value, TypeError) and isinstance(caught.value, ValueError)
+    assert field in str(caught.value)
+
+
+@pytest.mark.parametrize("seconds", [float("nan"), float("inf"), -1.0, 0.0, 400 * 86400.0])
+def test_a_timeout_out_of_bounds_is_refused_as_the_cli_refuses_it(seconds: float) -> None:
+    with pytest.raises(ConfigurationError):
+        parse_conf_value("join_timeout", repr(seconds))
+    with pytest.raises(ConfigurationError):
+        RendezvousSettings(join_timeout_s=seconds)
+    if seconds == seconds and abs(seconds) != float("inf"):
+        with pytest.raises(ValueError):
+            RendezvousTimeout(join=timedelta(seconds=seconds))
+
+
+def test_a_timeout_that_is_not_a_timedelta_is_a_type_error() -> None:
+    with pytest.raises(TypeError):
+        RendezvousTimeout(join=600)  # type: ignore[arg-type]
+
+
+# ---- node counts ------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("low", "high"), [(0, 1), (3, 1), (1, MAX_NODES + 1)])
+def test_node_counts_out_of_bounds_are_refused_by_the_cli_and_the_parameters(
+    low: int, high: int
+) -> None:
+    with pytest.raises(ConfigurationError):
+        parse_nnodes(f"{low}:{high}")
+    with pytest.raises(ConfigurationError):
+        check_nnodes(low, high)
+    with pytest.raises(ValueError):
+        params(min_nodes=low, max_nodes=high)
+
+
+def test_a_node_count_that_is_not_an_int_is_a_type_error() -> None:
+    for low, high in ((True, 2), (1, "2")):
+        with pytest.raises(TypeError):
+            check_nnodes(low, high)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize(
+    ("nnodes", "words"),
+    [("\u0663:", "not a whole number"), ("0:", "at least 1"), ("x:", "MIN")],
+)
+def test_slurm_min_colon_is_read_by_the_one_node_count_parser(nnodes: str, words: str) -> None:
+    # int() took an Arabic-Indic digit as 3; the one parser takes ASCII digits only.
+    with pytest.raises(ConfigurationError, match=words):
+        slurm_defaults(ALLOC, given={"nnodes": nnodes}, elastic_min=None)
+
+
+@pytest.mark.parametrize(
+    ("value", "words"), [("\u0664", "not a whole number"), ("2000000", "more than 1000000")]
+)
+def test_slurm_node_count_is_bounded_as_nnodes(value: str, words: str) -> None:
+    with pytest.raises(ConfigurationError, match=words):
+        node_count({**ALLOC, "SLURM_JOB_NUM_NODES": value})
+
+
+# ---- booleans: one table of spellings ------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    "raw", ["1", "0", "TRUE", " false ", "t", "F", "Yes", "no", "y", "N", 1, 0, True, False]
+)
+def test_every_boolean_reader_agrees(raw: object) -> None:
+    expected = parse_bool(raw, "is_host")
+    assert parse_conf_value("is_host", raw) is expected
+    assert params(is_host=raw).get_as_bool("is_host") is expected
+
+
+@pytest.mark.parametrize("raw", ["maybe", "2", "", "on", 2, 1.0])
+def test_every_boolean_reader_refuses_the_same(raw: object) -> None:
+    with pytest.raises(ConfigurationError, match="not a boolean"):
+        parse_conf_value("is_host", raw)
+    with pytest.raises(ConfigurationError, match="not a boolean"):
+        params(is_host=raw).get_as_bool("is_host")
