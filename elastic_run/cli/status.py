@@ -1,8 +1,9 @@
 """``elastic-run status`` and ``elastic-run close``: read or end a job's rendezvous from any host.
 
-Both read the backend directly (never hosting a c10d store, so they work from a login node
-with or without a local agent). ``status`` never writes anything; ``close`` writes one record,
-the same one an agent writes when its job ends, so every agent stops its workers and exits 3.
+Both open the job's rendezvous as a reader (``rendezvous.job``: never hosting a c10d store, so
+they work from a login node with or without a local agent). ``status`` never writes anything;
+``close`` writes one record, the same one an agent writes when its job ends, so every agent
+stops its workers and exits 3.
 
 Heartbeat ages: a heartbeat is a counter, not a timestamp, so no two clocks are compared.
 ``status`` reads the counters for ``--sample`` seconds and reports, per node, how long ago its
@@ -34,7 +35,7 @@ from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
 
 if TYPE_CHECKING:
-    from elastic_run.rendezvous.backend import RendezvousBackend
+    from elastic_run.rendezvous.job import JobRendezvous
 
 __all__ = [
     "EXIT_NO_RENDEZVOUS",
@@ -55,29 +56,29 @@ class _Exit(Exception):
         self.code = code
 
 
-def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[RendezvousTarget, RendezvousBackend]:
-    """Resolve the target and open its backend as a reader: (target, backend)."""
+def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[RendezvousTarget, JobRendezvous]:
+    """Resolve the target and open its rendezvous as a reader: (target, job)."""
     # torch's C++ layer logs every failed connect attempt with a stack: one line is enough.
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "FATAL")
-    from elastic_run.rendezvous.registry import create_backend
+    from elastic_run.rendezvous.job import open_job
     from elastic_run.rendezvous.settings import STATUS_READ_TIMEOUT_S
 
     target = resolve_target(values, explicit_options(ctx), os.environ)
     params = target.parameters()
     params.config.setdefault("read_timeout", STATUS_READ_TIMEOUT_S)
     try:
-        backend = create_backend(params, allow_hosting=False)
+        job = open_job(params)
     except RendezvousConnectionError as exc:
         raise _unreachable(target, exc) from exc
-    return target, backend
+    return target, job
 
 
-def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict[str, float | None]:
+def _sample_ages(job: Any, node_ids: Sequence[str], sample_s: float) -> dict[str, float | None]:
     """Seconds since each node's heartbeat counter was seen moving, reading for ``sample_s``."""
     if not node_ids or sample_s <= 0:
         return {}
     start = time.monotonic()
-    first = backend.read_heartbeats(node_ids)
+    first = job.heartbeats(node_ids)
     moved_at: dict[str, float | None] = dict.fromkeys(node_ids)
     last = list(first)
     while True:
@@ -85,7 +86,7 @@ def _sample_ages(backend: Any, node_ids: Sequence[str], sample_s: float) -> dict
         if now - start >= sample_s:
             break
         time.sleep(min(0.1, sample_s - (now - start)))
-        beats = backend.read_heartbeats(node_ids)
+        beats = job.heartbeats(node_ids)
         seen = time.monotonic()
         for node_id, old, new in zip(node_ids, last, beats, strict=True):
             if new is not None and new != old:
@@ -114,33 +115,29 @@ def _unreachable(target: Any, exc: Exception) -> _Exit:
     )
 
 
-def _read(backend: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
-    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
-
-    snap = read_snapshot(backend, target.run_id, target.min_nodes or 0, target.max_nodes or 0)
+def _read(job: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], str | None]:
+    snap = job.snapshot(target.min_nodes or 0, target.max_nodes or 0)
     if snap is None:
         raise _no_rendezvous(target)
     ids = [m.node_id for m in (*snap.members, *snap.waiting)]
-    ages = _sample_ages(backend, ids, sample_s)
+    ages = _sample_ages(job, ids, sample_s)
     return snap, ages, snap.closed_reason
 
 
-def _progress(backend: Any, snap: Any) -> dict[str, Any] | None:
+def _progress(job: Any, snap: Any) -> dict[str, Any] | None:
     """The members' published progress (one batch read), or None when none was published."""
     from elastic_run.cli.views.progress_view import progress_picture
-    from elastic_run.rendezvous.dynamic.telemetry import read_progress
 
-    records, job, _ = read_progress(backend, [m.node_id for m in snap.members])
-    return progress_picture(records, job, snap.round) if records else None
+    records, summary, _ = job.progress([m.node_id for m in snap.members])
+    return progress_picture(records, summary, snap.round) if records else None
 
 
-def _goodput(backend: Any, snap: Any) -> dict[str, Any] | None:
+def _goodput(job: Any, snap: Any) -> dict[str, Any] | None:
     """The nodes' published goodput accounts, merged (one batch read), or None when none was."""
     from elastic_run.cli.views.goodput_view import goodput_picture
-    from elastic_run.rendezvous.dynamic.telemetry import read_goodput
 
     ids = [m.node_id for m in (*snap.members, *snap.waiting)]
-    records, problems = read_goodput(backend, ids)
+    records, problems = job.goodput(ids)
     picture = goodput_picture(records)
     if picture is not None and problems:
         picture["problems"] = [*picture["problems"], *problems]
@@ -188,15 +185,15 @@ def status_command(
 
         from elastic_run.cli.views.lines import render_status, status_to_json
 
-        target, backend = _open(ctx, values)
+        target, job = _open(ctx, values)
         try:
-            members = backend.member_states()
+            members = job.member_states()
             if not as_json:
                 _say_members(members)
             if not watch:
-                snap, ages, reason = _read(backend, target, sample)
-                progress = _progress(backend, snap)
-                goodput = _goodput(backend, snap)
+                snap, ages, reason = _read(job, target, sample)
+                progress = _progress(job, snap)
+                goodput = _goodput(job, snap)
                 if as_json:
                     body = status_to_json(snap, ages, reason, progress, goodput)
                     if members is not None:
@@ -205,12 +202,12 @@ def status_command(
                 else:
                     Console().print(render_status(snap, ages, reason, progress, goodput))
                 return
-            snap, ages, reason = _read(backend, target, 0)
+            snap, ages, reason = _read(job, target, 0)
             with Live(render_status(snap, ages, reason), refresh_per_second=4) as live:
                 while True:
-                    snap, ages, reason = _read(backend, target, max(interval, 0.1))
-                    progress = _progress(backend, snap)
-                    goodput = _goodput(backend, snap)
+                    snap, ages, reason = _read(job, target, max(interval, 0.1))
+                    progress = _progress(job, snap)
+                    goodput = _goodput(job, snap)
                     if as_json:
                         body = status_to_json(snap, ages, reason, progress, goodput)
                         live.console.print_json(json.dumps(body))
@@ -221,7 +218,7 @@ def status_command(
         except RendezvousConnectionError as exc:
             raise _unreachable(target, exc) from exc
         finally:
-            backend.close()
+            job.release()
 
     _run(show)
 
@@ -246,19 +243,17 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
     """Close a job's rendezvous: every agent stops its workers and exits 3; no round forms again."""
 
     def close() -> None:
-        from elastic_run.rendezvous.dynamic.handler import close_job
-
         if timeout is not None and not wait:
             raise ConfigurationError("--timeout is how long --wait waits: pass --wait with it")
-        target, backend = _open(ctx, values)
+        target, job = _open(ctx, values)
         try:
-            _say_members(backend.member_states())
+            _say_members(job.member_states())
             # Nothing is decoded before the close is written: whatever the job's keys hold,
             # the operator's kill switch works. A job exists when any of its keys does.
-            if not backend.exists():
+            if not job.exists():
                 raise _no_rendezvous(target)
             who = f"elastic-run close@{socket.gethostname()} pid {os.getpid()}"
-            outcome = close_job(backend, "closed", who)
+            outcome = job.close(who)
             if outcome.replaced_epoch is not None:
                 click.echo(
                     f"rendezvous '{target.run_id}': replaced what its 'epoch' key held: "
@@ -279,7 +274,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
                     err=True,
                 )
             if wait:
-                _wait_until_left(backend, target, _DEFAULT_WAIT_S if timeout is None else timeout)
+                _wait_until_left(job, target, _DEFAULT_WAIT_S if timeout is None else timeout)
         except RendezvousConnectionError as exc:
             if wait:
                 # A c10d store lives in an agent: once that agent left, nobody is there.
@@ -289,7 +284,7 @@ def close_command(ctx: click.Context, /, wait: bool, timeout: float | None, **va
                 return
             raise _unreachable(target, exc) from exc
         finally:
-            backend.close()
+            job.release()
 
     _run(close)
 
@@ -298,7 +293,7 @@ _DEFAULT_WAIT_S = 120.0
 _LEFT_AFTER_S = 3.0  # a heartbeat counter that did not move this long (or 3 beats): agent left
 
 
-def _wait_until_left(backend: Any, target: RendezvousTarget, timeout_s: float) -> None:
+def _wait_until_left(job: JobRendezvous, target: RendezvousTarget, timeout_s: float) -> None:
     """Wait until no member's heartbeat is alive (dropped, or not moving for 3 s or 3 beats).
 
     The members are read again each window (a node waiting at the door counts too); the last
@@ -307,7 +302,6 @@ def _wait_until_left(backend: Any, target: RendezvousTarget, timeout_s: float) -
     Raises:
         _Exit: (exit 1) an agent still beats after ``timeout_s``: named, with its host and pid.
     """
-    from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
     from elastic_run.rendezvous.settings import RendezvousSettings
 
     interval_s = RendezvousSettings.from_params(target.parameters()).keep_alive_interval_s
@@ -316,7 +310,7 @@ def _wait_until_left(backend: Any, target: RendezvousTarget, timeout_s: float) -
     deadline = time.monotonic() + timeout_s
     alive: list[Any] = []
     while True:
-        snap = read_snapshot(backend, target.run_id)
+        snap = job.snapshot()
         if snap is None:
             raise _Exit(
                 f"cannot tell whether the agents left: every key of rendezvous "
@@ -324,7 +318,7 @@ def _wait_until_left(backend: Any, target: RendezvousTarget, timeout_s: float) -
                 1,
             )
         nodes = {m.node_id: m for m in (*snap.members, *snap.waiting)}
-        ages = _sample_ages(backend, list(nodes), window_s)
+        ages = _sample_ages(job, list(nodes), window_s)
         alive = [nodes[n] for n, age in ages.items() if age is not None]
         if not alive:
             click.echo("every agent left", err=True)

@@ -705,16 +705,38 @@ def _TYPE_ALIASES_AND_VARS(module: object, names: set[str]) -> set[str]:  # noqa
     ids=_name,
 )
 def test_the_cli_and_the_agent_use_the_rendezvous_through_its_typed_seam(path: Path) -> None:
-    """No ``isinstance`` on the concrete handler, no reaching into a handler's ``.backend``:
-    reachability, release, telemetry, status and close are public calls of the rendezvous."""
+    """No concrete handler or backend class (``isinstance`` or a call), no reaching into a
+    handler's ``.backend``, no reader of the dynamic handler's keys: reachability, release,
+    telemetry, status and close are public calls of the rendezvous (``rendezvous.job`` for a
+    reader from outside the job)."""
     tree = ast.parse(path.read_text())
     bad = [
         f"{ast.unparse(n)} (line {n.lineno})"
         for n in ast.walk(tree)
-        if (isinstance(n, ast.Name) and n.id == "DynamicRendezvousHandler")
+        if (isinstance(n, (ast.Name, ast.Attribute)) and _last(n) in _CONCRETE_RENDEZVOUS)
         or (isinstance(n, ast.Attribute) and n.attr == "backend" and "handler" in ast.unparse(n))
     ]
+    bad += [
+        f"import {site.module} (line {site.line})"
+        for site in _import_sites(path)
+        if _under(site.module, ["elastic_run.rendezvous.dynamic"])
+        and site.module not in _SEAM_TYPES
+    ]
     assert not bad, f"{_name(path)}: {bad}"
+
+
+_CONCRETE_RENDEZVOUS = {
+    "DynamicRendezvousHandler",
+    "C10dRendezvousBackend",
+    "EtcdRendezvousBackend",
+    "EmbeddedEtcdBackend",
+}
+# The dynamic handler's modules whose types are the seam itself: the telemetry a handler gives.
+_SEAM_TYPES = {"elastic_run.rendezvous.dynamic.telemetry"}
+
+
+def _last(node: ast.AST) -> str:
+    return node.id if isinstance(node, ast.Name) else getattr(node, "attr", "")
 
 
 def test_declared_hooks_are_methods_of_their_class() -> None:
