@@ -232,6 +232,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._guardian.close()
         if self._functions is not None:
             self._functions.close()
+        self.flush_events()  # what the stopped threads posted last, before the log closes
         self._event_log.close()
 
     def _status_json(self) -> dict[str, object]:
@@ -395,6 +396,16 @@ class LocalElasticAgent(SimpleElasticAgent):
         if self._watchdog is not None:
             for pid in procs.pids.values():
                 self._watchdog.clear_pid(pid)
+
+    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
+        """Programs: as torch's ``SubprocessContext`` reports them, the workers that failed and
+        those the stop then ended with a non-zero status (a signal's ``-N``). Callables: the
+        workers that failed, as torch's ``MultiprocessContext``."""
+        failures = dict(result.failures)
+        if self._functions is not None:
+            return failures
+        after = self._monitor_workers(self.get_worker_group())
+        return {**after.failures, **failures} if after.state is WorkerState.FAILED else failures
 
     def _forward_signal(self, sig: int) -> None:
         procs = self._procs

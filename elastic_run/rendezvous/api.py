@@ -156,7 +156,9 @@ class RendezvousInfo:
         store: a store private to this round.
         rank: this node's rank in the round (0..world_size-1).
         world_size: the number of nodes in the round.
-        bootstrap_store_info: where rank 0 hosts the workers' store, when known.
+        bootstrap_store_info: the workers' store address every node of the round agreed on
+            (rank 0's, as it published it: torch's), or None when the agent hosts its
+            workers' store itself (ours).
         round: the round number.
     """
 

@@ -29,12 +29,13 @@ from __future__ import annotations
 
 import logging
 import math
+import numbers
 import re
 import weakref
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, TypeGuard
 
 from elastic_run.errors import ConfigurationError
 
@@ -63,8 +64,10 @@ __all__ = [
     "conf_seconds",
     "parse_bool",
     "parse_conf_value",
+    "parse_int",
     "parse_node_count",
     "parse_nnodes",
+    "shown",
 ]
 
 log = logging.getLogger(__name__)
@@ -127,8 +130,8 @@ TORCH_KEYS = HANDLER_KEYS | frozenset(
 _TRUE = frozenset({"1", "true", "t", "yes", "y"})
 _FALSE = frozenset({"0", "false", "f", "no", "n"})
 _SHOWN_CHARS = 60
-_COUNT_RE = re.compile(r"[+-]?[0-9]+")
-_MAX_COUNT_DIGITS = 30  # more digits than any bound here has: "far too large", not a parse
+_INT_RE = re.compile(r"[+-]?[0-9]+")
+_MAX_INT_DIGITS = 30  # more digits than any bound here has: "far too large", not a parse
 
 
 class ConfigurationTypeError(ConfigurationError, TypeError):
@@ -176,9 +179,40 @@ class ConfSource(Protocol):
     config: dict[str, Any]
 
 
-def _shown(raw: object) -> str:
-    text = repr(str(raw)) if isinstance(raw, str) else repr(raw)
-    return text if len(text) <= _SHOWN_CHARS else f"{text[: _SHOWN_CHARS - 3]}..."
+def shown(raw: object) -> str:
+    """Return ``raw`` fit for a one-line message: at most 60 characters, text quoted.
+
+    Text is shown with control and non-ASCII characters escaped (``ascii``), anything else as
+    its ``repr``; longer than 60 characters, it is cut and ends in ``...``.
+    """
+    text = raw if isinstance(raw, str) else repr(raw)
+    short = text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
+    return ascii(short) if isinstance(raw, str) else short
+
+
+def parse_int(text: str, what: str) -> int:
+    """Parse a whole number written in ASCII digits, with an optional sign: the one reader.
+
+    Args:
+        text: the value (white space around it is ignored).
+        what: the flag, key or variable it came from, for the message.
+
+    Returns:
+        The number.
+
+    Raises:
+        ConfigurationError: not a whole number, or more than 30 digits long.
+    """
+    value = text.strip()
+    if not _INT_RE.fullmatch(value):
+        raise ConfigurationError(f"{what} {shown(text)} is not a whole number")
+    return _whole(value, what, text)
+
+
+def _whole(digits: str, what: str, text: str) -> int:
+    if len(digits.strip().lstrip("+-")) > _MAX_INT_DIGITS:
+        raise ConfigurationError(f"{what} {shown(text)} is far too large")
+    return int(digits)
 
 
 # -- the checks: one per kind, for every path ------------------------------------------------
@@ -224,7 +258,7 @@ def _check_attempts(count: int, what: str) -> int:
 def _check_choice(key: str, value: str, what: str) -> str:
     choices = CONF_TABLE[key].choices
     if value not in choices:
-        raise ConfigurationError(f"{what} {_shown(value)} must be {' or '.join(choices)}")
+        raise ConfigurationError(f"{what} {shown(value)} must be {' or '.join(choices)}")
     return value
 
 
@@ -251,22 +285,22 @@ def check_setting(key: str, value: object, what: str | None = None) -> object:
     kind = CONF_TABLE[key].kind
     name = what or f"--rdzv-conf {key}"
     if kind == "seconds":
-        if isinstance(value, bool) or not isinstance(value, (int, float)):
-            raise ConfigurationTypeError(f"{name} {_shown(value)} is not a number of seconds")
-        return check_seconds(value, name)
+        if isinstance(value, bool) or not isinstance(value, numbers.Real):
+            raise ConfigurationTypeError(f"{name} {shown(value)} is not a number of seconds")
+        return check_seconds(float(value), name)
     if kind == "attempts":
-        if isinstance(value, bool) or not isinstance(value, int):
+        if not _is_whole(value):
             raise ConfigurationTypeError(
-                f"{name} {_shown(value)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
+                f"{name} {shown(value)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
             )
-        return _check_attempts(value, name)
+        return _check_attempts(int(value), name)
     if kind == "bool":
         if value is not None and not isinstance(value, bool):
-            raise ConfigurationTypeError(f"{name} {_shown(value)} is not a bool")
+            raise ConfigurationTypeError(f"{name} {shown(value)} is not a bool")
         return value
     if not isinstance(value, str):
-        raise ConfigurationTypeError(f"{name} {_shown(value)} is not a str")
-    return _check_choice(key, value, name)
+        raise ConfigurationTypeError(f"{name} {shown(value)} is not a str")
+    return _check_choice(key, value.strip().lower(), name)
 
 
 def parse_bool(raw: object, what: str) -> bool:
@@ -294,7 +328,7 @@ def parse_bool(raw: object, what: str) -> bool:
         if lowered in _FALSE:
             return False
     raise ConfigurationError(
-        f"{what} {_shown(raw)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
+        f"{what} {shown(raw)} is not a boolean (1/0, true/false, t/f, yes/no, y/n)"
     )
 
 
@@ -319,12 +353,12 @@ def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
         try:
             value = float(text)
         except ValueError:
-            raise ConfigurationError(f"{what} {_shown(raw)} is not a number of seconds") from None
+            raise ConfigurationError(f"{what} {shown(raw)} is not a number of seconds") from None
         return check_seconds(value, what)
     if spec.kind == "attempts":
         if isinstance(raw, bool) or not (text.isascii() and text.isdigit()) or len(text) > 9:
             raise ConfigurationError(
-                f"{what} {_shown(raw)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
+                f"{what} {shown(raw)} is not a whole number in 1..{MAX_KEEP_ALIVE_ATTEMPTS}"
             )
         return _check_attempts(int(text), what)
     if spec.kind == "bool":
@@ -412,24 +446,24 @@ def check_nnodes(
         ConfigurationError: the counts are out of those bounds (a ``ValueError``, as torch's).
     """
     for count in (min_nodes, max_nodes):
-        if isinstance(count, bool) or not isinstance(count, int):
-            raise ConfigurationTypeError(f"{what} {_shown(count)} is not a whole number of nodes")
-    shown = given if given is not None else f"{min_nodes}:{max_nodes}"
+        if not _is_whole(count):
+            raise ConfigurationTypeError(f"{what} {shown(count)} is not a whole number of nodes")
+    min_nodes, max_nodes = int(min_nodes), int(max_nodes)
+    written = given if given is not None else f"{min_nodes}:{max_nodes}"
     if min_nodes < 1:
-        raise ConfigurationError(f"{what} {shown}: the node count must be at least 1")
+        raise ConfigurationError(f"{what} {written}: the node count must be at least 1")
     if max_nodes < min_nodes:
-        raise ConfigurationError(f"{what} {shown}: MAX must not be less than MIN")
+        raise ConfigurationError(f"{what} {written}: MAX must not be less than MIN")
     if max_nodes > MAX_NODES:
         raise ConfigurationError(
-            f"{what} {shown}: more than {MAX_NODES} nodes is not a job this launcher runs"
+            f"{what} {written}: more than {MAX_NODES} nodes is not a job this launcher runs"
         )
     return min_nodes, max_nodes
 
 
-def _whole_count(part: str, what: str, text: str) -> int:
-    if len(part.strip().lstrip("+-")) > _MAX_COUNT_DIGITS:
-        raise ConfigurationError(f"{what} {_shown(text)} is far too large")
-    return int(part)
+def _is_whole(value: object) -> TypeGuard[numbers.Integral]:
+    """An integer from Python (numpy's too, as torch takes them), a bool not."""
+    return isinstance(value, numbers.Integral) and not isinstance(value, bool)
 
 
 def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
@@ -446,10 +480,10 @@ def parse_nnodes(text: str, what: str = "--nnodes") -> tuple[int, int]:
         ConfigurationError: the text is not of that form or a count is out of range.
     """
     parts = [p.strip() for p in text.strip().split(":")]
-    if len(parts) > 2 or not all(_COUNT_RE.fullmatch(p) for p in parts):
-        raise ConfigurationError(f"{what} {_shown(text)} is not N or MIN:MAX")
-    low, high = (_whole_count(p, what, text) for p in (parts[0], parts[-1]))
-    return check_nnodes(low, high, what, _shown(text))
+    if len(parts) > 2 or not all(_INT_RE.fullmatch(p) for p in parts):
+        raise ConfigurationError(f"{what} {shown(text)} is not N or MIN:MAX")
+    low, high = (_whole(p, what, text) for p in (parts[0], parts[-1]))
+    return check_nnodes(low, high, what, shown(text))
 
 
 def parse_node_count(text: str, what: str) -> int:
@@ -465,10 +499,10 @@ def parse_node_count(text: str, what: str) -> int:
     Raises:
         ConfigurationError: not a whole number, or out of range.
     """
-    if not _COUNT_RE.fullmatch(text.strip()):
-        raise ConfigurationError(f"{what} {_shown(text)} is not a whole number of nodes")
-    count = _whole_count(text, what, text)
-    return check_nnodes(count, count, what, _shown(text))[0]
+    if not _INT_RE.fullmatch(text.strip()):
+        raise ConfigurationError(f"{what} {shown(text)} is not a whole number of nodes")
+    count = _whole(text, what, text)
+    return check_nnodes(count, count, what, shown(text))[0]
 
 
 # -- torch's typed timeouts, and the frozen settings -------------------------------------------
@@ -510,7 +544,7 @@ class RendezvousTimeout:
             if value is None:
                 value = timedelta(seconds=_default(f"{name}_timeout"))
             elif not isinstance(value, timedelta):
-                raise ConfigurationTypeError(f"{what} {_shown(value)} is not a timedelta")
+                raise ConfigurationTypeError(f"{what} {shown(value)} is not a timedelta")
             check_setting(f"{name}_timeout", value.total_seconds(), what)
             self._values[name] = value
 

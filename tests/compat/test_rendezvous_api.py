@@ -38,7 +38,7 @@ from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.registry import RendezvousHandlerRegistry, get_rendezvous_handler
 from elastic_run.rendezvous.settings import RendezvousTimeout
 from elastic_run.rendezvous.static import StaticRendezvousHandler
-from tests.helpers import free_port
+from tests.helpers import free_port, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -278,6 +278,54 @@ def test_next_rendezvous_gives_every_node_rank_0s_bootstrap_address_as_torchs_do
             for h in handlers:
                 h.shutdown()
     assert facts[1] == facts[0], facts
+
+
+def test_a_node_waiting_for_rank_0s_address_obeys_its_interrupt(tcp_store: TCPStore) -> None:
+    """Rank 0 under our agent (a change callback) publishes no bootstrap address; a plain
+    handler user of rank 1 waits for it as for anything else: in slices, until its interrupt
+    check (or the join deadline) ends the wait, never for the store's own 60 s timeout."""
+    from elastic_run.rendezvous.errors import RendezvousInterruptedError
+
+    for _ in range(5):  # until the agent's node arrived first and so holds rank 0
+        job, stop = run_id(), threading.Event()
+        conf = {"join_timeout": "60", "is_host": "false"}
+        params = RendezvousParameters("c10d", f"127.0.0.1:{tcp_store.port}", job, 2, 2, **conf)
+        agent, plain = get_rendezvous_handler(params), get_rendezvous_handler(params)
+        assert isinstance(agent, DynamicRendezvousHandler)
+        assert isinstance(plain, DynamicRendezvousHandler)
+        agent.set_change_callback(lambda: None)
+        plain.set_interrupt(stop.is_set)
+        outcome: dict[str, Any] = {}
+        first = threading.Thread(target=_join_into, args=(outcome, "agent", agent))
+        first.start()
+        wait_until(agent.snapshot, 30, message="the agent's node arrived")
+        second = threading.Thread(target=_join_into, args=(outcome, "plain", plain))
+        second.start()
+        try:
+            first.join(60)
+            info = outcome["agent"]
+            assert not isinstance(info, BaseException), info
+            assert info.bootstrap_store_info is None  # our agent hosts its workers' store
+            if info.rank != 0:
+                continue  # the plain node holds rank 0 and published: try again
+            assert second.is_alive()  # waiting for an address nobody publishes
+            stop.set()
+            second.join(30)
+            assert isinstance(outcome.get("plain"), RendezvousInterruptedError), outcome
+            return
+        finally:
+            stop.set()
+            second.join(30)
+            agent.shutdown()
+            plain.shutdown()
+    raise AssertionError("the agent's node never held rank 0 in 5 jobs")
+
+
+def _join_into(outcome: dict[str, Any], name: str, handler: DynamicRendezvousHandler) -> None:
+    try:
+        outcome[name] = handler.next_rendezvous()
+    except BaseException as exc:  # the test reads it
+        outcome[name] = exc
 
 
 def test_create_handler_takes_torchs_argument_order(tcp_store: TCPStore) -> None:

@@ -422,6 +422,7 @@ _DECLARED_HOOKS = {
         "_forward_signal",
         "_worker_state",
         "_worker_exitcode",
+        "_failures_after_stop",
     },
     # the progress hooks the loop calls and LocalElasticAgent fills (agent/loop/progress_hooks.py)
     "ProgressHooks": {

@@ -19,6 +19,7 @@ from elastic_run.rendezvous.settings import (
     RendezvousSettings,
     RendezvousTimeout,
     check_nnodes,
+    check_setting,
     parse_bool,
     parse_conf_value,
     parse_nnodes,
@@ -39,7 +40,18 @@ def params(backend: str = "c10d", min_nodes: int = 1, max_nodes: int = 1, **conf
 # ---- defaults: the table's, on every path --------------------------------------------------
 
 
-def test_every_default_is_the_tables() -> None:
+def test_the_defaults_are_torchs_and_ours_on_every_path() -> None:
+    # torch's join/last-call/close/heartbeat (600/30/30/5); ours for the keep-alive (1 s x 5:
+    # torch's 5 s x 3) and a store call (60 s); the same from the table, the settings, torch's
+    # typed timeouts and the parameters.
+    table = {key: CONF_TABLE[key].default for key in CONF_TABLE}
+    assert {k: table[k] for k in ("join_timeout", "last_call_timeout", "close_timeout")} == {
+        "join_timeout": 600,
+        "last_call_timeout": 30,
+        "close_timeout": 30,
+    }
+    assert (table["heartbeat_timeout"], table["keep_alive_interval"]) == (5, 1)
+    assert (table["keep_alive_max_attempt"], table["read_timeout"]) == (5, 60)
     settings = RendezvousSettings()
     assert settings.join_timeout_s == CONF_TABLE["join_timeout"].default
     assert settings.last_call_timeout_s == CONF_TABLE["last_call_timeout"].default
@@ -197,3 +209,17 @@ def test_every_boolean_reader_refuses_the_same(raw: object) -> None:
         parse_conf_value("is_host", raw)
     with pytest.raises(ConfigurationError, match="not a boolean"):
         params(is_host=raw).get_as_bool("is_host")
+
+
+def test_numpy_integers_count_as_whole_numbers_as_in_torch() -> None:
+    import numpy as np
+
+    assert check_nnodes(np.int64(2), np.int32(4)) == (2, 4)
+    settings = RendezvousSettings.from_timeout(None, 1.5, np.int64(7))
+    assert settings.keep_alive_max_attempt == 7 and settings.keep_alive_interval_s == 1.5
+    with pytest.raises(TypeError):
+        check_nnodes(True, 2)
+
+
+def test_a_choice_given_from_python_is_read_as_the_text_one() -> None:
+    assert check_setting("protocol", "HTTPS") == parse_conf_value("protocol", "HTTPS") == "https"

@@ -129,7 +129,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._goodput_from: float | None = None
         # Events handed in from other threads (the watchdog's, the publisher's...): the loop
         # emits them at its next turn (``emit_event``).
-        self._posted: deque[tuple[str, str, dict[str, Any]]] = deque()
+        self._posted: deque[AgentEvent] = deque()
         self._loop_thread: threading.Thread | None = None
 
     # -- the ElasticAgent interface ---------------------------------------------------
@@ -183,22 +183,30 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def emit_event(self, kind: str, message: str, **fields: Any) -> None:
         """Emit an agent event from any thread.
 
-        On the loop's thread it is emitted at once; from another thread it is handed to the
-        loop, which emits it at its next turn (woken now): only the loop folds events into the
-        goodput account, runs the sinks and publishes to the store.
+        On the loop's thread (or when no loop runs) it is emitted at once. From another thread
+        it is published to the store on that thread (a store that does not answer must not
+        hold the loop) and handed to the loop, which is woken and gives it to the sinks and
+        the goodput account before its own next event, with the time it was handed in: only
+        the loop folds events and runs the sinks.
         """
         loop = self._loop_thread
         if loop is None or loop is threading.current_thread():
             self._emit(kind, message, **fields)
             return
-        self._posted.append((kind, message, fields))
+        self._posted.append(AgentEvent(kind, message, fields))
         self._waker.wake()
+        self._publish_event(kind, message, fields)
 
-    def _emit_posted(self) -> None:
-        """Emit, on the loop, the events other threads handed in (``emit_event``)."""
+    def flush_events(self) -> None:
+        """Emit now the events other threads handed in (``emit_event``) and the loop has not.
+
+        The loop calls it before each of its own events and at each turn; a subclass calls it
+        in its teardown once the threads that post are stopped, before it closes its sinks.
+        """
         while self._posted:
-            kind, message, fields = self._posted.popleft()
-            self._emit(kind, message, **fields)
+            event = self._posted.popleft()
+            self._fold_goodput(event.kind, event.fields)
+            self._tell_sinks(event)
 
     def snapshot(self) -> AgentSnapshot:
         """The picture of the agent the loop published last (any thread; for the live view,
@@ -366,6 +374,11 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _forward_signal(self, sig: int) -> None:
         """Send ``sig`` to every running worker (a preemption notice). Default: nothing."""
 
+    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
+        """The failures a failed run returns, its workers stopped. Default: ``result``'s (torch's
+        callables: the workers that failed)."""
+        return dict(result.failures)
+
     def _setup(self) -> None:
         """Start services that live as long as the run (watchdog, health). Default: none."""
 
@@ -377,7 +390,9 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _emit(self, kind: str, message: str, *, publish: bool = True, **fields: Any) -> None:
         """Hand an event to the sinks; publish it to the store unless ``publish`` is False
         (the caller publishes it later with ``_publish_event``: the store may not answer).
-        Every event is folded into the goodput account first (its phases are the events')."""
+        Every event is folded into the goodput account first (its phases are the events'),
+        after the events other threads handed in before it."""
+        self.flush_events()
         self._fold_goodput(kind, fields)
         self._tell_sinks(AgentEvent(kind, message, fields))
         if publish:
@@ -453,7 +468,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
-            self._emit_posted()
+            self.flush_events()
             self._goodput = gp.close(self._goodput, time.monotonic())
             self._publish_snapshot()
             final = gp.account(self._goodput, time.monotonic())
@@ -471,6 +486,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 for sig, old in previous.items():
                     signal.signal(sig, old)
                 self._waker.close()
+                self.flush_events()  # what the teardown's threads posted last
+                self._loop_thread = None
         # After the teardown: to the sinks still open only (the events log is closed), neither
         # folded nor published (this node has left the rendezvous).
         self._tell_sinks(
@@ -757,14 +774,6 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             return RunResult(action.state, exit_code=action.exit_code, reason=action.reason)
         raise AssertionError(f"not an ending action: {action}")
 
-    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
-        """The failures of the run's last attempt, as torch's result has them: the workers that
-        failed, and those that the stop then ended with a non-zero status (a signal's ``-N``)."""
-        after = self._monitor_workers(self._worker_group)
-        if after.state is not WorkerState.FAILED:
-            return dict(result.failures)
-        return {**after.failures, **result.failures}
-
     def _fail_run(self, exit_code: int, reason: str) -> RunResult:
         self._stop_workers(self._worker_group)
         self._say_stopped("error", reason)
@@ -831,7 +840,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _wait_tick(self) -> None:
         self._waker.wait(self._spec.monitor_interval)
         self._last_loop = time.monotonic()
-        self._emit_posted()
+        self.flush_events()
         for sig in self._signal_log.take_forwarded():
             self._forward_signal(sig)
             name = signal.Signals(sig).name

@@ -13,8 +13,8 @@ Bounds, and why:
   Python's ``timedelta`` and the C++ ``std::chrono`` of torch's stores overflow above that
   (:func:`check_seconds` is the rendezvous settings' own check, one set of bounds);
 - ``--max-restarts`` 0..:data:`MAX_RESTARTS`, ports 0..65535.
-A value the user typed is shown in an error at most :data:`_SHOWN_CHARS` characters long, with
-control characters escaped, so an error stays one readable line.
+A value the user typed is shown in an error at most 60 characters long, with control and
+non-ASCII characters escaped (the settings' :func:`shown`), so an error stays one readable line.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from collections.abc import Callable
 
 from elastic_run.agent.config import Std, StdSpec
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.settings import MAX_DURATION_S, check_seconds
+from elastic_run.rendezvous.settings import MAX_DURATION_S, check_seconds, parse_int, shown
 
 __all__ = [
     "MAX_NPROC_PER_NODE",
@@ -53,44 +53,7 @@ MAX_SECONDS = MAX_DURATION_S  # one year: the rendezvous's bound too, one number
 MAX_RUN_ID_CHARS = 128
 
 _SHOWN_CHARS = 60
-_INT_RE = re.compile(r"^[+-]?[0-9]+$")
-_MAX_INT_DIGITS = 30  # more digits than any bound here has: "too large", not a parse
 _RUN_ID_UNSAFE = re.compile(r"[^A-Za-z0-9._-]")
-
-
-def shown(text: str) -> str:
-    """Return ``text`` fit for a one-line message: quoted, escaped, at most 60 characters.
-
-    Args:
-        text: what the user typed.
-
-    Returns:
-        ``'text'`` with control and non-ASCII characters escaped (``ascii``), shortened with
-        ``...`` past 60 characters.
-    """
-    short = text if len(text) <= _SHOWN_CHARS else text[: _SHOWN_CHARS - 3] + "..."
-    return ascii(short)
-
-
-def parse_int(text: str, what: str) -> int:
-    """Parse a whole number written in ASCII digits, with an optional sign.
-
-    Args:
-        text: the value (white space around it is ignored).
-        what: the flag or variable it came from, for the message.
-
-    Returns:
-        The number.
-
-    Raises:
-        ConfigurationError: not a whole number, or more than 30 digits long.
-    """
-    value = text.strip()
-    if not _INT_RE.match(value):
-        raise ConfigurationError(f"{what} {shown(text)} is not a whole number")
-    if len(value.lstrip("+-")) > _MAX_INT_DIGITS:
-        raise ConfigurationError(f"{what} {shown(text)} is far too large")
-    return int(value)
 
 
 def check_count(value: int, what: str, low: int, high: int, why: str = "") -> int:
@@ -154,7 +117,7 @@ def parse_nproc(
         if value == "gpu":
             raise ConfigurationError("--nproc-per-node gpu: no CUDA device is available")
         return max(1, cpu_count)
-    if not _INT_RE.match(value):
+    if not value.lstrip("+-").isascii() or not value.lstrip("+-").isdigit():
         raise ConfigurationError(
             f"--nproc-per-node {shown(text)} is not a number, cpu, gpu, xpu or auto"
         )

@@ -30,6 +30,7 @@ import time
 from collections.abc import Callable, Mapping
 from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
+from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast, get_args
 
 from elastic_run.rendezvous.api import (
@@ -50,7 +51,13 @@ from elastic_run.rendezvous.dynamic.round_state import RoundState
 from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, bump_epoch, end_round
 from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
-from elastic_run.rendezvous.errors import RendezvousError, RendezvousStateError
+from elastic_run.rendezvous.errors import (
+    RendezvousConnectionError,
+    RendezvousError,
+    RendezvousInterruptedError,
+    RendezvousStateError,
+    RendezvousTimeoutError,
+)
 from elastic_run.rendezvous.liveness.notices import DeathNotices
 from elastic_run.rendezvous.liveness.peerwatch import answers
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
@@ -92,6 +99,7 @@ log = logging.getLogger(__name__)
 # liveness port may take to greet, how many are asked at once, how long the asking may take in
 # all (those not asked by then count as silent), and the largest round whose members are asked.
 _ANSWER_TIMEOUT_S = 1.0
+_BOOTSTRAP_SLICE_S = 0.5  # one wait for rank 0's address, between two interrupt checks
 _PROBES = 16
 _PROBE_BUDGET_S = 2.0
 _PROBE_MAX = 64
@@ -597,7 +605,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         store = self._backend.round_store(keys.shared_prefix(member.round))
         bootstrap = None
         if self._on_change is None:
-            bootstrap = RendezvousStoreInfo.build(member.assign.rank, store, self._addr)
+            bootstrap = self._bootstrap(member.assign.rank, store, deadline)
         return RendezvousInfo(
             store=store,
             rank=member.assign.rank,
@@ -605,6 +613,36 @@ class DynamicRendezvousHandler(RendezvousHandler):
             bootstrap_store_info=bootstrap,
             round=member.round,
         )
+
+    def _bootstrap(self, rank: int, store: Store, deadline: float) -> RendezvousStoreInfo:
+        """torch's agreement on the workers' store address (``RendezvousStoreInfo.build``).
+
+        A rank other than 0 waits for rank 0's keys as every wait of the handler does: in
+        slices, up to the join deadline, giving up when the interrupt check turns true.
+
+        Raises:
+            RendezvousTimeoutError: rank 0 did not publish before the join deadline.
+            RendezvousInterruptedError: the interrupt check turned true.
+            RendezvousConnectionError: the round's store failed, or holds no valid port.
+        """
+        if rank != 0:
+            wanted = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
+            while not _holds(store, wanted):
+                if self._is_interrupted is not None and self._is_interrupted():
+                    raise RendezvousInterruptedError(
+                        "interrupted while waiting for rank 0's workers' store address"
+                    )
+                left = deadline - self._clock()
+                if left <= 0:
+                    raise RendezvousTimeoutError(
+                        "rank 0 did not publish the workers' store address before the join "
+                        f"timeout ({self._settings.join_timeout_s:g} s)"
+                    )
+                try:
+                    store.wait(wanted, timedelta(seconds=min(_BOOTSTRAP_SLICE_S, left)))
+                except RuntimeError:
+                    pass  # a slice ran out (a store that failed says so at the next check)
+        return RendezvousStoreInfo.build(rank, store, self._addr)
 
     def shutdown(self) -> bool:
         """Leave without closing the job: stop heartbeating and drop this node's liveness key.
@@ -707,6 +745,16 @@ class CloseOutcome:
 
 
 _CLOSE_ATTEMPTS = 8  # a value that changed under each one: something keeps writing the key
+
+
+def _holds(store: Store, wanted: list[str]) -> bool:
+    """Whether ``store`` holds every key of ``wanted`` (a store that fails: connection error)."""
+    try:
+        return bool(store.check(wanted))
+    except (RuntimeError, OSError) as exc:
+        raise RendezvousConnectionError(
+            f"the round's store failed while rank 0's address was awaited: {exc}"
+        ) from exc
 
 
 def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> CloseOutcome:
