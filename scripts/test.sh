@@ -43,7 +43,8 @@ fi
 # workers 13.3 minutes; three 13.0, 10.5 and 9.9 in a row after the byte-compile step and the
 # lighter editable install, 10.2-14.4 before; four 9.3, 9.7, 11.7, 12.2 and 12.2, two of those five
 # failing under the load (a test race, fixed, and a live node judged lost in test_partitions, not
-# fixed): four buy little when the host is slow and add starvation. The host's speed varies by more
+# fixed): four buy little when the host is slow and add starvation. Three again on 2026-11-28/29,
+# 23:31-00:21 UTC, 2,468-2,476 tests: 12.3, 12.5 and 13.2 minutes (18.4-19.7 CPU-minutes of user). The host's speed varies by more
 # than the margin: `import torch.distributed` took 1.4 s of CPU at one hour and 2.5 s at another,
 # on an idle machine, and the same commit took 16.4 and 22.0 CPU-minutes an hour apart. A gloo
 # worker once died in torch's teardown abort under this load; elastic_run.exit_guard keeps a
