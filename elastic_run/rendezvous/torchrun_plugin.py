@@ -25,7 +25,7 @@ from contextlib import contextmanager
 from typing import Any
 
 from elastic_run.rendezvous import errors as ours
-from elastic_run.rendezvous.api import RendezvousHandler, RendezvousParameters, RendezvousStoreInfo
+from elastic_run.rendezvous.api import RendezvousHandler, RendezvousParameters
 
 __all__ = ["PLUGIN_BACKENDS", "TorchrunHandler", "elastic_run_c10d", "etcd_v3"]
 
@@ -52,14 +52,13 @@ class TorchrunHandler:
 
     Args:
         name: the backend name torchrun was given (``etcd-v3``, ``elastic-run-c10d``).
-        inner: our handler doing the work.
-        local_addr: the address rank 0 publishes for the workers' store (None: its FQDN).
+        inner: our handler doing the work (it agrees on the bootstrap address: rank 0 publishes
+            its ``local_addr``, or its FQDN, and a free port).
     """
 
-    def __init__(self, name: str, inner: RendezvousHandler, local_addr: str | None) -> None:
+    def __init__(self, name: str, inner: RendezvousHandler) -> None:
         self._name = name
         self._inner = inner
-        self._local_addr = local_addr
 
     def get_backend(self) -> str:
         """The name torchrun knows this backend by."""
@@ -80,9 +79,8 @@ class TorchrunHandler:
 
         with _as_torch_errors():
             info = self._inner.next_rendezvous()
-            where = info.bootstrap_store_info or RendezvousStoreInfo.build(
-                info.rank, info.store, self._local_addr
-            )
+        where = info.bootstrap_store_info
+        assert where is not None  # torch's agent sets no change callback: the inner agrees on it
         return torch_api.RendezvousInfo(
             info.store,
             info.rank,
@@ -142,7 +140,7 @@ def _creator(name: str) -> Callable[[Any], TorchrunHandler]:
         )
         with _as_torch_errors():
             inner = create_rendezvous_handler(mine)
-        return TorchrunHandler(name, inner, params.local_addr)
+        return TorchrunHandler(name, inner)
 
     return create
 

@@ -25,9 +25,7 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-TORCH = "torch.distributed.elastic"
-OURS = "elastic_run.elastic"
+from side_by_side import OURS, TORCH, both, outcome, same, torch_module
 
 MIRRORED = [
     "rendezvous",
@@ -144,13 +142,6 @@ DEFAULTS_DIFFER: dict[tuple[str, str], frozenset[str]] = {
 }
 
 
-def _torch_module(rel: str) -> ModuleType:
-    try:
-        return importlib.import_module(f"{TORCH}.{rel}")
-    except ImportError as exc:  # torch's etcd modules need urllib3 (a dev dependency)
-        pytest.fail(f"missing: torch's {rel} cannot be imported: {exc} (scripts/setup.sh)")
-
-
 def _public_names(module: ModuleType) -> list[str]:
     """Its ``__all__``, else the classes and functions defined in it (or, for a package, in
     its submodules)."""
@@ -235,7 +226,7 @@ def _pairs() -> Iterator[tuple[str, str]]:
 def test_every_public_name_of_torch_is_ours_with_its_kind_and_signature(
     rel: str, name: str
 ) -> None:
-    theirs_module = _torch_module(rel)
+    theirs_module = torch_module(rel)
     ours_module = importlib.import_module(f"{OURS}.{rel}")
     assert name in getattr(ours_module, "__all__", ()), f"{OURS}.{rel} does not export {name}"
     theirs, ours = getattr(theirs_module, name), getattr(ours_module, name)
@@ -256,7 +247,7 @@ def test_every_public_name_of_torch_is_ours_with_its_kind_and_signature(
 @pytest.mark.parametrize("rel", MIRRORED)
 def test_ours_exports_only_torchs_names(rel: str) -> None:
     """Name for name: nothing in a mirror module that torch's lacks, nothing it lacks unlisted."""
-    theirs = set(_public_names(_torch_module(rel)))
+    theirs = set(_public_names(torch_module(rel)))
     ours = set(importlib.import_module(f"{OURS}.{rel}").__all__)
     assert ours <= theirs, sorted(ours - theirs)
     left_out = {name for (module, name) in NAMES_LEFT_OUT if module == rel}
@@ -301,25 +292,6 @@ def test_importing_the_mirror_is_cheap() -> None:
 # --------------------------------------------------------------------------- (b) side by side
 
 
-def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
-    try:
-        return "value", call()
-    except Exception as exc:
-        return "raised", exc
-
-
-def _same(theirs: tuple[str, Any], ours: tuple[str, Any]) -> None:
-    assert theirs[0] == ours[0], (theirs, ours)
-    if theirs[0] == "raised":
-        assert isinstance(ours[1], type(theirs[1])), (type(ours[1]).__mro__, type(theirs[1]))
-    else:
-        assert ours[1] == theirs[1], (ours[1], theirs[1])
-
-
-def _both(rel: str) -> tuple[ModuleType, ModuleType]:
-    return _torch_module(rel), importlib.import_module(f"{OURS}.{rel}")
-
-
 CONF_VALUES = [
     "1",
     "0",
@@ -343,21 +315,21 @@ CONF_VALUES = [
 @pytest.mark.parametrize("value", CONF_VALUES)
 @pytest.mark.parametrize("getter", ["get_as_bool", "get_as_int", "get"])
 def test_rendezvous_parameters_read_values_as_torchs_do(getter: str, value: str) -> None:
-    theirs, ours = _both("rendezvous")
+    theirs, ours = both("rendezvous")
     results = []
     for side in (theirs, ours):
-        params = _outcome(
+        params = outcome(
             lambda side=side: side.RendezvousParameters("c10d", "h:1", "r", 1, 2, k=value)
         )
         if params[0] == "raised":
             results.append(params)
             continue
-        results.append(_outcome(lambda made=params[1]: getattr(made, getter)("k")))
-    _same(*results)
+        results.append(outcome(lambda made=params[1]: getattr(made, getter)("k")))
+    same(*results)
     missing = [
         getattr(s.RendezvousParameters("c10d", "h:1", "r", 1, 2), getter) for s in (theirs, ours)
     ]
-    _same(_outcome(lambda: missing[0]("absent")), _outcome(lambda: missing[1]("absent")))
+    same(outcome(lambda: missing[0]("absent")), outcome(lambda: missing[1]("absent")))
 
 
 @pytest.mark.parametrize(
@@ -367,10 +339,10 @@ def test_rendezvous_parameters_read_values_as_torchs_do(getter: str, value: str)
 def test_rendezvous_parameters_refuse_what_torchs_refuse(
     backend: str, endpoint: str, min_nodes: int, max_nodes: int
 ) -> None:
-    theirs, ours = _both("rendezvous")
-    _same(
+    theirs, ours = both("rendezvous")
+    same(
         *(
-            _outcome(
+            outcome(
                 lambda s=s: (
                     s.RendezvousParameters(backend, endpoint, "r", min_nodes, max_nodes) and None
                 )
@@ -404,10 +376,10 @@ ENDPOINTS = [
 @pytest.mark.parametrize("endpoint", ENDPOINTS)
 @pytest.mark.parametrize("default_port", [29400, -1])
 def test_parse_rendezvous_endpoint_as_torchs(endpoint: str | None, default_port: int) -> None:
-    theirs, ours = _both("rendezvous.utils")
-    _same(
-        _outcome(lambda: theirs.parse_rendezvous_endpoint(endpoint, default_port)),
-        _outcome(lambda: ours.parse_rendezvous_endpoint(endpoint, default_port)),
+    theirs, ours = both("rendezvous.utils")
+    same(
+        outcome(lambda: theirs.parse_rendezvous_endpoint(endpoint, default_port)),
+        outcome(lambda: ours.parse_rendezvous_endpoint(endpoint, default_port)),
     )
 
 
@@ -424,15 +396,15 @@ def test_parse_rendezvous_endpoint_as_torchs(endpoint: str | None, default_port:
     ids=str,
 )
 def test_c10d_create_backend_on_a_real_tcpstore_as_torchs(conf: dict[str, str]) -> None:
-    theirs, ours = _both("rendezvous.c10d_rendezvous_backend")
+    theirs, ours = both("rendezvous.c10d_rendezvous_backend")
     results = []
     for side in (theirs, ours):
         params = importlib.import_module(side.__name__.rsplit(".", 1)[0]).RendezvousParameters(
             "c10d", "127.0.0.1:0", "mirror-c10d", 1, 1, **conf
         )
-        outcome = _outcome(lambda side=side, params=params: side.create_backend(params))
-        if outcome[0] == "value":
-            backend, store = outcome[1]
+        got = outcome(lambda side=side, params=params: side.create_backend(params))
+        if got[0] == "value":
+            backend, store = got[1]
             assert type(backend).__name__ == "C10dRendezvousBackend"
             assert backend.name == "c10d"
             # The store is served: a client of it reads what the returned store wrote.
@@ -443,14 +415,14 @@ def test_c10d_create_backend_on_a_real_tcpstore_as_torchs(conf: dict[str, str]) 
                 store.host, store.port, is_master=False, timeout=timedelta(seconds=30)
             )
             assert client.get("mirror/key") == b"v"
-            outcome = ("value", (type(store).__name__, store.host, store.timeout))
-        results.append(outcome)
-    _same(*results)
+            got = ("value", (type(store).__name__, store.host, store.timeout))
+        results.append(got)
+    same(*results)
     assert theirs.DEFAULT_PORT == ours.DEFAULT_PORT == 29400
 
 
 def test_c10d_create_backend_on_a_file_store_as_torchs(tmp_path: Path) -> None:
-    theirs, ours = _both("rendezvous.c10d_rendezvous_backend")
+    theirs, ours = both("rendezvous.c10d_rendezvous_backend")
     kinds = []
     for side, path in ((theirs, tmp_path / "theirs"), (ours, tmp_path / "ours")):
         params = importlib.import_module(side.__name__.rsplit(".", 1)[0]).RendezvousParameters(
@@ -472,15 +444,15 @@ def test_c10d_create_backend_on_a_file_store_as_torchs(tmp_path: Path) -> None:
     ],
 )
 def test_static_rendezvous_refuses_what_torchs_refuses(endpoint: str, conf: dict[str, str]) -> None:
-    theirs, ours = _both("rendezvous.static_tcp_rendezvous")
+    theirs, ours = both("rendezvous.static_tcp_rendezvous")
     outcomes = []
     for side in (theirs, ours):
         params = importlib.import_module(side.__name__.rsplit(".", 1)[0]).RendezvousParameters(
             "static", endpoint, "mirror-static", 1, 1, **conf
         )
-        outcomes.append(_outcome(lambda side=side, params=params: side.create_rdzv_handler(params)))
+        outcomes.append(outcome(lambda side=side, params=params: side.create_rdzv_handler(params)))
     assert outcomes[0][0] == "raised"
-    _same(*outcomes)
+    same(*outcomes)
 
 
 def test_static_rendezvous_on_one_node_as_torchs() -> None:
@@ -489,7 +461,7 @@ def test_static_rendezvous_on_one_node_as_torchs() -> None:
     has just hosted."""
     from tests.helpers import free_port
 
-    theirs, ours = _both("rendezvous.static_tcp_rendezvous")
+    theirs, ours = both("rendezvous.static_tcp_rendezvous")
     port = free_port()
     handlers = [
         side.create_rdzv_handler(
@@ -530,7 +502,7 @@ def test_static_rendezvous_on_one_node_as_torchs() -> None:
 def test_expires_without_a_client_raises_torchs_runtime_error(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
-    theirs, ours = _both("timer")
+    theirs, ours = both("timer")
     monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)
     theirs.configure(None)
     ours.configure(None)
@@ -542,13 +514,13 @@ def test_expires_without_a_client_raises_torchs_runtime_error(
 
         return call
 
-    _same(_outcome(enter(theirs)), _outcome(enter(ours)))
-    assert _outcome(enter(ours))[0] == "raised"
+    same(outcome(enter(theirs)), outcome(enter(ours)))
+    assert outcome(enter(ours))[0] == "raised"
 
 
 @pytest.mark.parametrize("pipe", ["missing", "no reader"])
 def test_a_timer_client_with_no_server_raises_torchs_broken_pipe(tmp_path: Path, pipe: str) -> None:
-    theirs, ours = _both("timer")
+    theirs, ours = both("timer")
     path = tmp_path / "timer.fifo"
     if pipe == "no reader":
         os.mkfifo(path)
@@ -558,13 +530,13 @@ def test_a_timer_client_with_no_server_raises_torchs_broken_pipe(tmp_path: Path,
             client = side.FileTimerClient(str(path))
             args = ("scope", 1e12) if call == "acquire" else ("scope",)
             method = getattr(client, call)
-            outcomes.append(_outcome(lambda method=method, args=args: method(*args)))
+            outcomes.append(outcome(lambda method=method, args=args: method(*args)))
         assert outcomes[0][0] == "raised" and isinstance(outcomes[0][1], BrokenPipeError)
-        _same(*outcomes)
+        same(*outcomes)
 
 
 def test_timer_requests_serialize_as_torchs() -> None:
-    theirs, ours = _both("timer")
+    theirs, ours = both("timer")
     made = [s.FileTimerRequest(123, "scope", 1700000000.5, signal.SIGKILL) for s in (theirs, ours)]
     assert made[0].to_json() == made[1].to_json()
     assert made[1] == ours.FileTimerRequest(123, "scope", 1700000000.5, signal.SIGKILL)
@@ -574,7 +546,7 @@ def test_file_timer_server_run_once_serves_what_is_written_then_stops(tmp_path: 
     """torch's run_once: process the requests written so far (a due timer's process is killed),
     then stop and remove the FIFO. torch's server signals its own process after a kill, so only
     ours runs here; torch's is run against it in test_timer_api.py."""
-    _, ours = _both("timer")
+    _, ours = both("timer")
     path = tmp_path / "timer.fifo"
     events: list[str] = []
     server = ours.FileTimerServer(
@@ -613,7 +585,7 @@ def _recorder(side: ModuleType, into: list[tuple[str, str, int]]) -> Any:
 
 
 def test_put_metric_and_prof_reach_the_configured_handler_as_torchs() -> None:
-    theirs, ours = _both("metrics")
+    theirs, ours = both("metrics")
     seen: list[list[tuple[str, str, int]]] = []
     for side in (theirs, ours):
         got: list[tuple[str, str, int]] = []
@@ -646,7 +618,7 @@ def test_put_metric_and_prof_reach_the_configured_handler_as_torchs() -> None:
 
 
 def test_events_serialize_and_log_as_torchs() -> None:
-    theirs, ours = _both("events")
+    theirs, ours = both("events")
     made = [
         (
             s.Event("e", s.EventSource.AGENT, 5, {"k": 1, "s": "v", "n": None}),
@@ -660,13 +632,13 @@ def test_events_serialize_and_log_as_torchs() -> None:
         assert ours.Event.deserialize(t_event.serialize()) == o_event
         assert ours.RdzvEvent.deserialize(t_rdzv.serialize()) == o_rdzv
     for destination in ("null", "dynamic_rendezvous", "console", "no-such"):
-        _same(
-            _outcome(lambda d=destination: type(theirs.get_logging_handler(d)).__name__),
-            _outcome(lambda d=destination: type(ours.get_logging_handler(d)).__name__),
+        same(
+            outcome(lambda d=destination: type(theirs.get_logging_handler(d)).__name__),
+            outcome(lambda d=destination: type(ours.get_logging_handler(d)).__name__),
         )
-    _same(
-        _outcome(lambda: theirs.record(made[0][0], "no-such")),
-        _outcome(lambda: ours.record(made[1][0], "no-such")),
+    same(
+        outcome(lambda: theirs.record(made[0][0], "no-such")),
+        outcome(lambda: ours.record(made[1][0], "no-such")),
     )
     # Recorded to a destination with a handler: one JSON line, the event's serialization.
     lines: list[str] = []

@@ -16,38 +16,17 @@ from types import ModuleType
 from typing import Any
 
 import pytest
-
-TORCH = "torch.distributed.elastic"
-OURS = "elastic_run.elastic"
-
-
-def _both(rel: str) -> tuple[ModuleType, ModuleType]:
-    return importlib.import_module(f"{TORCH}.{rel}"), importlib.import_module(f"{OURS}.{rel}")
-
-
-def _outcome(call: Callable[[], Any]) -> tuple[str, Any]:
-    try:
-        return "value", call()
-    except Exception as exc:
-        return "raised", exc
-
-
-def _same(theirs: tuple[str, Any], ours: tuple[str, Any]) -> None:
-    assert theirs[0] == ours[0], (theirs, ours)
-    if theirs[0] == "raised":
-        assert isinstance(ours[1], type(theirs[1])), (type(ours[1]).__mro__, type(theirs[1]))
-    else:
-        assert ours[1] == theirs[1], (ours[1], theirs[1])
+from side_by_side import OURS, TORCH, both, outcome, same
 
 
 def test_a_log_dir_that_is_a_file_is_torchs_not_a_directory_error(tmp_path: Path) -> None:
-    theirs, ours = _both("multiprocessing")
+    theirs, ours = both("multiprocessing")
     regular = tmp_path / "regular"
     regular.write_text("")
     outcomes = [
-        _outcome(lambda s=side: s.DefaultLogsSpecs(log_dir=str(regular))) for side in (theirs, ours)
+        outcome(lambda s=side: s.DefaultLogsSpecs(log_dir=str(regular))) for side in (theirs, ours)
     ]
-    _same(*outcomes)
+    same(*outcomes)
     assert outcomes[0][0] == "raised"
     assert isinstance(outcomes[1][1], ValueError)  # as ours raised before, for its callers
 
@@ -55,7 +34,7 @@ def test_a_log_dir_that_is_a_file_is_torchs_not_a_directory_error(tmp_path: Path
 def test_a_file_timer_server_in_a_missing_directory_is_torchs_file_not_found(
     tmp_path: Path,
 ) -> None:
-    theirs, ours = _both("timer")
+    theirs, ours = both("timer")
     path = str(tmp_path / "missing" / "watchdog")
 
     def start(side: ModuleType) -> Callable[[], None]:
@@ -66,8 +45,8 @@ def test_a_file_timer_server_in_a_missing_directory_is_torchs_file_not_found(
 
         return call
 
-    outcomes = [_outcome(start(theirs)), _outcome(start(ours))]
-    _same(*outcomes)
+    outcomes = [outcome(start(theirs)), outcome(start(ours))]
+    same(*outcomes)
     assert outcomes[0][0] == "raised"
     assert isinstance(outcomes[1][1], ValueError)
 
@@ -85,8 +64,8 @@ def test_a_file_timer_server_in_a_missing_directory_is_torchs_file_not_found(
     ],
 )
 def test_std_from_str_as_torchs(text: str) -> None:
-    theirs, ours = _both("multiprocessing")
-    _same(_outcome(lambda: theirs.Std.from_str(text)), _outcome(lambda: ours.Std.from_str(text)))
+    theirs, ours = both("multiprocessing")
+    same(outcome(lambda: theirs.Std.from_str(text)), outcome(lambda: ours.Std.from_str(text)))
 
 
 def _static_handler(root: str) -> Any:
@@ -105,8 +84,8 @@ def test_get_entrypoint_name_is_torchs(entrypoint: Any) -> None:
         spec = api.WorkerSpec(
             role="t", local_world_size=1, rdzv_handler=_static_handler(root), entrypoint=entrypoint
         )
-        names.append(_outcome(spec.get_entrypoint_name))
-    _same(*names)
+        names.append(outcome(spec.get_entrypoint_name))
+    same(*names)
 
 
 def test_the_error_handler_modules_are_torchs() -> None:
@@ -131,5 +110,5 @@ def test_the_error_handler_modules_are_torchs() -> None:
 
 def test_event_metadata_value_is_torchs() -> None:
     for rel in ("events", "events.api"):
-        theirs, ours = _both(rel)
+        theirs, ours = both(rel)
         assert ours.EventMetadataValue == theirs.EventMetadataValue

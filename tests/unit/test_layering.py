@@ -483,15 +483,21 @@ def _in_class(cls: ast.ClassDef) -> Iterator[ast.AST]:
             todo.extend(ast.iter_child_nodes(node))
 
 
-def _owned(cls: ast.ClassDef) -> frozenset[str]:
-    owned: set[str] = set()
-    for statement in cls.body:
+def _names_defined(body: list[ast.stmt]) -> set[str]:
+    """The names a module's or class's body binds: functions, classes, assigned names."""
+    names: set[str] = set()
+    for statement in body:
         if isinstance(statement, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-            owned.add(statement.name)
+            names.add(statement.name)
         elif isinstance(statement, ast.Assign):
-            owned.update(t.id for t in statement.targets if isinstance(t, ast.Name))
+            names.update(t.id for t in statement.targets if isinstance(t, ast.Name))
         elif isinstance(statement, ast.AnnAssign) and isinstance(statement.target, ast.Name):
-            owned.add(statement.target.id)
+            names.add(statement.target.id)
+    return names
+
+
+def _owned(cls: ast.ClassDef) -> frozenset[str]:
+    owned = _names_defined(cls.body)
     for node in _in_class(cls):
         targets: list[ast.expr]
         if isinstance(node, ast.Assign):
@@ -647,40 +653,15 @@ def test_no_module_reaches_into_another_objects_private_attributes(path: Path) -
 def _is_same_class_peer(tree: ast.Module, node: ast.AST, attr: str) -> bool:
     """``other._x`` inside a method of a class that defines ``_x`` itself (a peer instance)."""
     for cls in (n for n in ast.walk(tree) if isinstance(n, ast.ClassDef)):
-        if not any(n is node for n in ast.walk(cls)):
-            continue
-        assigned = {
-            t.attr
-            for n in ast.walk(cls)
-            for t in (n.targets if isinstance(n, ast.Assign) else [getattr(n, "target", None)])
-            if isinstance(t, ast.Attribute)
-            and isinstance(t.value, ast.Name)
-            and t.value.id == "self"
-        }
-        fields = {
-            n.target.id
-            for n in cls.body
-            if isinstance(n, ast.AnnAssign) and isinstance(n.target, ast.Name)
-        }
-        methods = {
-            n.name for n in cls.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
-        }
-        return attr in assigned | fields | methods
+        if any(n is node for n in ast.walk(cls)):
+            return attr in _owned(cls)
     return False
 
 
 @pytest.mark.parametrize("path", MODULES, ids=_name)
 def test_every_all_is_complete(path: Path) -> None:
     """``__all__`` holds every public class, function and constant the module defines."""
-    tree = ast.parse(path.read_text())
-    defined: set[str] = set()
-    for node in tree.body:
-        if isinstance(node, (ast.FunctionDef, ast.ClassDef, ast.AsyncFunctionDef)):
-            defined.add(node.name)
-        elif isinstance(node, ast.Assign):
-            defined.update(t.id for t in node.targets if isinstance(t, ast.Name))
-        elif isinstance(node, ast.AnnAssign) and isinstance(node.target, ast.Name):
-            defined.add(node.target.id)
+    defined = _names_defined(ast.parse(path.read_text()).body)
     public = {n for n in defined if not n.startswith("_") and n not in ("log", "logger")}
     module = importlib.import_module(_name(path).removesuffix(".py").replace("/", "."))
     exported = set(getattr(module, "__all__", ()))
