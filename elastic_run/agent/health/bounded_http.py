@@ -26,8 +26,8 @@ Invariants:
   ``read_deadline_s`` of the connect, else the connection is closed without a reply; a reply
   must be sent within ``write_deadline_s``, else the connection is closed.
 - Descriptors are reserved for the process's own work: when fewer than ``reserved_descriptors``
-  are free (counted once per accept burst), new connections get the canned ``503`` and are
-  closed at once.
+  are free (counted once per accept burst, and again before a refusal: a burst may outlast the
+  pressure), new connections get the canned ``503`` and are closed at once.
 - ``accept()`` errors never end the server (see :mod:`elastic_run.descriptors`): an error of
   one pending connection is skipped; running out of descriptors or memory pauses accepting
   (briefly, doubling up to a second) and is logged once per episode.
@@ -332,6 +332,8 @@ class BoundedHTTPServer:
         for conn, address in accept_some(self._listener, _ACCEPTS_PER_BURST, self._pause_accepting):
             if self._accept_pause.succeeded():
                 logger.warning("%s: accepting connections again", self._name)
+            if free is not None and free <= self._reserved:
+                free = free_descriptors()  # the burst's count may be stale by now
             if free is not None and free <= self._reserved:
                 self._refuse(conn, _NO_DESCRIPTORS)
                 continue
