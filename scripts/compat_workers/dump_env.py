@@ -21,8 +21,11 @@ def main() -> None:
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "?")
     out = Path(os.environ["COMPAT_OUT"])
     (out / f"env-{rank}-{restart}-{os.getpid()}.json").write_text(json.dumps(dict(os.environ)))
-    print(f"out from rank {rank}", flush=True)
-    print(f"err from rank {rank}", file=sys.stderr, flush=True)
+    # One write a line: print() writes the text and the newline apart when Python runs unbuffered
+    # (PYTHONUNBUFFERED), and two workers sharing torchrun's stdout then interleave mid-line.
+    for stream, word in ((sys.stdout, "out"), (sys.stderr, "err")):
+        stream.write(f"{word} from rank {rank}\n")
+        stream.flush()
     if os.environ.get("COMPAT_FAIL") == "1" and rank == "1":
         raise RuntimeError("compat worker fails on purpose")
     if os.environ.get("COMPAT_WAIT") == "1":
