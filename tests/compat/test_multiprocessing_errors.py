@@ -135,17 +135,43 @@ def test_a_launcher_passes_its_childs_error_up_with_its_exit_code(
 
 
 def test_process_failure_without_an_error_file_is_described_by_its_exit(tmp_path: Path) -> None:
-    killed = ours.ProcessFailure(0, 77, -signal.SIGKILL, str(tmp_path / "absent.json"))
-    assert killed.error_file == "<N/A>"
+    """Side by side with torch's: the same fields and data (``errorTraits`` for a process that
+    exited by itself and said nothing), the same message for a signal; for an exit, ours says
+    what to do (README: "`ProcessFailure.message` of a process that exited")."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
+
+    empty = tmp_path / "empty.json"
+    empty.write_text(json.dumps({"message": ""}))
+    cases = {
+        "killed": (0, 77, -signal.SIGKILL, str(tmp_path / "absent.json")),
+        "exited": (1, 78, 2, str(tmp_path / "absent.json")),
+        "exited, an error file without a message": (1, 79, 1, str(empty)),
+        "killed, an error file without a message": (1, 80, -signal.SIGTERM, str(empty)),
+    }
+    for name, args in cases.items():
+        mine, theirs = ours.ProcessFailure(*args), TorchFailure(*args)
+        assert (mine.error_file, mine.error_file_data, mine.signal_name()) == (
+            theirs.error_file,
+            theirs.error_file_data,
+            theirs.signal_name(),
+        ), name
+        if args[2] < 0:
+            assert mine.message == theirs.message, name
+        else:
+            assert mine.message == (
+                f"exit code {args[2]}, no error file (decorate the entrypoint with @record to have "
+                "its exception and traceback here)"
+            ), name
+    killed = ours.ProcessFailure(*cases["killed"])
     assert killed.error_file_data == {"message": "<NONE>"}
-    assert killed.signal_name() == "SIGKILL"
     assert "Signal 9 (SIGKILL)" in killed.message and "77" in killed.message
     assert abs(killed.timestamp - time.time()) < 60
     assert killed.timestamp_isoformat().count("_") == 1  # YYYY-MM-DD_HH:MM:SS
-
-    exited = ours.ProcessFailure(1, 78, 2, str(tmp_path / "absent.json"))
-    assert exited.signal_name() == "<N/A>"
-    assert isinstance(exited.message, str) and exited.message
+    exited = ours.ProcessFailure(*cases["exited"])
+    assert exited.error_file_data["errorTraits"] == {
+        "category": "system_terminated_error",
+        "retryability": "False",
+    }
 
 
 def test_process_failure_reads_torchs_own_error_file(tmp_path: Path) -> None:

@@ -42,6 +42,9 @@ __all__ = [
 _MAX_RAW_CHARS = 4000
 NOT_AVAILABLE = "<N/A>"
 _NO_ERROR_DATA = "<NONE>"
+# What torch adds to ``error_file_data`` of a process that exited (not by a signal) and said
+# nothing: no error file, or one without a message.
+_SILENT_EXIT_TRAITS = {"category": "system_terminated_error", "retryability": "False"}
 
 
 @dataclass(frozen=True)
@@ -155,7 +158,9 @@ class ProcessFailure:
         pid: its process id.
         exitcode: its exit status, or ``-signum`` when a signal killed it.
         error_file: its error file, or ``"<N/A>"`` when it wrote none.
-        error_file_data: the error file's JSON (``{"message": "<NONE>"}`` without one).
+        error_file_data: the error file's JSON (``{"message": "<NONE>"}`` without one; a
+            process that exited without a signal and said nothing also gets torch's
+            ``errorTraits``: ``system_terminated_error``, not retryable).
         message: the file's ``message`` entry (torch's ``{"message", "extraInfo"}`` object,
             or a string), else a sentence saying how the process ended.
         timestamp: when it failed, epoch seconds: the error file's, else when this was built.
@@ -189,6 +194,11 @@ class ProcessFailure:
         else:
             self.error_file_data = data
             self.message = data["message"]
+        said = info is not None and bool(self.message)
+        if not self.message:  # a file without a message: described by the exit, as none is
+            self.message = self._ended_text()
+        if not said and self.exitcode >= 0:
+            self.error_file_data["errorTraits"] = dict(_SILENT_EXIT_TRAITS)
         return info
 
     def _ended_text(self) -> str:
