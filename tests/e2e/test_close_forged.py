@@ -109,9 +109,10 @@ class _Forger:
             self._etcd.close()
 
 
-def _close(job: Job, *extra: str) -> subprocess.CompletedProcess[str]:
+def _job_cli(job: Job, command: str, *extra: str) -> subprocess.CompletedProcess[str]:
+    """``elastic-run <command>`` (``status``, ``close``) on the job's rendezvous."""
     return subprocess.run(
-        [*CLI, "close", *job.rdzv_args, "--rdzv-id", job.run_id, *extra],
+        [*CLI, command, *job.rdzv_args, "--rdzv-id", job.run_id, *extra],
         capture_output=True,
         text=True,
         timeout=120,
@@ -122,13 +123,7 @@ def _close(job: Job, *extra: str) -> subprocess.CompletedProcess[str]:
 def _check_status_names_the_missing_round(job: Job) -> None:
     """The job exists while any of its keys does: ``status`` shows it at its last round, the gap
     named (checked on the job whose ``round`` key was deleted, before it is closed)."""
-    status = subprocess.run(
-        [*CLI, "status", *job.rdzv_args, "--rdzv-id", job.run_id, "--json", "--sample", "0"],
-        capture_output=True,
-        text=True,
-        timeout=60,
-        env=cli_env(),
-    )
+    status = _job_cli(job, "status", "--json", "--sample", "0")
     assert status.returncode == 0, status.stderr
     body = json.loads(status.stdout)
     assert body["round"] == 0 and len(body["members"]) == 2
@@ -152,7 +147,7 @@ def test_close_ends_a_job_whatever_its_store_holds(
         if forgery == "round_deleted":
             _check_status_names_the_missing_round(job)
 
-        done = _close(job, "--wait", "--timeout", "60")
+        done = _job_cli(job, "close", "--wait", "--timeout", "60")
         assert done.returncode == 0, done.stderr
         lines = done.stderr.strip().splitlines()
         if value is None:
@@ -198,7 +193,7 @@ def test_close_wait_past_its_bound_exits_1_naming_the_agents_still_there(
         script=_STUBBORN,
     )
     try:
-        done = _close(job, "--wait", "--timeout", "1")
+        done = _job_cli(job, "close", "--wait", "--timeout", "1")
         assert done.returncode == 1, done.stderr
         lines = done.stderr.strip().splitlines()
         assert lines[0] == f"closed rendezvous '{job.run_id}'", done.stderr
