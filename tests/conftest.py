@@ -32,6 +32,7 @@ REPO_ROOT = Path(__file__).resolve().parent.parent
 if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
+from tests.forked_agents import template_pids  # noqa: E402
 from tests.helpers import is_alive, wait_until  # noqa: E402  (needs the path above)
 from tests.machine import MISSING, require_etcd  # noqa: E402
 
@@ -53,7 +54,10 @@ def _key(proc: psutil.Process) -> ProcessKey | None:
 
 def _descendants() -> dict[ProcessKey, psutil.Process]:
     found: dict[ProcessKey, psutil.Process] = {}
+    templates = template_pids()  # started by a test, kept for the later ones
     for proc in psutil.Process().children(recursive=True):
+        if proc.pid in templates:
+            continue
         key = _key(proc)
         if key is not None and is_alive(proc.pid):
             found[key] = proc

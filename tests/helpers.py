@@ -7,9 +7,9 @@ thread or process goes through it, and it raises when the condition does not com
 from __future__ import annotations
 
 import os
+import selectors
 import socket
 import subprocess
-import sys
 import threading
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -163,7 +163,9 @@ def run_cli(
     timeout_s: float = 60.0,
     cwd: str | os.PathLike[str] | None = None,
 ) -> subprocess.CompletedProcess[str]:
-    """Run ``python -m elastic_run ARGS`` to completion and capture its output.
+    """Run ``elastic-run ARGS`` to completion and capture its output (as text, as
+    ``subprocess.run(..., capture_output=True, text=True)``): the console script, forked from a
+    template that imported torch (``tests/forked_agents.py``) when it can.
 
     Args:
         args: the command-line arguments.
@@ -178,31 +180,56 @@ def run_cli(
     Raises:
         AssertionError: the command ran past ``timeout_s`` (the message holds its output).
     """
+    from tests.forked_agents import start_agent
+
+    deadline = time.monotonic() + timeout_s
     full_env = dict(os.environ)
     full_env.update(env or {})
     python_path = full_env.get("PYTHONPATH")
     full_env["PYTHONPATH"] = os.pathsep.join(
         [str(REPO_ROOT), *([python_path] if python_path else [])]
     )
-    command = [sys.executable, "-m", "elastic_run", *args]
-    with subprocess.Popen(
-        command,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        text=True,
-        env=full_env,
-        cwd=cwd,
-    ) as proc:
-        try:
-            stdout, stderr = proc.communicate(timeout=timeout_s)
-        except subprocess.TimeoutExpired:
-            _kill_tree(proc.pid)
-            stdout, stderr = proc.communicate()
-            raise AssertionError(
-                f"{' '.join(command)} ran past {timeout_s} s\n"
-                f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
-            ) from None
-    return subprocess.CompletedProcess(command, proc.returncode, stdout, stderr)
+    out_r, out_w = os.pipe()
+    err_r, err_w = os.pipe()
+    try:
+        proc = start_agent(args, env=full_env, stdout=out_w, stderr=err_w, cwd=cwd)
+    except BaseException:
+        os.close(out_r)
+        os.close(err_r)
+        raise
+    finally:
+        os.close(out_w)
+        os.close(err_w)
+    stdout, stderr = _read_to_end([out_r, err_r], deadline)
+    try:
+        code = proc.wait(max(0.0, deadline - time.monotonic()))
+    except subprocess.TimeoutExpired:
+        _kill_tree(proc.pid)
+        raise AssertionError(
+            f"elastic-run {' '.join(args)} ran past {timeout_s} s\n"
+            f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
+        ) from None
+    return subprocess.CompletedProcess(proc.args, code, stdout, stderr)
+
+
+def _read_to_end(fds: list[int], deadline: float) -> list[str]:
+    """Read each pipe to its end (or to ``deadline``), close it; its text, newlines universal."""
+    chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
+    try:
+        with selectors.DefaultSelector() as selector:
+            for fd in fds:
+                selector.register(fd, selectors.EVENT_READ)
+            while selector.get_map() and time.monotonic() < deadline:
+                for key, _ in selector.select(deadline - time.monotonic()):
+                    data = os.read(key.fd, 1 << 16)
+                    if data:
+                        chunks[key.fd].append(data)
+                    else:
+                        selector.unregister(key.fd)
+    finally:
+        for fd in fds:
+            os.close(fd)
+    return [b"".join(chunks[fd]).decode().replace("\r\n", "\n").replace("\r", "\n") for fd in fds]
 
 
 def run_cli_in_process(

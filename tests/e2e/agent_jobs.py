@@ -18,6 +18,8 @@ from pathlib import Path
 import psutil
 from helpers import REPO_ROOT, wait_until
 
+from tests.forked_agents import AgentProcess, start_agent
+
 __all__ = ["CLI", "WORKER", "Job", "cli_env", "start_job", "stop_job"]
 
 CLI = [str(Path(sys.executable).with_name("elastic-run"))]
@@ -41,7 +43,7 @@ class Job:
     backend: str
     endpoint: str
     out: Path
-    agents: list[subprocess.Popen[bytes]]
+    agents: list[AgentProcess]
     nprocs: list[int]
 
     @property
@@ -90,16 +92,15 @@ def start_job(
     out = tmp_path / "out"
     out.mkdir()
     run_id = f"st-{uuid.uuid4().hex[:8]}"
-    agents: list[subprocess.Popen[bytes]] = []
+    agents: list[AgentProcess] = []
     job = Job(run_id, backend, endpoint, out, agents, nprocs)
     for index, nproc in enumerate(nprocs):
         if index == 1 and after_first is not None:
             after_first(job)
         log = (out / f"agent{index}.log").open("wb")
         agents.append(
-            subprocess.Popen(
+            start_agent(
                 [
-                    *CLI,
                     "--nnodes",
                     nnodes or str(len(nprocs)),
                     "--nproc-per-node",
@@ -122,7 +123,6 @@ def start_job(
                 stdout=log,
                 stderr=subprocess.STDOUT,
                 env=cli_env(),
-                start_new_session=True,
             )
         )
     wait_until(

@@ -1,7 +1,8 @@
 """Running the real ``elastic-run`` command in a subprocess, for the single-node e2e tests.
 
 The ``launch`` fixture starts the console script (``<venv>/bin/elastic-run``) in its own session
-with stdout and stderr in files (no pipe can fill up and stall it), and on teardown kills the
+(forked from a template that imported torch, ``tests/forked_agents.py``), with stdout and stderr in
+files (no pipe can fill up and stall it), and on teardown kills the
 agent and every process below it. Worker scripts live in ``tests/e2e/scripts``.
 """
 
@@ -19,6 +20,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.forked_agents import AgentProcess, start_agent
 from tests.helpers import REPO_ROOT, wait_until
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
@@ -76,7 +78,7 @@ def clean_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
 class Agent:
     """One ``elastic-run`` process started by :func:`launch`."""
 
-    proc: subprocess.Popen[bytes]
+    proc: AgentProcess
     stdout_path: Path
     stderr_path: Path
     known_pids: set[int] = field(default_factory=set)
@@ -156,14 +158,8 @@ def launch(tmp_path: Path) -> Iterator[Launch]:
         out = tmp_path / f"{label}.stdout"
         err = tmp_path / f"{label}.stderr"
         with out.open("wb") as out_file, err.open("wb") as err_file:
-            proc = subprocess.Popen(
-                [*cli_command(), *args],
-                stdin=subprocess.DEVNULL,
-                stdout=out_file,
-                stderr=err_file,
-                cwd=tmp_path,
-                env=clean_env(env),
-                start_new_session=True,
+            proc = start_agent(
+                args, env=clean_env(env), stdout=out_file, stderr=err_file, cwd=tmp_path
             )
         agent = Agent(proc, out, err)
         agents.append(agent)

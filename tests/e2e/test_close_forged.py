@@ -25,7 +25,7 @@ from elastic_run.rendezvous.etcd.server import EtcdServer
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, Job, cli_env, start_job, stop_job  # noqa: E402
-from helpers import free_port, no_process_left, wait_until  # noqa: E402
+from helpers import free_port, no_process_left, run_cli, wait_until  # noqa: E402
 
 pytestmark = pytest.mark.timeout(240)
 
@@ -111,13 +111,7 @@ class _Forger:
 
 def _job_cli(job: Job, command: str, *extra: str) -> subprocess.CompletedProcess[str]:
     """``elastic-run <command>`` (``status``, ``close``) on the job's rendezvous."""
-    return subprocess.run(
-        [*CLI, command, *job.rdzv_args, "--rdzv-id", job.run_id, *extra],
-        capture_output=True,
-        text=True,
-        timeout=120,
-        env=cli_env(),
-    )
+    return run_cli([command, *job.rdzv_args, "--rdzv-id", job.run_id, *extra], timeout_s=120)
 
 
 def _check_status_names_the_missing_round(job: Job) -> None:

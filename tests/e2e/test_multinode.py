@@ -15,7 +15,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -25,6 +24,7 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.forked_agents import AgentProcess, start_agent
 from tests.helpers import REPO_ROOT, free_port, is_alive, wait_until
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 
@@ -41,7 +41,7 @@ class Node:
     """One agent process and what it is called in the records of its workers."""
 
     name: str
-    proc: subprocess.Popen[bytes]
+    proc: AgentProcess
     log_path: Path
     log_dir: Path
     run_id: str
@@ -106,9 +106,6 @@ class Job:
             confs.append(f"is_host={'true' if host else 'false'}")
         log_dir = self.tmp / "logs" / name
         command = [
-            sys.executable,
-            "-m",
-            "elastic_run",
             "--nnodes",
             nnodes,
             "--nproc-per-node",
@@ -138,14 +135,7 @@ class Job:
         full_env.update(MN_OUT=str(self.out), MN_NODE=name, **(env or {}))
         log_path = self.tmp / f"{name}.log"
         with log_path.open("wb") as log:
-            proc = subprocess.Popen(
-                command,
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=full_env,
-                start_new_session=True,
-            )
+            proc = start_agent(command, env=full_env, stdout=log, stderr=subprocess.STDOUT)
         node = Node(name, proc, log_path, log_dir, self.run_id)
         node.seen.add(proc.pid)
         self.nodes[name] = node

@@ -24,15 +24,20 @@ from tests.machine import require_etcd, require_program
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from agent_jobs import CLI, WORKER, cli_env, start_job, stop_job  # noqa: E402
-from helpers import REPO_ROOT, free_port, no_process_left, run_cli_in_process, wait_until  # noqa: E402
+from helpers import (  # noqa: E402
+    REPO_ROOT,
+    free_port,
+    no_process_left,
+    run_cli,
+    run_cli_in_process,
+    wait_until,
+)
 
 pytestmark = pytest.mark.timeout(180)
 
 
 def _status(*args: str, timeout_s: float = 60) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [*CLI, "status", *args], capture_output=True, text=True, timeout=timeout_s, env=cli_env()
-    )
+    return run_cli(["status", *args], timeout_s=timeout_s)
 
 
 @pytest.fixture(name="etcd")
@@ -134,12 +139,9 @@ def test_status_json_matches_the_running_agents(
 def test_close_ends_a_running_two_node_job(tmp_path: Path) -> None:
     job = start_job(tmp_path, "c10d", f"127.0.0.1:{free_port()}", nprocs=[1, 1])
     try:
-        done = subprocess.run(
-            [*CLI, "close", *job.rdzv_args, "--rdzv-id", job.run_id, "--wait", "--timeout", "60"],
-            capture_output=True,
-            text=True,
-            timeout=90,
-            env=cli_env(),
+        done = run_cli(
+            ["close", *job.rdzv_args, "--rdzv-id", job.run_id, "--wait", "--timeout", "60"],
+            timeout_s=90,
         )
         assert done.returncode == 0, done.stderr
         assert f"closed rendezvous '{job.run_id}'" in done.stderr

@@ -40,7 +40,7 @@ import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, ClassVar
 
 from elastic_run.agent.workers.env import RANK_VARIABLES
 from elastic_run.errors import AgentError
@@ -136,6 +136,9 @@ class Zygote:
         preload: modules to import after torch.
     """
 
+    program: ClassVar[Path] = _PROGRAM
+    """The script the zygote runs (by path, with the arguments of ``zygote_process.py``)."""
+
     def __init__(
         self, *, python: str, env: Mapping[str, str], path0: str, preload: Sequence[str]
     ) -> None:
@@ -169,7 +172,7 @@ class Zygote:
         prefix = death_signal_prefix()
         try:
             self._proc = subprocess.Popen(
-                [*prefix, self.python, str(_PROGRAM), str(child.fileno()), self._path0]
+                [*prefix, self.python, str(self.program), str(child.fileno()), self._path0]
                 + [",".join(self._preload), _PADDING],
                 env={**self.env, "ELASTIC_RUN_ZYGOTE_PADDING": _ENV_PADDING},
                 stdin=subprocess.DEVNULL,
@@ -216,8 +219,9 @@ class Zygote:
         env: Mapping[str, str],
         stdout: int | IO[bytes],
         stderr: int | IO[bytes],
+        cwd: str | None = None,
     ) -> _ZygoteChild:
-        """Fork a worker from the zygote.
+        """Fork a worker from the zygote, in ``cwd`` (default: this process's).
 
         Raises:
             AgentError: the zygote is not ready, refused, died, or did not answer.
@@ -238,7 +242,7 @@ class Zygote:
             "module": command.module,
             "unbuffered": command.unbuffered,
             "path0": command.path0,
-            "cwd": os.getcwd(),
+            "cwd": os.getcwd() if cwd is None else cwd,
             "env": dict(env),
         }
         try:
@@ -260,6 +264,12 @@ class Zygote:
         with self._cond:
             self._cond.wait_for(lambda: pid in self._exits)
             return self._exits[pid]
+
+    def exit_code(self, pid: int, timeout_s: float = 0.0) -> int | None:
+        """The exit status of ``pid`` once reported within ``timeout_s``; None while it runs."""
+        with self._cond:
+            self._cond.wait_for(lambda: pid in self._exits, timeout_s)
+            return self._exits.get(pid)
 
     def has_child(self, pid: int) -> bool:
         """Whether ``pid`` was forked by this zygote."""

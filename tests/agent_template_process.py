@@ -1,0 +1,30 @@
+"""The agent template's process: warm starts' zygote, serving ``elastic-run`` agents to the tests.
+
+Run by path (``tests/forked_agents.py`` starts it as a :class:`~elastic_run.agent.warm.zygote.Zygote`
+whose program is this file), with the zygote's arguments. It is
+``elastic_run/agent/warm/zygote_process.py`` itself, loaded from its file: it imports torch once,
+then forks each agent and turns it into what ``python <venv>/bin/elastic-run ARGS`` starts (own
+session, default signals, the agent's stdio, cwd, environment, argv, ``sys.path[0]``, command line
+and ``/proc`` environ), and runs the console script as ``__main__``. Only what a warm *worker* gets
+before its script (the exit guard, the progress hooks: zygote_process's ``_arm_auto_progress``)
+is left out: an agent never has them. Nothing of elastic_run is imported before the fork.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import sys
+from pathlib import Path
+
+_ZYGOTE = Path(__file__).resolve().parent.parent / "elastic_run/agent/warm/zygote_process.py"
+
+if __name__ == "__main__":
+    spec = importlib.util.spec_from_file_location("zygote_process", _ZYGOTE)
+    assert spec is not None and spec.loader is not None
+    zygote_process = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(zygote_process)
+    request = zygote_process.main(sys.argv[1:])
+    if request is None:
+        sys.exit(0)
+    del request["env"]
+    zygote_process.run_worker(request)
