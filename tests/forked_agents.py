@@ -29,6 +29,7 @@ import os
 import signal
 import subprocess
 import sys
+import threading
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import IO
@@ -97,8 +98,11 @@ def _template_for(env: Mapping[str, str]) -> _Template | None:
     if key in _templates:
         template = _templates[key]
         return template if template is not None and template.is_alive else None
-    if len(_templates) >= _MAX_TEMPLATES:
-        return None
+    if (
+        len(_templates) >= _MAX_TEMPLATES
+        or threading.current_thread() is not threading.main_thread()
+    ):
+        return None  # (a template dies with the thread that started it: parent-death signal)
     template_env = {k: v for k, v in env.items() if k != _MARKER_VARIABLE}
     bin_dir = str(Path(console_script()).parent)
     template = _Template(python=sys.executable, env=template_env, path0=bin_dir, preload=[])
@@ -122,6 +126,7 @@ class ForkedAgent:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
+        self.template_pid = template.pid
         self._template = template
 
     def poll(self) -> int | None:

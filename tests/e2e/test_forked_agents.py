@@ -1,0 +1,182 @@
+"""The tests' forked agents (``tests/forked_agents.py``) against exec'd ones.
+
+The same job runs twice, once with its agent forked from the template and once exec'd
+(``ELASTIC_RUN_TEST_FORK_AGENTS=0``): what a test can see of the agent (its command line, cwd,
+session, environment, its workers' environment, its events, its exit status, its answer to
+SIGTERM) is the same. Then the harness's own rules: an agent whose start-up variables differ from
+every template's is exec'd, and a forked agent is waited for and killed as a ``Popen`` is.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import cli_harness
+import psutil
+import pytest
+from cli_harness import Agent, Launch, clean_env
+
+from tests import forked_agents
+from tests.forked_agents import FORK_VARIABLE, ForkedAgent, console_script, start_agent
+from tests.helpers import is_alive, no_process_left, wait_until
+
+launch = cli_harness.launch
+
+pytestmark = pytest.mark.timeout(180)
+
+RUN = 60.0
+
+# Writes its environment to $OUT/env-<RANK>.json, then waits for $OUT/go.
+WORKER = """\
+import json, os, sys, time
+from pathlib import Path
+out = Path(os.environ["OUT"])
+(out / f"env-{os.environ['RANK']}.json").write_text(json.dumps(dict(os.environ)))
+while not (out / "go").exists():
+    time.sleep(0.05)
+"""
+# Values that belong to one run or one test directory, not to how the agent was started.
+_PER_RUN = {
+    "MASTER_PORT",
+    "TORCHELASTIC_RUN_ID",
+    "TORCHELASTIC_ERROR_FILE",
+    "ELASTIC_RUN_PROGRESS_FILE",
+    "ELASTIC_RUN_GUARDIAN",
+    "ELASTIC_RUN_TEST_ID",
+    "OUT",
+    "PWD",
+    FORK_VARIABLE,  # the switch that made one of the two exec'd
+}
+
+
+def _job(launch: Launch, tmp_path: Path, name: str) -> tuple[Agent, Path, dict[str, Any]]:
+    """Start a two-worker job; while both workers wait, look at its agent."""
+    out = tmp_path / name
+    out.mkdir()
+    worker = out / "worker.py"
+    worker.write_text(WORKER)
+    args = ["--standalone", "--nproc-per-node", "2", "--no-live", str(worker)]
+    agent = launch(args, env={"OUT": str(out), "PROBE": "yes"}, name=name)
+    wait_until(
+        lambda: len(list(out.glob("env-*.json"))) == 2 or agent.proc.poll() is not None,
+        RUN,
+        message=agent.describe,
+    )
+    me = psutil.Process(agent.pid)
+    seen = {
+        "forked": isinstance(agent.proc, ForkedAgent),
+        "cmdline": me.cmdline(),
+        "cwd": me.cwd(),
+        "own_session": os.getsid(agent.pid) == agent.pid,
+        "probe": me.environ().get("PROBE"),
+        "python_path": me.environ().get("PYTHONPATH"),
+    }
+    return agent, out, seen
+
+
+def _worker_env(out: Path, rank: int) -> dict[str, str]:
+    env: dict[str, str] = json.loads((out / f"env-{rank}.json").read_text())
+    return {k: v for k, v in env.items() if k not in _PER_RUN}
+
+
+def _kinds(agent: Agent) -> list[str]:
+    """The event kinds of the agent's stderr lines (``... elastic-run[run] kind: text``)."""
+    return [
+        line.split("] ", 1)[1].split(":", 1)[0]
+        for line in agent.stderr.splitlines()
+        if "] " in line and " elastic-run[" in line
+    ]
+
+
+def test_a_forked_agent_is_seen_as_an_execd_one(
+    launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    runs = {}
+    for name in ("forked", "execd"):
+        if name == "execd":
+            monkeypatch.setenv(FORK_VARIABLE, "0")
+        agent, out, seen = _job(launch, tmp_path, name)
+        (out / "go").write_text("")
+        assert agent.wait(RUN) == 0, agent.describe()
+        runs[name] = (seen, [_worker_env(out, r) for r in (0, 1)], _kinds(agent), agent)
+    (forked, forked_env, forked_kinds, fa), (execd, execd_env, execd_kinds, ea) = (
+        runs["forked"],
+        runs["execd"],
+    )
+    assert forked.pop("forked") and not execd.pop("forked")
+    script = str(tmp_path / "{}" / "worker.py")
+    for seen, name in ((forked, "forked"), (execd, "execd")):
+        expected = [sys.executable, console_script(), "--standalone", "--nproc-per-node", "2"]
+        assert seen["cmdline"] == [*expected, "--no-live", script.format(name)], seen
+        assert seen["cwd"] == str(tmp_path)
+    forked["cmdline"] = execd["cmdline"] = None
+    assert forked == execd
+    for f_env, e_env in zip(forked_env, execd_env, strict=True):
+        keys = {*f_env, *e_env}
+        assert not {k: (f_env.get(k), e_env.get(k)) for k in keys if f_env.get(k) != e_env.get(k)}
+    assert forked_kinds == execd_kinds and "succeeded" in forked_kinds, (fa.stderr, ea.stderr)
+
+
+def test_sigterm_ends_a_forked_agent_as_an_execd_one(
+    launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    codes = {}
+    for name in ("forked", "execd"):
+        if name == "execd":
+            monkeypatch.setenv(FORK_VARIABLE, "0")
+        agent, out, _ = _job(launch, tmp_path, name)
+        workers = [p.pid for p in agent.remember_descendants()]
+        agent.proc.send_signal(signal.SIGTERM)
+        codes[name] = agent.wait(RUN)
+        wait_until(lambda pids=workers: no_process_left(pids), 30)
+    assert codes["forked"] == codes["execd"], codes
+
+
+def _version(env: dict[str, str]) -> forked_agents.AgentProcess:
+    proc = start_agent(["--version"], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    assert proc.wait(RUN) == 0
+    return proc
+
+
+def test_start_up_variables_pick_the_template(monkeypatch: pytest.MonkeyPatch) -> None:
+    """An agent is forked only from a template started with its start-up variables."""
+    plain = _version(clean_env())
+    # Room for one more template (the run's other tests may hold some already).
+    monkeypatch.setattr(forked_agents, "_MAX_TEMPLATES", len(forked_agents.template_pids()) + 1)
+    warned = _version(clean_env({"PYTHONWARNINGS": "ignore::DeprecationWarning"}))
+    assert isinstance(plain, ForkedAgent) and isinstance(warned, ForkedAgent)
+    assert plain.template_pid != warned.template_pid
+    template = psutil.Process(warned.template_pid).environ()
+    assert template["PYTHONWARNINGS"] == "ignore::DeprecationWarning"
+    assert "PYTHONWARNINGS" not in psutil.Process(plain.template_pid).environ()
+    assert isinstance(_version(clean_env()), ForkedAgent)  # the same template again
+    # No room for one more: exec'd.
+    assert isinstance(_version(clean_env({"PYTHONWARNINGS": "error"})), subprocess.Popen)
+
+
+def test_a_forked_agent_waits_and_dies_as_a_popen(tmp_path: Path) -> None:
+    log = tmp_path / "agent.log"
+    worker = tmp_path / "worker.py"
+    worker.write_text("import time\ntime.sleep(600)\n")
+    with log.open("wb") as out:
+        proc = start_agent(
+            ["--standalone", "--nproc-per-node", "1", "--no-live", str(worker)],
+            env=clean_env(),
+            stdout=out,
+            stderr=subprocess.STDOUT,
+            cwd=tmp_path,
+        )
+    assert isinstance(proc, ForkedAgent)
+    assert proc.poll() is None
+    with pytest.raises(subprocess.TimeoutExpired):
+        proc.wait(0.1)
+    proc.kill()
+    assert proc.wait(RUN) == -signal.SIGKILL and proc.returncode == -signal.SIGKILL
+    assert not is_alive(proc.pid)
+    proc.kill()  # a no-op once it is gone
