@@ -37,18 +37,15 @@ if [[ -n "${ELASTIC_RUN_ALLOW_SKIPS:-}" ]]; then
 fi
 # Independent tests run in parallel (pytest-xdist). Whole files go to one worker, so a module's
 # fixtures (a Slurm cluster, an etcd cluster) start once.
-# Three at a time on the two cores here. The run is CPU-bound (16-23 CPU-minutes; process
-# accounting shows ~300 agents, ~80 zygotes and ~40 `status`/`close` children, each importing torch
-# at 1.5-2.5 s of CPU, then the workers). Measured on this machine (`time bash .ci/run`): two
-# workers 13.3 minutes; three 13.0, 10.5 and 9.9 in a row after the byte-compile step and the
-# lighter editable install, 10.2-14.4 before; four 9.3, 9.7, 11.7, 12.2 and 12.2, two of those five
-# failing under the load (a test race, fixed, and a live node judged lost in test_partitions, not
-# fixed): four buy little when the host is slow and add starvation. Three again on 2026-11-28/29,
-# 23:31-00:21 UTC, 2,468-2,476 tests: 12.3, 12.5 and 13.2 minutes (18.4-19.7 CPU-minutes of user). The host's speed varies by more
-# than the margin: `import torch.distributed` took 1.4 s of CPU at one hour and 2.5 s at another,
-# on an idle machine, and the same commit took 16.4 and 22.0 CPU-minutes an hour apart. A gloo
-# worker once died in torch's teardown abort under this load; elastic_run.exit_guard keeps a
-# worker's exit from racing gloo's threads.
+# Three at a time on the two cores here. The run is CPU-bound: before 2026-11-29 it took 21-26
+# CPU-minutes (12.8-15.2 minutes of wall time), most of it ~300 agents, ~80 zygotes and ~40
+# `status`/`close` children each importing torch (1.4-2.5 s of CPU each; the host's speed varies
+# by that much from hour to hour). Most agents are now forked from a template that imported torch
+# once per pytest worker (tests/forked_agents.py, warm starts' zygote serving the console script;
+# ELASTIC_RUN_TEST_FORK_AGENTS=0 execs them all again): 15-19 CPU-minutes, 9.3-10.6 minutes (see
+# the README's Development section for the runs). Four workers bought little when the host was
+# slow and starved some tests. A gloo worker once died in torch's teardown abort under this load;
+# elastic_run.exit_guard keeps a worker's exit from racing gloo's threads.
 # ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs them serially.
 jobs=${ELASTIC_RUN_TEST_JOBS:-3}
 parallel=()

@@ -8,17 +8,51 @@ session, default signals, the agent's stdio, cwd, environment, argv, ``sys.path[
 and ``/proc`` environ), and runs the console script as ``__main__``. Only what a warm *worker* gets
 before its script (the exit guard, the progress hooks: zygote_process's ``_arm_auto_progress``)
 is left out: an agent never has them. Nothing of elastic_run is imported before the fork.
+
+torch is imported first with stdout and stderr in a file: an exec'd agent would show what that
+import prints, a forked one cannot, so when it printed anything this template exits before it is
+ready (with the words on its stderr) and the tests exec their agents.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import os
 import sys
+import tempfile
 from pathlib import Path
 
 _ZYGOTE = Path(__file__).resolve().parent.parent / "elastic_run/agent/warm/zygote_process.py"
 
+
+def _import_torch_quietly() -> bytes:
+    """Import torch with fds 1 and 2 in a file; return what it wrote there."""
+    saved = [os.dup(1), os.dup(2)]
+    with tempfile.TemporaryFile() as caught:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.dup2(caught.fileno(), 1)
+        os.dup2(caught.fileno(), 2)
+        try:
+            import torch  # noqa: F401
+        finally:
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os.dup2(saved[0], 1)
+            os.dup2(saved[1], 2)
+            for fd in saved:
+                os.close(fd)
+        caught.seek(0)
+        return caught.read()
+
+
 if __name__ == "__main__":
+    printed = _import_torch_quietly()
+    if printed:
+        sys.stderr.write(
+            f"agent template: import torch printed, not forking agents:\n{printed!r}\n"
+        )
+        sys.exit(3)
     spec = importlib.util.spec_from_file_location("zygote_process", _ZYGOTE)
     assert spec is not None and spec.loader is not None
     zygote_process = importlib.util.module_from_spec(spec)

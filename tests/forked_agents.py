@@ -1,7 +1,7 @@
 """``elastic-run`` agents for the tests, forked from a template that imported torch once.
 
-An agent spends most of its CPU importing torch (1.4-2.5 s of a ~2 s start on this 2-core host;
-a run of the suite starts ~300 agents and is CPU-bound). :func:`start_agent` starts the console
+An agent spends most of its CPU importing torch (1.4-2.5 s of a ~2 s start on the 2-core host
+the suite is timed on; a run starts ~300 agents and is CPU-bound). :func:`start_agent` starts the console
 script ``<venv>/bin/elastic-run ARGS`` as ``subprocess.Popen`` would, but forked from a template
 process: warm starts' own zygote (``elastic_run/agent/warm/zygote_process.py``, through
 ``tests/agent_template_process.py``), which the warm-start tests hold to what a cold start sees.
@@ -10,14 +10,28 @@ The agent then runs in its own session with its stdio, cwd, environment, ``sys.a
 already in ``sys.modules`` (the agent's own imports of it are free), every elastic_run module
 imported by the agent itself.
 
-What differs from an exec, and why the tests do not see it: the agent's parent is the template
-(it dies with it: parent-death SIGKILL), and the variables that the interpreter's start or
-``import torch`` read are the template's. So an agent is forked only when its environment has the
-template's value for each of those (``_STARTUP_PREFIXES``); each pytest process holds at most
-``_MAX_TEMPLATES`` templates, one per such set. Otherwise, when ``ELASTIC_RUN_TEST_FORK_AGENTS=0``,
-or when a template cannot start, the agent is exec'd as before. The tests of the launcher's own
-start (the torchrun side-by-side runs, the demo, Slurm, the network namespaces, bad input) exec the
-console script themselves.
+What differs from an exec, and how the harness keeps the tests from seeing it:
+
+- What the interpreter's start and ``import torch`` read (``_STARTUP_PREFIXES``: PYTHON*, locale,
+  malloc, the loader, TORCH*, OpenMP, MKL, CUDA, NCCL, TZ, TMP*, HOME, PATH) is the template's: an
+  agent is forked only from a template started with its own values of those, as they are when the
+  agent imports torch (the CLI sets ``TORCH_CPP_LOG_LEVEL`` first: ``_import_env``). A pytest
+  process holds at most ``_MAX_TEMPLATES``; past that, the agent is exec'd.
+- Anything ``import torch`` prints would be lost: a template whose import printed a word is
+  never ready (``tests/agent_template_process.py``), and its agents are exec'd.
+- The string hash seed is the template's: ``_SLOTS`` templates per set of variables, each with
+  its own seed, are taken in turn, so the agents of a multi-node job do not share one.
+- The agent's parent is the template, and it dies with it (parent-death SIGKILL); its resource
+  limits, umask and CPU affinity are those of pytest when the template started (no test changes
+  them); torch's warning filters were added before the agent's own set-up, not after.
+- ``/proc/PID/cmdline`` is the command joined by spaces (an argument with a space in it comes
+  back split), and ``/proc/PID/environ`` also lists the template's variables that the agent's
+  environment lacks.
+
+``ELASTIC_RUN_TEST_FORK_AGENTS=0`` execs every agent. The tests of the launcher's own start (the
+torchrun side-by-side runs, the demo, Slurm, the network namespaces, ``--help`` without torch)
+exec the console script themselves; ``tests/e2e/test_forked_agents.py`` runs the same jobs both
+ways and compares what a test sees.
 
 :class:`ForkedAgent` is the ``Popen`` subset the tests use: ``pid``, ``args``, ``returncode``,
 ``poll``, ``wait`` (``subprocess.TimeoutExpired``), ``send_signal``, ``terminate``, ``kill``.
@@ -26,6 +40,7 @@ console script themselves.
 from __future__ import annotations
 
 import os
+import random
 import signal
 import subprocess
 import sys
@@ -39,6 +54,7 @@ from elastic_run.agent.warm.zygote import Zygote, warm_command
 __all__ = [
     "AgentProcess",
     "ForkedAgent",
+    "cli_command",
     "console_script",
     "start_agent",
     "template_pids",
@@ -68,16 +84,33 @@ _STARTUP_PREFIXES = (
     "HOME",
     "PATH",
 )
-_MAX_TEMPLATES = 3
+_MAX_TEMPLATES = 4
+# Templates per set of start-up variables, taken in turn: each has its own hash seed, so the
+# agents of a multi-node job do not all share one (an exec'd agent draws its own).
+_SLOTS = 2
 _READY_TIMEOUT_S = 120.0
 _MARKER_VARIABLE = "ELASTIC_RUN_TEST_ID"  # tests/conftest.py's: a template is no test's process
+# What the CLI sets in its own environment before it imports torch (elastic_run/cli/main.py for a
+# run, always; elastic_run/cli/status.py for status and close, unless set): torch reads it then.
+_CPP_LOG_LEVEL = ("TORCH_CPP_LOG_LEVEL", "FATAL")
+_READER_COMMANDS = ("status", "close")
 
-_templates: dict[tuple[tuple[str, str], ...], _Template | None] = {}
+_Key = tuple[tuple[str, str], ...]
+_templates: dict[tuple[_Key, int], _Template | None] = {}
+_turns: dict[_Key, int] = {}
 
 
 def console_script() -> str:
     """``<venv>/bin/elastic-run``: the console script of this interpreter's environment."""
     return str(Path(sys.executable).with_name("elastic-run"))
+
+
+def cli_command() -> list[str]:
+    """The command that runs the CLI: the console script, or ``python -m elastic_run``."""
+    script = console_script()
+    if os.access(script, os.X_OK):
+        return [script]
+    return [sys.executable, "-m", "elastic_run"]
 
 
 class _Template(Zygote):
@@ -89,38 +122,54 @@ def template_pids() -> set[int]:
     return {t.pid for t in _templates.values() if t is not None and t.pid is not None}
 
 
-def _startup_key(env: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
-    return tuple(sorted((k, v) for k, v in env.items() if k.startswith(_STARTUP_PREFIXES)))
+def _import_env(args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
+    """The agent's environment as it will be when it imports torch."""
+    found = dict(env)
+    name, value = _CPP_LOG_LEVEL
+    if args and args[0] in _READER_COMMANDS:
+        found.setdefault(name, value)
+    else:
+        found[name] = value
+    return found
 
 
-def _template_for(env: Mapping[str, str]) -> _Template | None:
-    key = _startup_key(env)
-    if key in _templates:
-        template = _templates[key]
+def _template_for(args: Sequence[str], env: Mapping[str, str]) -> _Template | None:
+    """A running template for an agent with ``args`` and ``env`` (the next in turn), or None."""
+    start_env = _import_env(args, env)
+    key = tuple(sorted((k, v) for k, v in start_env.items() if k.startswith(_STARTUP_PREFIXES)))
+    turn = _turns.get(key, 0)
+    _turns[key] = turn + 1
+    slot = (key, turn % _SLOTS)
+    if slot in _templates:
+        template = _templates[slot]
         return template if template is not None and template.is_alive else None
     if (
         len(_templates) >= _MAX_TEMPLATES
         or threading.current_thread() is not threading.main_thread()
     ):
         return None  # (a template dies with the thread that started it: parent-death signal)
-    template_env = {k: v for k, v in env.items() if k != _MARKER_VARIABLE}
+    template_env = {k: v for k, v in start_env.items() if k != _MARKER_VARIABLE}
+    template_env.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32)))
     bin_dir = str(Path(console_script()).parent)
     template = _Template(python=sys.executable, env=template_env, path0=bin_dir, preload=[])
+    _templates[slot] = None
     try:
         template.start()
     except Exception:
-        _templates[key] = None
         return None
     if template.wait_ready(_READY_TIMEOUT_S) is not None:
-        template.close()
-        _templates[key] = None
+        template.close()  # e.g. importing torch printed something (agent_template_process.py)
         return None
-    _templates[key] = template
+    _templates[slot] = template
     return template
 
 
 class ForkedAgent:
-    """An agent forked from a template, waited for as a ``subprocess.Popen``."""
+    """An agent forked from a template, waited for as a ``subprocess.Popen``.
+
+    The template reaps the agent at once: between its exit and the report of it, the pid is
+    free, so a signal then finds no process (ignored, as ``Popen`` does).
+    """
 
     def __init__(self, pid: int, template: _Template, args: list[str]) -> None:
         self.pid = pid
@@ -145,8 +194,11 @@ class ForkedAgent:
         return self.returncode
 
     def send_signal(self, sig: int) -> None:
-        if self.poll() is None:  # not yet reaped by the template: the pid is still the agent's
-            os.kill(self.pid, sig)
+        if self.poll() is None:
+            try:
+                os.kill(self.pid, sig)
+            except ProcessLookupError:
+                pass  # it exited; its report is on the way
 
     def terminate(self) -> None:
         self.send_signal(signal.SIGTERM)
@@ -176,29 +228,32 @@ def start_agent(
 
     ``stderr`` may be ``subprocess.STDOUT``.
     """
+    if subprocess.PIPE in (stdout, stderr):
+        raise ValueError("start_agent takes files or descriptors, not PIPE (use run_cli)")
     argv = [console_script(), *args]
     forking = os.environ.get(FORK_VARIABLE) != "0" and os.access(argv[0], os.X_OK)
-    template = _template_for(env) if forking else None
-    if template is not None:
-        where = os.fspath(cwd) if cwd is not None else os.getcwd()
-        command = warm_command([sys.executable, *argv], sys.executable, where)
-        assert not isinstance(command, str), command
-        out = stdout
-        err = stdout if stderr == subprocess.STDOUT else stderr
-        try:
-            child = template.spawn(command, [sys.executable, *argv], env, out, err, cwd=where)
-        except Exception:
-            pass  # the template died: exec this one
-        else:
-            return ForkedAgent(child.pid, template, argv)
-    if not os.access(argv[0], os.X_OK):
-        argv = [sys.executable, "-m", "elastic_run", *args]
-    return subprocess.Popen(
-        argv,
-        stdin=subprocess.DEVNULL,
-        stdout=stdout,
-        stderr=stderr,
-        cwd=cwd,
-        env=dict(env),
-        start_new_session=True,
-    )
+    template = _template_for(args, env) if forking else None
+    if template is None:
+        return subprocess.Popen(
+            [*cli_command(), *args],
+            stdin=subprocess.DEVNULL,
+            stdout=stdout,
+            stderr=stderr,
+            cwd=cwd,
+            env=dict(env),
+            start_new_session=True,
+        )
+    where = os.fspath(cwd) if cwd is not None else os.getcwd()
+    command = warm_command([sys.executable, *argv], sys.executable, where)
+    assert not isinstance(command, str), command
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    try:
+        out = devnull if stdout == subprocess.DEVNULL else stdout
+        err = out if stderr == subprocess.STDOUT else stderr
+        err = devnull if err == subprocess.DEVNULL else err
+        # Once the request is sent, an error is the test's: exec'ing the agent then could start
+        # it twice.
+        child = template.spawn(command, [sys.executable, *argv], env, out, err, cwd=where)
+    finally:
+        os.close(devnull)
+    return ForkedAgent(child.pid, template, argv)

@@ -184,6 +184,7 @@ def run_cli(
 
     deadline = time.monotonic() + timeout_s
     full_env = dict(os.environ)
+    full_env.setdefault("PYTHONUNBUFFERED", "1")  # as every agent of the tests
     full_env.update(env or {})
     python_path = full_env.get("PYTHONPATH")
     full_env["PYTHONPATH"] = os.pathsep.join(
@@ -200,20 +201,31 @@ def run_cli(
     finally:
         os.close(out_w)
         os.close(err_w)
-    stdout, stderr = _read_to_end([out_r, err_r], deadline)
+    code = None
     try:
-        code = proc.wait(max(0.0, deadline - time.monotonic()))
+        (stdout, stderr), ended = _read_to_end([out_r, err_r], deadline)
+        if ended:
+            code = proc.wait(max(0.0, deadline - time.monotonic()))
     except subprocess.TimeoutExpired:
+        pass
+    except BaseException:
+        _kill_tree(proc.pid)
+        raise
+    if code is None:  # still running, or something it started still holds its output
         _kill_tree(proc.pid)
         raise AssertionError(
             f"elastic-run {' '.join(args)} ran past {timeout_s} s\n"
             f"--- stdout\n{stdout}\n--- stderr\n{stderr}"
-        ) from None
+        )
     return subprocess.CompletedProcess(proc.args, code, stdout, stderr)
 
 
-def _read_to_end(fds: list[int], deadline: float) -> list[str]:
-    """Read each pipe to its end (or to ``deadline``), close it; its text, newlines universal."""
+def _read_to_end(fds: list[int], deadline: float) -> tuple[list[str], bool]:
+    """Read each pipe until its end or ``deadline``, then close it.
+
+    Returns:
+        The text of each (newlines universal, as ``text=True``), and whether every one ended.
+    """
     chunks: dict[int, list[bytes]] = {fd: [] for fd in fds}
     try:
         with selectors.DefaultSelector() as selector:
@@ -226,10 +238,12 @@ def _read_to_end(fds: list[int], deadline: float) -> list[str]:
                         chunks[key.fd].append(data)
                     else:
                         selector.unregister(key.fd)
+            ended = not selector.get_map()
     finally:
         for fd in fds:
             os.close(fd)
-    return [b"".join(chunks[fd]).decode().replace("\r\n", "\n").replace("\r", "\n") for fd in fds]
+    texts = [b"".join(chunks[fd]).decode(errors="replace") for fd in fds]
+    return [t.replace("\r\n", "\n").replace("\r", "\n") for t in texts], ended
 
 
 def run_cli_in_process(

@@ -9,7 +9,6 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 import uuid
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -18,11 +17,11 @@ from pathlib import Path
 import psutil
 from helpers import REPO_ROOT, wait_until
 
-from tests.forked_agents import AgentProcess, start_agent
+from tests.forked_agents import AgentProcess, cli_command, start_agent
 
 __all__ = ["CLI", "WORKER", "Job", "cli_env", "start_job", "stop_job"]
 
-CLI = [str(Path(sys.executable).with_name("elastic-run"))]
+CLI = cli_command()
 
 WORKER = """\
 import os, sys, time
@@ -66,9 +65,11 @@ class Job:
 
 
 def cli_env() -> dict[str, str]:
-    """The environment for the CLI: this one, with the repository importable."""
+    """The environment for the CLI: this one, with the repository importable, unbuffered (as
+    ``cli_harness.clean_env``: one set of start-up variables, one agent template)."""
     env = dict(os.environ)
     env["PYTHONPATH"] = str(REPO_ROOT)
+    env.setdefault("PYTHONUNBUFFERED", "1")
     return env
 
 

@@ -12,7 +12,6 @@ import json
 import os
 import signal
 import subprocess
-import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -49,14 +48,6 @@ _CONTRACT_VARIABLES = (
     "TORCH_NCCL_ASYNC_ERROR_HANDLING",
     "OMP_NUM_THREADS",
 )
-
-
-def cli_command() -> list[str]:
-    """The console script of this interpreter's environment (``python -m elastic_run`` else)."""
-    script = Path(sys.executable).with_name("elastic-run")
-    if script.is_file() and os.access(script, os.X_OK):
-        return [str(script)]
-    return [sys.executable, "-m", "elastic_run"]
 
 
 def script(name: str) -> str:

@@ -20,13 +20,13 @@ from cli_harness import (
     Agent,
     Launch,
     clean_env,
-    cli_command,
     only_run_dir,
     read_events,
     read_pid_file,
     script,
 )
 
+from tests.forked_agents import cli_command
 from tests.helpers import is_alive, no_process_left, wait_until
 
 launch = cli_harness.launch

@@ -24,7 +24,7 @@ from cli_harness import Agent, Launch, clean_env
 
 from tests import forked_agents
 from tests.forked_agents import FORK_VARIABLE, ForkedAgent, console_script, start_agent
-from tests.helpers import is_alive, no_process_left, wait_until
+from tests.helpers import free_port, is_alive, no_process_left, run_cli, wait_until
 
 launch = cli_harness.launch
 
@@ -145,19 +145,47 @@ def _version(env: dict[str, str]) -> forked_agents.AgentProcess:
 
 
 def test_start_up_variables_pick_the_template(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An agent is forked only from a template started with its start-up variables."""
-    plain = _version(clean_env())
+    """An agent is forked only from a template started with its start-up variables; the
+    templates of one set take turns, each with its own hash seed."""
+    first, second = _version(clean_env()), _version(clean_env())
+    assert isinstance(first, ForkedAgent) and isinstance(second, ForkedAgent)
+    seeds = {psutil.Process(p.template_pid).environ()["PYTHONHASHSEED"] for p in (first, second)}
+    assert first.template_pid != second.template_pid and len(seeds) == 2
     # Room for one more template (the run's other tests may hold some already).
     monkeypatch.setattr(forked_agents, "_MAX_TEMPLATES", len(forked_agents.template_pids()) + 1)
     warned = _version(clean_env({"PYTHONWARNINGS": "ignore::DeprecationWarning"}))
-    assert isinstance(plain, ForkedAgent) and isinstance(warned, ForkedAgent)
-    assert plain.template_pid != warned.template_pid
+    assert isinstance(warned, ForkedAgent)
     template = psutil.Process(warned.template_pid).environ()
     assert template["PYTHONWARNINGS"] == "ignore::DeprecationWarning"
-    assert "PYTHONWARNINGS" not in psutil.Process(plain.template_pid).environ()
-    assert isinstance(_version(clean_env()), ForkedAgent)  # the same template again
+    assert "PYTHONWARNINGS" not in psutil.Process(first.template_pid).environ()
     # No room for one more: exec'd.
     assert isinstance(_version(clean_env({"PYTHONWARNINGS": "error"})), subprocess.Popen)
+
+
+@pytest.mark.parametrize("command", ["run", "status"])
+def test_torch_s_log_level_is_the_one_the_cli_sets(
+    command: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The CLI sets TORCH_CPP_LOG_LEVEL before it imports torch (torch's C++ layer reads it
+    then); a forked agent's torch was imported by its template, started with that value: an
+    unreachable c10d endpoint is the same one line either way, not torch's socket errors."""
+    endpoint = f"127.0.0.1:{free_port()}"  # nothing listens there
+    rdzv = ["--rdzv-backend", "c10d", "--rdzv-endpoint", endpoint, "--rdzv-id", "job"]
+    conf = ["--rdzv-conf", "is_host=false,read_timeout=2"]
+    args = [*rdzv, *conf]
+    if command == "run":
+        args = ["--nnodes", "2", *args, "--no-live", "-m", "json.tool"]
+    else:
+        args = ["status", *args]
+    stderr = {}
+    for name in ("forked", "execd"):
+        if name == "execd":
+            monkeypatch.setenv(FORK_VARIABLE, "0")
+        done = run_cli(args, timeout_s=RUN)
+        assert done.returncode == 4, done.stderr
+        stderr[name] = done.stderr
+    assert len(stderr["forked"].splitlines()) == 1, stderr
+    assert stderr["forked"] == stderr["execd"]
 
 
 def test_a_forked_agent_waits_and_dies_as_a_popen(tmp_path: Path) -> None:

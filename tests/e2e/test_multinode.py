@@ -129,6 +129,7 @@ class Job:
             *(script or (str(WORKER),)),
         ]
         full_env = dict(os.environ)
+        full_env.setdefault("PYTHONUNBUFFERED", "1")  # as every agent of the tests
         full_env["PYTHONPATH"] = os.pathsep.join(
             [str(REPO_ROOT), *([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])]
         )

@@ -21,7 +21,8 @@ from pathlib import Path
 import psutil
 import pytest
 
-from tests.e2e.cli_harness import clean_env, cli_command
+from tests.e2e.cli_harness import clean_env
+from tests.forked_agents import cli_command
 from tests.helpers import free_port
 
 SCRIPTS = Path(__file__).resolve().parent / "dropin_scripts"
