@@ -15,8 +15,9 @@ What differs from an exec, and how the harness keeps the tests from seeing it:
 - What the interpreter's start and ``import torch`` read (``_STARTUP_PREFIXES``: PYTHON*, locale,
   malloc, the loader, TORCH*, OpenMP, MKL, CUDA, NCCL, TZ, TMP*, HOME, PATH) is the template's: an
   agent is forked only from a template started with its own values of those, as they are when the
-  agent imports torch (the CLI sets ``TORCH_CPP_LOG_LEVEL`` first: ``_import_env``). A pytest
-  process holds at most ``_MAX_TEMPLATES``; past that, the agent is exec'd.
+  agent imports torch (the CLI sets ``TORCH_CPP_LOG_LEVEL`` first: ``_import_env``). The first
+  agent of each such set is exec'd, the later ones forked; a pytest process holds at most
+  ``_MAX_TEMPLATES`` templates, and past that, agents are exec'd.
 - Anything ``import torch`` prints would be lost: a template whose import printed a word is
   never ready (``tests/agent_template_process.py``), and its agents are exec'd.
 - The string hash seed is the template's: ``_SLOTS`` templates per set of variables, each with
@@ -84,6 +85,8 @@ _STARTUP_PREFIXES = (
     "HOME",
     "PATH",
 )
+# torchrun's and the launcher's own variables: read by the CLI at run time, not by torch's import.
+_RUNTIME_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 _MAX_TEMPLATES = 4
 # Templates per set of start-up variables, taken in turn: each has its own hash seed, so the
 # agents of a multi-node job do not all share one (an exec'd agent draws its own).
@@ -97,7 +100,7 @@ _READER_COMMANDS = ("status", "close")
 
 _Key = tuple[tuple[str, str], ...]
 _templates: dict[tuple[_Key, int], _Template | None] = {}
-_turns: dict[_Key, int] = {}
+_uses: dict[_Key, int] = {}
 
 
 def console_script() -> str:
@@ -133,13 +136,24 @@ def _import_env(args: Sequence[str], env: Mapping[str, str]) -> dict[str, str]:
     return found
 
 
+def _startup_variable(name: str) -> bool:
+    return name.startswith(_STARTUP_PREFIXES) and not name.startswith(_RUNTIME_PREFIXES)
+
+
 def _template_for(args: Sequence[str], env: Mapping[str, str]) -> _Template | None:
-    """A running template for an agent with ``args`` and ``env`` (the next in turn), or None."""
+    """A running template for an agent with ``args`` and ``env``, or None (exec it).
+
+    The first agent of a set of start-up variables is exec'd (a set used once, as the bad-input
+    tests' odd values are, never pays for a template); the later ones take the set's templates
+    in turn.
+    """
     start_env = _import_env(args, env)
-    key = tuple(sorted((k, v) for k, v in start_env.items() if k.startswith(_STARTUP_PREFIXES)))
-    turn = _turns.get(key, 0)
-    _turns[key] = turn + 1
-    slot = (key, turn % _SLOTS)
+    key = tuple(sorted((k, v) for k, v in start_env.items() if _startup_variable(k)))
+    uses = _uses.get(key, 0)
+    _uses[key] = uses + 1
+    if uses == 0:
+        return None
+    slot = (key, uses % _SLOTS)
     if slot in _templates:
         template = _templates[slot]
         return template if template is not None and template.is_alive else None

@@ -11,7 +11,6 @@ import glob
 import os
 import socket
 import subprocess
-import sys
 import tempfile
 import uuid
 from pathlib import Path
@@ -19,6 +18,7 @@ from pathlib import Path
 import psutil
 import pytest
 
+from tests.forked_agents import start_agent
 from tests.helpers import REPO_ROOT, free_port_pair, run_cli, wait_until
 from tests.machine import require_etcd, require_program
 
@@ -161,13 +161,7 @@ def test_status_and_close_from_a_reader_show_the_members_and_end_the_job(tmp_pat
     env = dict(os.environ, MN_OUT=str(out), MN_NODE="a", MN_MAX_WAIT_S="300")
     env["PYTHONPATH"] = str(REPO_ROOT)
     log = (tmp_path / "agent.log").open("wb")
-    agent = subprocess.Popen(
-        [sys.executable, "-m", "elastic_run", *_agent(tmp_path, run_id, endpoint)],
-        env=env,
-        stdout=log,
-        stderr=subprocess.STDOUT,
-        start_new_session=True,
-    )
+    agent = start_agent(_agent(tmp_path, run_id, endpoint), env=env, stdout=log, stderr=log)
     try:
         wait_until(
             lambda: list(out.glob("a_*.json")) or agent.poll() is not None,
@@ -241,17 +235,13 @@ def test_three_members_with_peer_and_client_tls_train(tmp_path: Path) -> None:
     for i in (1, 2, 3):
         env = dict(os.environ, MN_OUT=str(out), MN_NODE=f"n{i}", PYTHONPATH=str(REPO_ROOT))
         command = [
-            sys.executable, "-m", "elastic_run", "--nnodes", "3", "--rdzv-backend", "embedded-etcd",
+            "--nnodes", "3", "--rdzv-backend", "embedded-etcd",
             "--rdzv-endpoint", endpoint, "--rdzv-id", run_id, "--rdzv-conf", conf,
             "--local-addr", f"127.0.0.{i}", "--log-dir", str(tmp_path / f"logs{i}"), "--no-live",
             str(WORKER),
         ]  # fmt: skip
         log = (tmp_path / f"n{i}.log").open("wb")
-        agents.append(
-            subprocess.Popen(
-                command, env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True
-            )
-        )
+        agents.append(start_agent(command, env=env, stdout=log, stderr=subprocess.STDOUT))
     try:
         for i, agent in enumerate(agents, start=1):
             code = agent.wait(timeout=STEP_S * 2)

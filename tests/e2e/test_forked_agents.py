@@ -24,7 +24,7 @@ from cli_harness import Agent, Launch, clean_env
 
 from tests import forked_agents
 from tests.forked_agents import FORK_VARIABLE, ForkedAgent, console_script, start_agent
-from tests.helpers import free_port, is_alive, no_process_left, run_cli, wait_until
+from tests.helpers import free_port, is_alive, no_process_left, wait_until
 
 launch = cli_harness.launch
 
@@ -53,6 +53,12 @@ _PER_RUN = {
     "PWD",
     FORK_VARIABLE,  # the switch that made one of the two exec'd
 }
+
+
+@pytest.fixture(autouse=True)
+def forking() -> None:
+    """The first agent of a set of start-up variables is exec'd: one went by before each test."""
+    _version(clean_env())
 
 
 def _job(launch: Launch, tmp_path: Path, name: str) -> tuple[Agent, Path, dict[str, Any]]:
@@ -145,26 +151,32 @@ def _version(env: dict[str, str]) -> forked_agents.AgentProcess:
 
 
 def test_start_up_variables_pick_the_template(monkeypatch: pytest.MonkeyPatch) -> None:
-    """An agent is forked only from a template started with its start-up variables; the
-    templates of one set take turns, each with its own hash seed."""
-    first, second = _version(clean_env()), _version(clean_env())
-    assert isinstance(first, ForkedAgent) and isinstance(second, ForkedAgent)
+    """An agent is forked only from a template started with its start-up variables (the first
+    agent of a set is exec'd); the templates of one set take turns, each with its own seed."""
+    forked = [p for p in (_version(clean_env()) for _ in range(3)) if isinstance(p, ForkedAgent)]
+    first, second = forked[-2:]
     seeds = {psutil.Process(p.template_pid).environ()["PYTHONHASHSEED"] for p in (first, second)}
     assert first.template_pid != second.template_pid and len(seeds) == 2
     # Room for one more template (the run's other tests may hold some already).
     monkeypatch.setattr(forked_agents, "_MAX_TEMPLATES", len(forked_agents.template_pids()) + 1)
-    warned = _version(clean_env({"PYTHONWARNINGS": "ignore::DeprecationWarning"}))
+    warned_env = clean_env({"PYTHONWARNINGS": "ignore::DeprecationWarning"})
+    assert isinstance(_version(warned_env), subprocess.Popen)  # the first of its set
+    warned = _version(warned_env)
     assert isinstance(warned, ForkedAgent)
     template = psutil.Process(warned.template_pid).environ()
     assert template["PYTHONWARNINGS"] == "ignore::DeprecationWarning"
     assert "PYTHONWARNINGS" not in psutil.Process(first.template_pid).environ()
     # No room for one more: exec'd.
-    assert isinstance(_version(clean_env({"PYTHONWARNINGS": "error"})), subprocess.Popen)
+    for _ in range(2):
+        assert isinstance(_version(clean_env({"PYTHONWARNINGS": "error"})), subprocess.Popen)
+    # torchrun's own variables are read at run time: they pick no other template.
+    odd = _version(clean_env({"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"}))
+    assert isinstance(odd, ForkedAgent)
 
 
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_torch_s_log_level_is_the_one_the_cli_sets(
-    command: str, monkeypatch: pytest.MonkeyPatch
+    command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     """The CLI sets TORCH_CPP_LOG_LEVEL before it imports torch (torch's C++ layer reads it
     then); a forked agent's torch was imported by its template, started with that value: an
@@ -181,9 +193,12 @@ def test_torch_s_log_level_is_the_one_the_cli_sets(
     for name in ("forked", "execd"):
         if name == "execd":
             monkeypatch.setenv(FORK_VARIABLE, "0")
-        done = run_cli(args, timeout_s=RUN)
-        assert done.returncode == 4, done.stderr
-        stderr[name] = done.stderr
+        path = tmp_path / f"{name}.stderr"
+        with path.open("wb") as err:
+            proc = start_agent(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=err)
+        assert isinstance(proc, ForkedAgent) == (name == "forked")
+        assert proc.wait(RUN) == 4, path.read_text()
+        stderr[name] = path.read_text()
     assert len(stderr["forked"].splitlines()) == 1, stderr
     assert stderr["forked"] == stderr["execd"]
 
