@@ -189,8 +189,11 @@ class ForkedAgent:
         self.pid = pid
         self.args = args
         self.returncode: int | None = None
-        self.template_pid = template.pid
         self._template = template
+
+    @property
+    def template_pid(self) -> int | None:
+        return self._template.pid
 
     def poll(self) -> int | None:
         if self.returncode is None:
@@ -199,12 +202,9 @@ class ForkedAgent:
 
     def wait(self, timeout: float | None = None) -> int:
         if self.returncode is None:
-            if timeout is None:
-                self.returncode = self._template.wait_exit(self.pid)
-            else:
-                self.returncode = self._template.exit_code(self.pid, timeout)
-                if self.returncode is None:
-                    raise subprocess.TimeoutExpired(self.args, timeout)
+            self.returncode = self._template.exit_code(self.pid, timeout)
+            if self.returncode is None:
+                raise subprocess.TimeoutExpired(self.args, timeout or 0.0)
         return self.returncode
 
     def send_signal(self, sig: int) -> None:

@@ -20,6 +20,7 @@ import psutil
 
 __all__ = [
     "REPO_ROOT",
+    "agent_env",
     "alive_descendants",
     "free_port",
     "is_alive",
@@ -156,6 +157,17 @@ def _kill_tree(pid: int) -> None:
     psutil.wait_procs(procs, timeout=10)
 
 
+def agent_env(extra: Mapping[str, str] | None = None) -> dict[str, str]:
+    """This process's environment for an ``elastic-run`` child: unbuffered (as every agent of the
+    tests), ``extra`` on top, the repository first on PYTHONPATH."""
+    env = dict(os.environ)
+    env.setdefault("PYTHONUNBUFFERED", "1")
+    env.update(extra or {})
+    python_path = env.get("PYTHONPATH")
+    env["PYTHONPATH"] = os.pathsep.join([str(REPO_ROOT), *([python_path] if python_path else [])])
+    return env
+
+
 def run_cli(
     args: Sequence[str],
     *,
@@ -183,13 +195,7 @@ def run_cli(
     from tests.forked_agents import start_agent
 
     deadline = time.monotonic() + timeout_s
-    full_env = dict(os.environ)
-    full_env.setdefault("PYTHONUNBUFFERED", "1")  # as every agent of the tests
-    full_env.update(env or {})
-    python_path = full_env.get("PYTHONPATH")
-    full_env["PYTHONPATH"] = os.pathsep.join(
-        [str(REPO_ROOT), *([python_path] if python_path else [])]
-    )
+    full_env = agent_env(env)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     try:

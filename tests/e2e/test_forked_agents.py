@@ -14,6 +14,7 @@ import os
 import signal
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -61,6 +62,13 @@ def forking() -> None:
     _version(clean_env())
 
 
+def _both_ways(monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
+    """``"forked"``, then ``"execd"``: agents started after it are exec'd."""
+    yield "forked"
+    monkeypatch.setenv(FORK_VARIABLE, "0")
+    yield "execd"
+
+
 def _job(launch: Launch, tmp_path: Path, name: str) -> tuple[Agent, Path, dict[str, Any]]:
     """Start a two-worker job; while both workers wait, look at its agent."""
     out = tmp_path / name
@@ -104,9 +112,7 @@ def test_a_forked_agent_is_seen_as_an_execd_one(
     launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     runs = {}
-    for name in ("forked", "execd"):
-        if name == "execd":
-            monkeypatch.setenv(FORK_VARIABLE, "0")
+    for name in _both_ways(monkeypatch):
         agent, out, seen = _job(launch, tmp_path, name)
         (out / "go").write_text("")
         assert agent.wait(RUN) == 0, agent.describe()
@@ -133,9 +139,7 @@ def test_sigterm_ends_a_forked_agent_as_an_execd_one(
     launch: Launch, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     codes = {}
-    for name in ("forked", "execd"):
-        if name == "execd":
-            monkeypatch.setenv(FORK_VARIABLE, "0")
+    for name in _both_ways(monkeypatch):
         agent, out, _ = _job(launch, tmp_path, name)
         workers = [p.pid for p in agent.remember_descendants()]
         agent.proc.send_signal(signal.SIGTERM)
@@ -190,9 +194,7 @@ def test_torch_s_log_level_is_the_one_the_cli_sets(
     else:
         args = ["status", *args]
     stderr = {}
-    for name in ("forked", "execd"):
-        if name == "execd":
-            monkeypatch.setenv(FORK_VARIABLE, "0")
+    for name in _both_ways(monkeypatch):
         path = tmp_path / f"{name}.stderr"
         with path.open("wb") as err:
             proc = start_agent(args, env=clean_env(), stdout=subprocess.DEVNULL, stderr=err)

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.forked_agents import AgentProcess, start_agent
-from tests.helpers import REPO_ROOT, free_port, is_alive, wait_until
+from tests.helpers import agent_env, free_port, is_alive, wait_until
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 
 WORKER = Path(__file__).resolve().parent / "mn_scripts" / "worker.py"
@@ -128,12 +128,7 @@ class Job:
             *extra,
             *(script or (str(WORKER),)),
         ]
-        full_env = dict(os.environ)
-        full_env.setdefault("PYTHONUNBUFFERED", "1")  # as every agent of the tests
-        full_env["PYTHONPATH"] = os.pathsep.join(
-            [str(REPO_ROOT), *([full_env["PYTHONPATH"]] if full_env.get("PYTHONPATH") else [])]
-        )
-        full_env.update(MN_OUT=str(self.out), MN_NODE=name, **(env or {}))
+        full_env = agent_env({"MN_OUT": str(self.out), "MN_NODE": name, **(env or {})})
         log_path = self.tmp / f"{name}.log"
         with log_path.open("wb") as log:
             proc = start_agent(command, env=full_env, stdout=log, stderr=subprocess.STDOUT)

@@ -261,12 +261,13 @@ class Zygote:
 
     def wait_exit(self, pid: int) -> int:
         """Block until the worker ``pid`` exited; return its exit status."""
-        with self._cond:
-            self._cond.wait_for(lambda: pid in self._exits)
-            return self._exits[pid]
+        code = self.exit_code(pid, None)
+        assert code is not None
+        return code
 
-    def exit_code(self, pid: int, timeout_s: float = 0.0) -> int | None:
-        """The exit status of ``pid`` once reported within ``timeout_s``; None while it runs."""
+    def exit_code(self, pid: int, timeout_s: float | None = 0.0) -> int | None:
+        """The exit status of ``pid`` once reported within ``timeout_s`` (None: however long it
+        takes); None while it runs."""
         with self._cond:
             self._cond.wait_for(lambda: pid in self._exits, timeout_s)
             return self._exits.get(pid)
