@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import os
 import selectors
+import signal
 import socket
 import subprocess
 import threading
@@ -23,6 +24,7 @@ __all__ = [
     "agent_env",
     "alive_descendants",
     "free_port",
+    "freeze",
     "is_alive",
     "no_process_left",
     "run_cli",
@@ -113,6 +115,40 @@ def is_alive(pid: int) -> bool:
         return psutil.Process(pid).status() != psutil.STATUS_ZOMBIE
     except psutil.NoSuchProcess:
         return False
+
+
+def _all_threads_stopped(pid: int) -> bool:
+    """Whether every thread of ``pid`` is stopped by a signal (state ``T`` in its stat)."""
+    states = []
+    try:
+        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+    except OSError:
+        return False  # the process is gone
+    for task in tasks:
+        try:
+            stat = (task / "stat").read_text()
+        except OSError:
+            continue  # a thread that just exited
+        states.append(stat.rsplit(")", 1)[1].split()[0])
+    return bool(states) and all(state == "T" for state in states)
+
+
+def freeze(pid: int, timeout_s: float = 30.0) -> None:
+    """SIGSTOP ``pid`` and wait until every one of its threads has stopped.
+
+    A group stop is not instant: the kernel wakes one thread to take the signal, and on a busy
+    machine the process's other threads may run on meanwhile. Stop 34's ci: an etcd member
+    answered one more request after ``kill(pid, SIGSTOP)`` had returned.
+
+    Args:
+        pid: the process to freeze (resume it with SIGCONT).
+        timeout_s: how long its threads may take to stop.
+
+    Raises:
+        WaitTimeout: some thread was still not stopped after ``timeout_s``.
+    """
+    os.kill(pid, signal.SIGSTOP)
+    wait_until(lambda: _all_threads_stopped(pid), timeout_s, f"every thread of {pid} to stop")
 
 
 def alive_descendants(pid: int) -> list[psutil.Process]:

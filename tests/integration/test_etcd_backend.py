@@ -31,6 +31,7 @@ from elastic_run.rendezvous.errors import (
 from elastic_run.rendezvous.etcd.backend import EtcdRendezvousBackend, create_etcd_backend
 from elastic_run.rendezvous.etcd.server import EtcdServer, EtcdServerTLS
 from elastic_run.rendezvous.etcd.store import EtcdStore
+from tests.helpers import freeze
 from tests.machine import require_program
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
@@ -351,7 +352,7 @@ def test_a_wait_fails_over_from_a_frozen_member(etcd_cluster3: EtcdServer) -> No
         wait_until(lambda: _watchers(etcd_cluster3, in_use) > 0, 30, "the watch on the member")
         pid = etcd_cluster3.member_pid(in_use)
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             other.set("sealed", b"1")
             thread.join(60)
@@ -378,7 +379,7 @@ def test_a_watch_is_made_on_a_live_member_when_the_one_in_use_froze(
         other = _peer(b, ",".join(e for i, e in enumerate(endpoints) if i != in_use))
         pid = etcd_cluster3.member_pid(in_use)
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             other.set("sealed", b"1")
             events = b.client.watch(

@@ -24,6 +24,7 @@ from etcd_fixtures import (  # noqa: F401 - fixtures
 
 from elastic_run.rendezvous.etcd.client import EtcdClient
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.helpers import freeze
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
 
@@ -89,7 +90,7 @@ def _write_through_a_follower_of_a_frozen_leader(cluster: EtcdServer, key: str) 
         follower = (leader + 1) % 3
         pid = cluster.member_pid(leader)
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         if _named_leader(cluster, follower) == _member_id(cluster, leader, pid):
             break
         os.kill(pid, signal.SIGCONT)

@@ -31,6 +31,7 @@ from elastic_run.rendezvous.etcd.client import EtcdClient
 from elastic_run.rendezvous.etcd.connection import EtcdConnection
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd.server import EtcdServer
+from tests.helpers import freeze
 from tests.machine import require_program
 
 pytestmark = [pytest.mark.etcd, requires_etcd]
@@ -80,7 +81,7 @@ def test_heartbeat_raises_when_the_lease_lapses_and_recovers(
         pid = lone_etcd.member_pid(0)
         assert pid is not None
         if outage == "frozen":
-            os.kill(pid, signal.SIGSTOP)
+            freeze(pid)
             # The lease is fresh, so this heartbeat writes, and etcd never answers: it gives
             # up at the RPC deadline instead of hanging.
             first = _beat(node, "a")
@@ -130,7 +131,7 @@ def test_a_node_joining_on_a_lapsed_lease_binds_its_key_to_a_fresh_one(
         assert kv is not None and kv.lease_id
         pid = lone_etcd.member_pid(0)
         assert pid is not None
-        os.kill(pid, signal.SIGSTOP)
+        freeze(pid)
         try:
             wait_until(
                 lambda: node.client.lease_failure(kv.lease_id) is not None,

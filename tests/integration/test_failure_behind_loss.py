@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import os
-import signal
 import subprocess
 import sys
 import uuid
@@ -30,7 +29,7 @@ from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import LostRecord, decode
 from elastic_run.rendezvous.registry import create_backend
-from tests.helpers import REPO_ROOT
+from tests.helpers import REPO_ROOT, freeze
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -120,7 +119,7 @@ def test_a_last_restart_failure_while_a_member_hangs_ends_the_round_for_the_memb
     assert sorted(n.joined["rank"] for n in nodes) == [0, 1, 2]
     r = nodes[0].joined["round"]
     hung, reporter = nodes[1], nodes[2]
-    os.kill(hung.proc.pid, signal.SIGSTOP)
+    freeze(hung.proc.pid)
     assert reporter.report_last() is False  # not counted: the job goes on
     why = _lost(endpoint, run_id, r)
     assert why.reason == "member_lost"

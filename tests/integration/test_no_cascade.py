@@ -28,7 +28,7 @@ from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import SealRecord, decode
 from elastic_run.rendezvous.registry import create_backend, rendezvous_handler_registry
-from tests.helpers import REPO_ROOT, wait_until
+from tests.helpers import REPO_ROOT, freeze, wait_until
 from tests.thread_freeze import frozen_thread
 
 pytestmark = pytest.mark.timeout(120)
@@ -210,7 +210,7 @@ def test_a_hung_host_is_dropped_by_the_default_heartbeat_budget(
     assert survivor.settings.stale_after_s == 5.0  # the default budget
     survivor.next_rendezvous()
     hung.line("rank")
-    hung.proc.send_signal(signal.SIGSTOP)  # its sockets stay open: no death notice
+    freeze(hung.proc.pid)  # its sockets stay open: no death notice
     stopped_at = time.monotonic()
     wait_until(lambda: survivor.poll().member_lost, 60, message="the hung host was not dropped")
     took = time.monotonic() - stopped_at

@@ -42,7 +42,7 @@ from elastic_run.rendezvous.errors import (
 )
 from elastic_run.rendezvous.protocol.records import LostRecord, SealRecord, decode
 from elastic_run.rendezvous.registry import create_backend, rendezvous_handler_registry
-from tests.helpers import REPO_ROOT, free_port, wait_until
+from tests.helpers import REPO_ROOT, free_port, freeze, wait_until
 
 # Short timings so the suite runs in seconds; a node is judged gone after 0.25 x 4 = 1 s.
 CONF: dict[str, str] = {
@@ -487,7 +487,7 @@ def test_a_frozen_member_is_lost_by_its_heartbeat(job: Job) -> None:
         survivor = job.handler(2, 2)
         survivor.next_rendezvous()
         read_line(proc, "rank")
-        proc.send_signal(signal.SIGSTOP)
+        freeze(proc.pid)
         wait_until(
             lambda: survivor.poll().member_lost, 60, message="the frozen member was not noticed"
         )
