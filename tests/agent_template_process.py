@@ -7,7 +7,9 @@ then forks each agent and turns it into what ``python <venv>/bin/elastic-run ARG
 session, default signals, the agent's stdio, cwd, environment, argv, ``sys.path[0]``, command line
 and ``/proc`` environ), and runs the console script as ``__main__``. Only what a warm *worker* gets
 before its script (the exit guard, the progress hooks: zygote_process's ``_arm_auto_progress``)
-is left out: an agent never has them. Nothing of elastic_run is imported before the fork.
+is left out: an agent never has them. Before the fork it imports what every run imports (the
+``--preload`` list it is started with: ``forked_agents.PRELOADED``), as a warm zygote imports
+a job's preloads.
 
 torch is imported first with stdout and stderr in a file: an exec'd agent would show what that
 import prints, a forked one cannot, so when it printed anything this template exits before it is

@@ -7,17 +7,23 @@ process: warm starts' own zygote (``elastic_run/agent/warm/zygote_process.py``, 
 ``tests/agent_template_process.py``), which the warm-start tests hold to what a cold start sees.
 The agent then runs in its own session with its stdio, cwd, environment, ``sys.argv``,
 ``sys.path[0]``, command line and ``/proc`` environ, its code from the console script on, torch
-already in ``sys.modules`` (the agent's own imports of it are free), every elastic_run module
-imported by the agent itself.
+and the modules every run imports (``PRELOADED``: the CLI, the agent, the c10d rendezvous, rich,
+click, psutil; not the etcd client) already in ``sys.modules``: the agent's own imports of them
+are free.
 
 What differs from an exec, and how the harness keeps the tests from seeing it:
 
-- What the interpreter's start and ``import torch`` read (``_STARTUP_PREFIXES``: PYTHON*, locale,
-  malloc, the loader, TORCH*, OpenMP, MKL, CUDA, NCCL, TZ, TMP*, HOME, PATH) is the template's: an
+- What the interpreter's start, ``import torch`` and the import of ``PRELOADED`` read
+  (``_STARTUP_PREFIXES``: PYTHON*, locale, malloc, the loader, TORCH*, OpenMP, MKL, CUDA, NCCL,
+  TZ, TMP*, HOME, PATH, PSUTIL*) is the template's: an
   agent is forked only from a template started with its own values of those, as they are when the
   agent imports torch (the CLI sets ``TORCH_CPP_LOG_LEVEL`` first: ``_import_env``). The first
   agent of each such set is exec'd, the later ones forked; a pytest process holds at most
   ``_MAX_TEMPLATES`` templates, and past that, agents are exec'd.
+- The ``PRELOADED`` modules ran their import-time code in the template, before the agent's
+  environment existed: what they read then is a start-up variable
+  (``test_the_preloads_read_only_start_up_variables``), and none starts a thread (the zygote
+  refuses a preload that does).
 - Anything ``import torch`` prints would be lost: a template whose import printed a word is
   never ready (``tests/agent_template_process.py``), and its agents are exec'd.
 - The string hash seed is the template's: ``_SLOTS`` templates per set of variables, each with
@@ -62,8 +68,9 @@ __all__ = [
 ]
 
 FORK_VARIABLE = "ELASTIC_RUN_TEST_FORK_AGENTS"
-# Read by the interpreter's start (PYTHON*, locale, malloc, the loader) or by torch's import
-# (TORCH*, OpenMP, MKL, CUDA, NCCL), or used in sys.path and tempfile's defaults.
+# Read by the interpreter's start (PYTHON*, locale, malloc, the loader), by torch's import
+# (TORCH*, OpenMP, MKL, CUDA, NCCL) or by the PRELOADED modules' (locale, PSUTIL_DEBUG), or used
+# in sys.path and tempfile's defaults.
 _STARTUP_PREFIXES = (
     "PYTHON",
     "LC_",
@@ -84,10 +91,28 @@ _STARTUP_PREFIXES = (
     "TEMP",
     "HOME",
     "PATH",
+    "PSUTIL_",
 )
 # torchrun's and the launcher's own variables: read by the CLI at run time, not by torch's import.
 _RUNTIME_PREFIXES = ("TORCHELASTIC_", "TORCH_ELASTIC_")
 _MAX_TEMPLATES = 4
+# What every `elastic-run` run, status and close imports, whatever its backend, imported once by
+# the template (warm starts' --preload): 0.3 s of CPU an agent here. Not the etcd client: the CLI
+# turns gRPC's fork support off before grpc is imported (elastic_run.rendezvous.etcd.grpc_fork).
+PRELOADED = (
+    "elastic_run.cli.main",
+    "elastic_run.cli.run",
+    "elastic_run.cli.status",
+    "elastic_run.cli.views.lines",
+    "elastic_run.cli.launcher_error",
+    "elastic_run.cli.options.torchrun_flags",
+    "elastic_run.cli.slurm.allocation",
+    "elastic_run.agent.local",
+    "elastic_run.rendezvous.registry",
+    "elastic_run.rendezvous.dynamic.handler",
+    "elastic_run.rendezvous.c10d.backend",
+    "elastic_run.rendezvous.etcd.grpc_fork",
+)
 # Templates per set of start-up variables, taken in turn: each has its own hash seed, so the
 # agents of a multi-node job do not all share one (an exec'd agent draws its own).
 _SLOTS = 2
@@ -165,7 +190,9 @@ def _template_for(args: Sequence[str], env: Mapping[str, str]) -> _Template | No
     template_env = {k: v for k, v in start_env.items() if k != _MARKER_VARIABLE}
     template_env.setdefault("PYTHONHASHSEED", str(random.randrange(1, 2**32)))
     bin_dir = str(Path(console_script()).parent)
-    template = _Template(python=sys.executable, env=template_env, path0=bin_dir, preload=[])
+    template = _Template(
+        python=sys.executable, env=template_env, path0=bin_dir, preload=list(PRELOADED)
+    )
     _templates[slot] = None
     try:
         template.start()

@@ -178,6 +178,41 @@ def test_start_up_variables_pick_the_template(monkeypatch: pytest.MonkeyPatch) -
     assert isinstance(odd, ForkedAgent)
 
 
+# Imports torch, then forked_agents.PRELOADED with every read of os.environ recorded.
+_SPY = """\
+import importlib, json, os, sys
+import torch
+read = set()
+environ = type(os.environ)
+for name in ("__getitem__", "__contains__"):
+    def spy(self, key, _real=getattr(environ, name)):
+        read.add(key)
+        return _real(self, key)
+    setattr(environ, name, spy)
+for module in sys.argv[1:]:
+    importlib.import_module(module)
+print(json.dumps({"read": sorted(read), "grpc": "grpc" in sys.modules}))
+"""
+
+
+def test_the_preloads_read_only_start_up_variables() -> None:
+    """What the template's preloads read at import is part of the key that picks a template:
+    an agent with another value is never forked from it. And grpc is not among them: the CLI
+    sets its fork support before grpc is imported."""
+    proc = subprocess.run(
+        [sys.executable, "-c", _SPY, *forked_agents.PRELOADED],
+        capture_output=True,
+        text=True,
+        timeout=RUN,
+        env=clean_env(),
+    )
+    assert proc.returncode == 0, proc.stderr
+    seen = json.loads(proc.stdout)
+    assert "LANG" in seen["read"]  # the spy sees reads (click's gettext looks up the locale)
+    assert [name for name in seen["read"] if not forked_agents._startup_variable(name)] == []
+    assert seen["grpc"] is False
+
+
 @pytest.mark.parametrize("command", ["run", "status"])
 def test_torch_s_log_level_is_the_one_the_cli_sets(
     command: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
