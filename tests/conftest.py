@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import os
 import sys
-import time
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,7 +32,7 @@ if str(REPO_ROOT) not in sys.path:
     sys.path.insert(0, str(REPO_ROOT))
 
 from tests.forked_agents import template_pids  # noqa: E402
-from tests.helpers import is_alive, wait_until  # noqa: E402  (needs the path above)
+from tests.helpers import TICKS_PER_S, ProcessTable, wait_until  # noqa: E402  (needs the path above)
 from tests.machine import MISSING, require_etcd  # noqa: E402
 
 ALLOW_SKIPS_VARIABLE = "ELASTIC_RUN_ALLOW_SKIPS"
@@ -42,41 +41,17 @@ TEST_MARKER_VARIABLE = "ELASTIC_RUN_TEST_ID"
 # A process that is on its way out (signalled as the test ended) gets this long to go.
 _EXIT_GRACE_S = 3.0
 
-ProcessKey = tuple[int, float]  # (pid, create_time): a pid alone may be reused
+ProcessKey = tuple[int, int]  # (pid, start in clock ticks since boot): a pid may be reused
 
 
-def _key(proc: psutil.Process) -> ProcessKey | None:
-    try:
-        return (proc.pid, proc.create_time())
-    except psutil.Error:
-        return None
-
-
-def _descendants() -> dict[ProcessKey, psutil.Process]:
-    found: dict[ProcessKey, psutil.Process] = {}
-    templates = template_pids()  # started by a test, kept for the later ones
-    for proc in psutil.Process().children(recursive=True):
-        if proc.pid in templates:
-            continue
-        key = _key(proc)
-        if key is not None and is_alive(proc.pid):
-            found[key] = proc
-    return found
-
-
-def _marked(marker: str, since: float) -> dict[ProcessKey, psutil.Process]:
-    found: dict[ProcessKey, psutil.Process] = {}
-    me = os.getpid()
-    for proc in psutil.process_iter(["create_time"]):
-        try:
-            if proc.pid == me or proc.info["create_time"] < since:
-                continue
-            if proc.environ().get(TEST_MARKER_VARIABLE) == marker and is_alive(proc.pid):
-                key = _key(proc)
-                if key is not None:
-                    found[key] = proc
-        except psutil.Error:
-            continue  # gone, a zombie, or not ours to read
+def _descendants(table: ProcessTable) -> dict[ProcessKey, int]:
+    """This process's living descendants, but for the agent templates (kept for later tests)."""
+    templates = template_pids()
+    found: dict[ProcessKey, int] = {}
+    for pid in table.descendants(os.getpid()):
+        key = table.key(pid)
+        if key is not None and pid not in templates:
+            found[key] = pid
     return found
 
 
@@ -94,9 +69,9 @@ def no_leaked_processes() -> Iterator[None]:
     Yields:
         Nothing; the check runs after the test and its function-scoped fixtures.
     """
-    before = set(_descendants())
+    before = set(_descendants(ProcessTable()))
     marker = uuid.uuid4().hex
-    since = time.time() - 1.0  # create_time has coarse resolution
+    since = ProcessTable.now() - TICKS_PER_S  # a margin of a second
     previous = os.environ.get(TEST_MARKER_VARIABLE)
     os.environ[TEST_MARKER_VARIABLE] = marker
     try:
@@ -107,15 +82,24 @@ def no_leaked_processes() -> Iterator[None]:
         else:
             os.environ[TEST_MARKER_VARIABLE] = previous
 
-    def leaked() -> dict[ProcessKey, psutil.Process]:
-        found = {k: p for k, p in _descendants().items() if k not in before}
-        found.update(_marked(marker, since))
-        return {k: p for k, p in found.items() if is_alive(p.pid)}
+    def leaked() -> dict[ProcessKey, int]:
+        table = ProcessTable()
+        found = {k: pid for k, pid in _descendants(table).items() if k not in before}
+        for pid in table.marked(TEST_MARKER_VARIABLE, marker, since):
+            key = table.key(pid)
+            if key is not None:
+                found[key] = pid
+        return found
 
     try:
         wait_until(lambda: not leaked(), _EXIT_GRACE_S)
     except AssertionError:
-        survivors = list(leaked().values())
+        survivors = []
+        for pid in leaked().values():
+            try:
+                survivors.append(psutil.Process(pid))
+            except psutil.NoSuchProcess:
+                continue
         lines = [_describe(proc) for proc in survivors]
         for proc in survivors:
             try:

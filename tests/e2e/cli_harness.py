@@ -20,7 +20,7 @@ import psutil
 import pytest
 
 from tests.forked_agents import AgentProcess, start_agent
-from tests.helpers import REPO_ROOT, wait_until
+from tests.helpers import REPO_ROOT, alive_descendants, wait_until
 
 SCRIPTS = Path(__file__).resolve().parent / "scripts"
 
@@ -98,10 +98,7 @@ class Agent:
 
     def remember_descendants(self) -> list[psutil.Process]:
         """The agent's living descendants now; they are also killed on teardown."""
-        try:
-            found = psutil.Process(self.pid).children(recursive=True)
-        except psutil.NoSuchProcess:
-            return []
+        found = alive_descendants(self.pid)
         self.known_pids.update(p.pid for p in found)
         return found
 

@@ -25,7 +25,7 @@ import psutil
 import pytest
 
 from tests.forked_agents import AgentProcess, start_agent
-from tests.helpers import agent_env, free_port, is_alive, wait_until
+from tests.helpers import ProcessTable, agent_env, free_port, is_alive, wait_until
 from tests.integration.etcd_fixtures import etcd_server_fixture  # noqa: F401 - a fixture
 
 WORKER = Path(__file__).resolve().parent / "mn_scripts" / "worker.py"
@@ -53,14 +53,13 @@ class Node:
         except OSError:
             return ""
 
-    def remember_descendants(self) -> None:
-        if not is_alive(self.proc.pid):
+    def remember_descendants(self, table: ProcessTable | None = None) -> None:
+        """Add the agent and its living descendants to ``seen`` (from ``table``, or now)."""
+        table = table if table is not None else ProcessTable()
+        if not table.alive(self.proc.pid):
             return
         self.seen.add(self.proc.pid)
-        try:
-            self.seen.update(p.pid for p in psutil.Process(self.proc.pid).children(True))
-        except psutil.NoSuchProcess:
-            pass
+        self.seen.update(table.descendants(self.proc.pid))
 
     def events(self) -> list[dict[str, Any]]:
         (run_dir,) = self.log_dir.glob(f"{self.run_id}_*")
@@ -161,8 +160,9 @@ class Job:
         A node's newest round is its last record's; every local rank of that node must have
         recorded the same round (same MASTER_PORT) with WORLD_SIZE ``world_size``.
         """
+        table = ProcessTable()
         for node in self.nodes.values():
-            node.remember_descendants()
+            node.remember_descendants(table)
         for name in names:
             recs = self.records(name)
             # The newest round must have the size: an older round of that size (formed before
@@ -228,8 +228,9 @@ class Job:
     def kill_all(self) -> None:
         procs: list[psutil.Process] = []
         pids = self.worker_pids()
+        table = ProcessTable()
         for node in self.nodes.values():
-            node.remember_descendants()
+            node.remember_descendants(table)
             pids |= node.seen
         for pid in pids:
             try:
