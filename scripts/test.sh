@@ -37,19 +37,20 @@ if [[ -n "${ELASTIC_RUN_ALLOW_SKIPS:-}" ]]; then
 fi
 # Independent tests run in parallel (pytest-xdist). Whole files go to one worker, so a module's
 # fixtures (a Slurm cluster, an etcd cluster) start once.
-# Four at a time on the two cores here. The run is CPU-bound: before 2026-11-29 it took 21-26
+# Five at a time on the two cores here. The run is CPU-bound: before 2026-11-29 it took 21-26
 # CPU-minutes (12.8-15.2 minutes of wall time with three workers), most of it ~300 agents, ~80
 # zygotes and ~40 `status`/`close` children each importing torch (1.4-2.5 s of CPU each; the
 # host's speed varies by that much from hour to hour), and four workers then starved some tests
-# into failing. Most agents are now forked from a template that imported torch once per pytest
-# worker (tests/forked_agents.py, warm starts' zygote serving the console script;
-# ELASTIC_RUN_TEST_FORK_AGENTS=0 execs them all again): 15.5-18 CPU-minutes. Three workers then
-# kept the cores 165-172 % busy (10.1-10.4 minutes at 05:25-05:56 UTC); the dips are tests
-# waiting out a timeout, which a fourth worker fills (8.3 minutes at 05:57, 186 %). The README's
-# Development section has the runs. A gloo worker once died in torch's teardown abort under
-# load; elastic_run.exit_guard keeps a worker's exit from racing gloo's threads.
+# into failing. Most agents are now forked from a template that imported torch and what every
+# run imports once per pytest worker (tests/forked_agents.py, warm starts' zygote serving the
+# console script; ELASTIC_RUN_TEST_FORK_AGENTS=0 execs them all again), and the tests' process
+# accounting reads /proc once per poll (helpers.ProcessTable): 15-16 CPU-minutes. Four workers
+# then kept the cores 176-184 % busy (8.6-8.9 minutes); the dips are tests waiting out a
+# timeout, which a fifth worker fills (7.7 minutes, 193 %). The README's Development section has
+# the runs. A gloo worker once died in torch's teardown abort under load; elastic_run.exit_guard
+# keeps a worker's exit from racing gloo's threads.
 # ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs them serially.
-jobs=${ELASTIC_RUN_TEST_JOBS:-4}
+jobs=${ELASTIC_RUN_TEST_JOBS:-5}
 parallel=()
 if [[ "$jobs" != 0 ]]; then
     parallel=(-n "$jobs" --dist loadfile)
