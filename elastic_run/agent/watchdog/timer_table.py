@@ -63,24 +63,15 @@ class TimerTable:
     _earliest: float | None
 
     def __init__(self, timers: Iterable[ArmedTimer] = ()) -> None:
-        self._hold({(t.pid, t.scope_id): t for t in timers})
-
-    @classmethod
-    def _of(cls, by_key: dict[tuple[int, str], ArmedTimer]) -> TimerTable:
-        table = cls.__new__(cls)
-        table._hold(by_key)
-        return table
-
-    def _hold(self, by_key: dict[tuple[int, str], ArmedTimer]) -> None:
-        self._by_key = by_key
+        self._by_key = {(t.pid, t.scope_id): t for t in timers}
         # The server asks at every turn, and a table never changes: compute it once.
-        self._earliest = min((t.expiration_time for t in by_key.values()), default=None)
+        self._earliest = min((t.expiration_time for t in self._by_key.values()), default=None)
 
     def __len__(self) -> int:
         return len(self._by_key)
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, TimerTable) and self._by_key == other._by_key
+        return isinstance(other, TimerTable) and self.armed() == other.armed()
 
     def __hash__(self) -> int:
         return hash(frozenset(self._by_key.items()))
@@ -116,7 +107,7 @@ class TimerTable:
         """
         by_key = dict(self._by_key)
         by_key[(timer.pid, timer.scope_id)] = timer
-        return TimerTable._of(by_key)
+        return TimerTable(by_key.values())
 
     def release(self, pid: int, scope_id: str) -> TimerTable:
         """Drop the timer ``(pid, scope_id)`` if it is armed.
@@ -132,7 +123,7 @@ class TimerTable:
             return self
         by_key = dict(self._by_key)
         del by_key[(pid, scope_id)]
-        return TimerTable._of(by_key)
+        return TimerTable(by_key.values())
 
     def without_pids(self, pids: Iterable[int]) -> TimerTable:
         """Drop every timer of the given processes.
@@ -146,7 +137,7 @@ class TimerTable:
         gone = frozenset(pids)
         if not gone & self.pids():
             return self
-        return TimerTable._of({k: t for k, t in self._by_key.items() if t.pid not in gone})
+        return TimerTable(t for t in self._by_key.values() if t.pid not in gone)
 
     def split_due(self, now: float) -> tuple[tuple[ArmedTimer, ...], TimerTable]:
         """Take out the timers that are due at ``now``.
@@ -160,8 +151,7 @@ class TimerTable:
         if self._earliest is None or self._earliest > now:
             return (), self
         due = sorted((t for t in self._by_key.values() if t.expiration_time <= now), key=_order)
-        rest = {k: t for k, t in self._by_key.items() if t.expiration_time > now}
-        return tuple(due), TimerTable._of(rest)
+        return tuple(due), TimerTable(t for t in self._by_key.values() if t.expiration_time > now)
 
     def next_expiration(self) -> float | None:
         """Return the earliest expiration time, or None when no timer is armed."""
