@@ -118,20 +118,26 @@ def is_alive(pid: int) -> bool:
         return False
 
 
+def _stat_fields(path: str) -> list[bytes] | None:
+    """The fields of a ``/proc`` stat file after the command name (state first), or None when
+    the process or thread is gone. The name may hold spaces and parentheses: the fields follow
+    its last ")"."""
+    try:
+        with open(path, "rb") as f:
+            stat = f.read()
+    except OSError:
+        return None
+    return stat[stat.rfind(b")") + 2 :].split()
+
+
 def _all_threads_stopped(pid: int) -> bool:
     """Whether every thread of ``pid`` is stopped by a signal (state ``T`` in its stat)."""
-    states = []
     try:
-        tasks = list(Path(f"/proc/{pid}/task").iterdir())
+        tasks = os.listdir(f"/proc/{pid}/task")
     except OSError:
         return False  # the process is gone
-    for task in tasks:
-        try:
-            stat = (task / "stat").read_text()
-        except OSError:
-            continue  # a thread that just exited
-        states.append(stat.rsplit(")", 1)[1].split()[0])
-    return bool(states) and all(state == "T" for state in states)
+    states = [f[0] for t in tasks if (f := _stat_fields(f"/proc/{pid}/task/{t}/stat"))]
+    return bool(states) and all(state == b"T" for state in states)
 
 
 def freeze(pid: int, timeout_s: float = 30.0) -> None:
@@ -161,30 +167,24 @@ class ProcessTable:
     The tests' process accounting polls (the leak guard around every test, a job's workers while
     it waits for them). ``psutil.Process.children(recursive=True)`` reads every process's stat
     once per call and each child's again for its start time and status: with a few hundred
-    processes on the machine, the polling of four parallel workers took 10 % of the run's CPU.
-    One table answers all of a poll's questions.
+    processes on the machine, that polling was about a third of the pytest workers' samples
+    (py-spy). One table answers all of a poll's questions.
 
     A process is identified by ``(pid, start)``, its start in clock ticks since boot: a pid
     alone may be reused.
     """
 
     def __init__(self) -> None:
-        self._parent: dict[int, int] = {}
         self._state: dict[int, str] = {}
         self._start: dict[int, int] = {}
+        self._children: dict[int, list[int]] = {}
         for name in os.listdir("/proc"):
-            if not name.isdigit():
-                continue
-            try:
-                with open(f"/proc/{name}/stat", "rb") as f:
-                    stat = f.read()
-            except OSError:
-                continue  # exited meanwhile
-            # The command name may hold spaces and parentheses: the fields follow its last ")".
-            fields = stat[stat.rfind(b")") + 2 :].split()
+            fields = _stat_fields(f"/proc/{name}/stat") if name.isdigit() else None
+            if fields is None:
+                continue  # not a process, or exited meanwhile
             pid = int(name)
             self._state[pid] = fields[0].decode()
-            self._parent[pid] = int(fields[1])
+            self._children.setdefault(int(fields[1]), []).append(pid)
             self._start[pid] = int(fields[19])
 
     def key(self, pid: int) -> tuple[int, int] | None:
@@ -195,10 +195,6 @@ class ProcessTable:
     def alive(self, pid: int) -> bool:
         """Whether ``pid`` was running (a zombie counts as gone)."""
         return self._state.get(pid, "Z") != "Z"
-
-    def pids(self) -> list[int]:
-        """Every process in the table."""
-        return list(self._state)
 
     def marked(self, variable: str, value: str, since: int) -> list[int]:
         """The living processes started at or after tick ``since`` with ``variable=value`` in
@@ -226,16 +222,13 @@ class ProcessTable:
 
     def descendants(self, pid: int) -> list[int]:
         """The living descendants of ``pid`` (children, grandchildren, ...), zombies excluded."""
-        children: dict[int, list[int]] = {}
-        for child, parent in self._parent.items():
-            children.setdefault(parent, []).append(child)
         found: list[int] = []
-        todo = list(children.get(pid, ()))
+        todo = list(self._children.get(pid, ()))
         while todo:
             child = todo.pop()
             if self.alive(child):
                 found.append(child)
-            todo.extend(children.get(child, ()))
+            todo.extend(self._children.get(child, ()))
         return found
 
 
