@@ -235,7 +235,7 @@ def progress_cost() -> tuple[float, float]:
     code = (
         "import os, sys, tempfile, timeit\n"
         "from pathlib import Path\n"
-        "from elastic_run.beat_file import create_beat_file\n"
+        "from elastic_run.worker.beat_file import create_beat_file\n"
         "use = sys.argv[1] == '1'\n"
         "tmp = tempfile.TemporaryDirectory(dir='/dev/shm' if os.path.isdir('/dev/shm') else None)\n"
         "if use:\n"

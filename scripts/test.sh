@@ -47,7 +47,7 @@ fi
 # accounting reads /proc once per poll (helpers.ProcessTable): 15-16 CPU-minutes. Four workers
 # then kept the cores 176-184 % busy (8.6-8.9 minutes); the dips are tests waiting out a
 # timeout, which a fifth worker fills (7.7 minutes, 193 %). The README's Development section has
-# the runs. A gloo worker once died in torch's teardown abort under load; elastic_run.exit_guard
+# the runs. A gloo worker once died in torch's teardown abort under load; elastic_run.worker.exit_guard
 # keeps a worker's exit from racing gloo's threads.
 # ELASTIC_RUN_TEST_JOBS=N overrides; 0 runs them serially.
 jobs=${ELASTIC_RUN_TEST_JOBS:-5}

@@ -33,7 +33,7 @@ def write_launcher_error_file(path: str, failures: Iterable[FailureRecord]) -> b
         Whether a record was written. A file that cannot be read or written is a warning: the
         job's exit code and summary stand.
     """
-    from elastic_run.multiprocessing_errors import ErrorHandler
+    from elastic_run.worker.error_handler import ErrorHandler
 
     first = root_cause(list(failures))
     if first is None or first.error_file == NOT_AVAILABLE or not os.path.isfile(first.error_file):

@@ -4,7 +4,7 @@
 ``elastic_run.elastic.rendezvous.dynamic_rendezvous``, ``elastic_run.elastic.agent.server.api``,
 ``elastic_run.elastic.timer``, ``elastic_run.elastic.multiprocessing.errors``, ... hold torch's
 names. Every module here is a thin re-export of elastic-run's real classes (under
-``elastic_run.agent``, ``elastic_run.rendezvous``, ``elastic_run.timer``, ...), never a copy;
+``elastic_run.agent``, ``elastic_run.rendezvous``, ``elastic_run.elastic.timer``, ...), never a copy;
 the few names of torch left out, and why, are in the README ("Python API").
 
 May import any public module of elastic-run; nothing imports this package. Package modules

@@ -29,7 +29,7 @@ import pytest
 from elastic_run.agent.api import RunResult, WorkerSpec, WorkerState
 from elastic_run.agent.local import LocalElasticAgent
 from elastic_run.agent.workers.logs_specs import DefaultLogsSpecs
-from elastic_run.multiprocessing_errors import ChildFailedError, ProcessFailure
+from elastic_run.elastic.multiprocessing.errors import ChildFailedError, ProcessFailure
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.registry import get_rendezvous_handler
 from tests.compat import agent_targets

@@ -25,7 +25,7 @@ from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerStat
 from elastic_run.agent.local import LocalElasticAgent
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.workers.logs_specs import DefaultLogsSpecs
-from elastic_run.multiprocessing_errors import ProcessFailure
+from elastic_run.elastic.multiprocessing.errors import ProcessFailure
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.registry import get_rendezvous_handler
 from tests.compat import agent_targets

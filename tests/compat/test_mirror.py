@@ -647,7 +647,7 @@ def test_events_serialize_and_log_as_torchs() -> None:
         def emit(self, record: logging.LogRecord) -> None:
             lines.append(record.getMessage())
 
-    from elastic_run.events import set_logging_handler
+    from elastic_run.torch_events import set_logging_handler
 
     set_logging_handler("mirror-test", Collect())
     ours.record(made[1][0], "mirror-test")

@@ -1,4 +1,4 @@
-"""elastic_run.multiprocessing_errors against torch.distributed.elastic.multiprocessing.errors.
+"""elastic_run.elastic.multiprocessing.errors against torch.distributed.elastic.multiprocessing.errors.
 
 From torch's docs: ``@record`` writes an uncaught exception (message and traceback) to the file
 named by ``TORCHELASTIC_ERROR_FILE`` and re-raises it; it is equivalent to
@@ -22,13 +22,13 @@ from pathlib import Path
 
 import pytest
 
-import elastic_run.multiprocessing_errors as ours
+import elastic_run.elastic.multiprocessing.errors as ours
 from tests.helpers import REPO_ROOT
 
 pytestmark = pytest.mark.timeout(120)
 
 MODULES = {
-    "ours": "elastic_run.multiprocessing_errors",
+    "ours": "elastic_run.elastic.multiprocessing.errors",
     "torch": "torch.distributed.elastic.multiprocessing.errors",
 }
 

@@ -66,7 +66,7 @@ PAIRS: list[tuple[str, str, frozenset[str]]] = [
     *[
         (
             f"torch.distributed.elastic.multiprocessing.errors:{name}",
-            f"elastic_run.multiprocessing_errors:{name}",
+            f"elastic_run.elastic.multiprocessing.errors:{name}",
             frozenset(),
         )
         for name in (

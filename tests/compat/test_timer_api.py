@@ -1,4 +1,4 @@
-"""elastic_run.timer against torch.distributed.elastic.timer, call for call, from torch's docs.
+"""elastic_run.elastic.timer against torch.distributed.elastic.timer, call for call, from torch's docs.
 
 Every pair of client and server (torch's client against our server, ours against torch's, ours
 against ours, torch's against torch's as the reference) runs with real worker processes, a
@@ -24,7 +24,7 @@ from typing import Any
 
 import pytest
 
-import elastic_run.timer as ours
+import elastic_run.elastic.timer as ours
 from tests.helpers import REPO_ROOT, wait_until
 
 pytestmark = pytest.mark.timeout(120)
@@ -236,7 +236,7 @@ def test_torchs_parameters_come_first_with_torchs_names_and_defaults(name: str) 
 
 def test_importing_the_timer_api_imports_no_torch_and_no_agent() -> None:
     code = (
-        "import sys, elastic_run.timer, elastic_run.worker\n"
+        "import sys, elastic_run.elastic.timer, elastic_run.worker\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('torch', 'psutil')"
         " or m.startswith(('elastic_run.agent', 'elastic_run.cli', 'elastic_run.rendezvous'))))"
     )

@@ -1,6 +1,6 @@
 """The processes of the timer compat tests: a timer server, or a worker that arms timers.
 
-Either side is torch's (``torch.distributed.elastic.timer``) or ours (``elastic_run.timer``),
+Either side is torch's (``torch.distributed.elastic.timer``) or ours (``elastic_run.elastic.timer``),
 called only through the names and arguments torch documents.
 
     python timer_roles.py server torch|ours FIFO
@@ -27,7 +27,7 @@ from typing import Any
 
 def api(kind: str) -> ModuleType:
     """The timer module of ``kind``: torch's or ours."""
-    name = {"torch": "torch.distributed.elastic.timer", "ours": "elastic_run.timer"}[kind]
+    name = {"torch": "torch.distributed.elastic.timer", "ours": "elastic_run.elastic.timer"}[kind]
     return importlib.import_module(name)
 
 

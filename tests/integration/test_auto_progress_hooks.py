@@ -22,8 +22,8 @@ from pathlib import Path
 import pytest
 
 from elastic_run.agent.workers.env import SITE_HOOK_DIR, cold_python_env
-from elastic_run.auto_progress import AUTO_PROGRESS_ENV, WORK_MARK_PARAMS
-from elastic_run.beat_file import (
+from elastic_run.worker.auto_progress import AUTO_PROGRESS_ENV, WORK_MARK_PARAMS
+from elastic_run.worker.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,
     BeatFile,

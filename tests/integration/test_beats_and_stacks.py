@@ -18,7 +18,7 @@ import pytest
 from elastic_run.agent.progress import hang, stacks
 from elastic_run.agent.progress.hang_watch import HangWatch
 from elastic_run.agent.watchdog.server import FileTimerServer
-from elastic_run.beat_file import (
+from elastic_run.worker.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,
     BeatFile,

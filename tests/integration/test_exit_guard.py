@@ -1,4 +1,4 @@
-"""The exit guard (elastic_run.exit_guard): a worker's exit waits for gloo's threads to sleep.
+"""The exit guard (elastic_run.worker.exit_guard): a worker's exit waits for gloo's threads to sleep.
 
 Real threads and the real ``/proc``: a thread renamed ``pt_gloo_runloop`` that hashes a large
 buffer (CPython drops the GIL there, so the thread runs, state ``R``) and then sleeps on an
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from elastic_run.exit_guard import GLOO_THREADS, threads_named, wait_for_idle_threads
+from elastic_run.worker.exit_guard import GLOO_THREADS, threads_named, wait_for_idle_threads
 from tests.helpers import REPO_ROOT, run_cli
 
 CHUNK = b"\0" * (64 << 20)
@@ -94,7 +94,7 @@ def test_other_threads_are_not_waited_for() -> None:
 GLOO = textwrap.dedent(
     """
     import sys, torch, torch.distributed as dist
-    from elastic_run.exit_guard import GLOO_THREADS, threads_named, wait_for_idle_threads
+    from elastic_run.worker.exit_guard import GLOO_THREADS, threads_named, wait_for_idle_threads
     dist.init_process_group("gloo", init_method="file://" + sys.argv[1], rank=0, world_size=1)
     t = torch.ones(4)
     dist.all_reduce(t)
@@ -125,7 +125,7 @@ ARMED = textwrap.dedent(
     """
     import atexit, sys
     import torch
-    guard = sys.modules.get("elastic_run.exit_guard")
+    guard = sys.modules.get("elastic_run.worker.exit_guard")
     print("ARMED", guard is not None and guard._armed, flush=True)
     """
 )

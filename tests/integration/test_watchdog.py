@@ -18,7 +18,7 @@ import pytest
 
 from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.errors import ConfigurationError
-from elastic_run.timer_wire import FileTimerRequest
+from elastic_run.worker.timer_wire import FileTimerRequest
 from tests.helpers import REPO_ROOT, wait_until
 
 

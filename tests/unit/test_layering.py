@@ -171,8 +171,15 @@ def test_dependencies_point_one_way(path: Path) -> None:
             forbidden += ("subprocess",)
     elif layer == "agent":
         forbidden = ("elastic_run.cli", "click", "rich")
-    elif layer == "worker.py":
-        forbidden = ("elastic_run.agent", "elastic_run.cli", "elastic_run.rendezvous", "torch")
+    elif layer == "worker":
+        # What runs in the worker's interpreter: nothing of the launcher, no torch at import.
+        forbidden = (
+            "elastic_run.agent",
+            "elastic_run.cli",
+            "elastic_run.rendezvous",
+            "elastic_run.elastic",
+            "torch",
+        )
     else:
         forbidden = ()
     bad = sorted(m for m in imported if _under(m, forbidden))
@@ -217,27 +224,27 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.loop.state_machine",
         "elastic_run.agent.workers.failures",
         "elastic_run.agent.workers.processes",
-        "elastic_run.auto_progress",
-        "elastic_run.beat_file",
+        "elastic_run.worker.auto_progress",
+        "elastic_run.worker.beat_file",
         "elastic_run.rendezvous.dynamic.telemetry",
         "elastic_run.rendezvous.errors",
     },
     "elastic_run.agent.warm": {
         "elastic_run.agent.workers.env",
         "elastic_run.agent.workers.processes",
-        "elastic_run.auto_progress",  # in a forked worker, before its script
+        "elastic_run.worker.auto_progress",  # in a forked worker, before its script
         "elastic_run.errors",
-        "elastic_run.exit_guard",  # in a forked worker, before its script
+        "elastic_run.worker.exit_guard",  # in a forked worker, before its script
         "elastic_run.parent_death",
     },
-    "elastic_run.agent.watchdog": {"elastic_run.errors", "elastic_run.timer_wire"},
+    "elastic_run.agent.watchdog": {"elastic_run.errors", "elastic_run.worker.timer_wire"},
     "elastic_run.agent.workers": {
         "elastic_run.agent.api",
         "elastic_run.agent.config",
-        "elastic_run.auto_progress",
+        "elastic_run.worker.auto_progress",
         "elastic_run.errors",
         "elastic_run.parent_death",
-        "elastic_run.site_hook",
+        "elastic_run.worker.site_hook",
         "elastic_run.worker",
     },
     "elastic_run.rendezvous.c10d": {

@@ -16,7 +16,7 @@ from hypothesis.stateful import RuleBasedStateMachine, invariant, rule
 
 from elastic_run.agent.watchdog import timer_table
 from elastic_run.agent.watchdog.timer_table import ArmedTimer, TimerTable
-from elastic_run.timer_wire import RELEASE_EXPIRATION, FileTimerRequest
+from elastic_run.worker.timer_wire import RELEASE_EXPIRATION, FileTimerRequest
 
 
 def arm(pid: int, scope: str, at: float, signo: int = 9) -> FileTimerRequest:

@@ -20,9 +20,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from elastic_run import timer_wire
 from elastic_run.errors import ElasticRunError
-from elastic_run.timer_wire import (
+from elastic_run.worker import timer_wire
+from elastic_run.worker.timer_wire import (
     MAX_LINE_BYTES,
     FileTimerRequest,
     RequestFramer,

@@ -31,7 +31,7 @@ class ProgressOptions:
         script_exit_timeout_s: how long a worker's process may outlive its script's end before
             it is killed (its exit then counted as the script's own; None: never).
         auto_progress: Python workers beat once per optimizer step without code
-            (``--no-auto-progress`` turns it off; see :mod:`elastic_run.auto_progress`).
+            (``--no-auto-progress`` turns it off; see :mod:`elastic_run.worker.auto_progress`).
     """
 
     hang: HangRule = field(default_factory=HangRule)

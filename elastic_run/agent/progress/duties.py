@@ -32,8 +32,8 @@ from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch
 from elastic_run.agent.progress.stack_report import StackReport, format_stacks
 from elastic_run.agent.workers.failures import WorkerErrorInfo
 from elastic_run.agent.workers.processes import WorkerExit
-from elastic_run.auto_progress import AUTO_PROGRESS_ENV
 from elastic_run.rendezvous.dynamic.telemetry import TelemetryHost
+from elastic_run.worker.auto_progress import AUTO_PROGRESS_ENV
 
 __all__ = ["ProgressDuties"]
 
@@ -84,7 +84,7 @@ class ProgressDuties:
         """The beat variables of each worker of a new attempt ((local rank, rank) pairs).
 
         With automatic beats on (the default), a worker given a slot is also told to beat once
-        per optimizer step (``ELASTIC_RUN_AUTO_PROGRESS=1``, see :mod:`elastic_run.auto_progress`).
+        per optimizer step (``ELASTIC_RUN_AUTO_PROGRESS=1``, see :mod:`elastic_run.worker.auto_progress`).
         """
         self._ranks = dict(workers)
         self._killed = {}

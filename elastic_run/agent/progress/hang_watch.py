@@ -1,7 +1,7 @@
 """Watching one node's workers for progress: beats in, hang verdicts, stacks and step times out.
 
 The agent owns one :class:`HangWatch` for the run. Per attempt it creates the beat file
-(:mod:`elastic_run.beat_file`; in ``/dev/shm`` when there is one) and gives each worker its
+(:mod:`elastic_run.worker.beat_file`; in ``/dev/shm`` when there is one) and gives each worker its
 slot through the environment; the watchdog's server reports every timer arm and release as a
 beat of that pid (:meth:`HangWatch.timer_beat`, from its thread). Each monitor tick the loop
 calls :meth:`HangWatch.tick`: every slot is read and folded into the worker's
@@ -49,7 +49,7 @@ from elastic_run.agent.progress.hang_picture import StuckRank
 from elastic_run.agent.progress.stack_report import StackReport, Where
 from elastic_run.agent.progress.stacks import capture_stacks, write_stacks
 from elastic_run.agent.progress.stragglers import StepSample, StepWindow
-from elastic_run.beat_file import (
+from elastic_run.worker.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,
     BeatFile,

@@ -32,7 +32,7 @@ is Python's own.
 Invariants:
 - Standard library only, besides torch and the preloads: the zygote itself imports nothing of
   elastic_run (run by path); a forked worker, before its script, imports
-  ``elastic_run.exit_guard`` (always) and ``elastic_run.auto_progress`` (when automatic progress
+  ``elastic_run.worker.exit_guard`` (always) and ``elastic_run.worker.auto_progress`` (when automatic progress
   beats are on, ``ELASTIC_RUN_AUTO_PROGRESS=1``).
 - Safe to fork or not warm at all: no Python thread besides the main one, no more native
   threads than ``import torch`` alone starts, CUDA not initialized; otherwise it reports not
@@ -421,11 +421,11 @@ def _arm_auto_progress() -> None:
     """In a worker, before its script: the exit guard, and one beat per optimizer step if asked.
 
     The imports of elastic_run here, in the worker only (the zygote never runs them): torch is
-    imported already, so the hooks are registered at once (see elastic_run.auto_progress). The
-    exit guard (elastic_run.exit_guard) is armed in every warm worker.
+    imported already, so the hooks are registered at once (see elastic_run.worker.auto_progress). The
+    exit guard (elastic_run.worker.exit_guard) is armed in every warm worker.
     """
     try:
-        from elastic_run.exit_guard import arm
+        from elastic_run.worker.exit_guard import arm
 
         arm()
     except Exception as exc:
@@ -433,7 +433,7 @@ def _arm_auto_progress() -> None:
     if os.environ.get("ELASTIC_RUN_AUTO_PROGRESS") != "1":
         return
     try:
-        from elastic_run.auto_progress import install_when_torch_optim_loads
+        from elastic_run.worker.auto_progress import install_when_torch_optim_loads
 
         install_when_torch_optim_loads()
     except Exception as exc:

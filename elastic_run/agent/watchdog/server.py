@@ -1,7 +1,7 @@
 """The file-timer watchdog server: the FIFO, the thread that reads it, and the kills.
 
 Workers arm and release timers by writing request lines to a FIFO in torch's ``FileTimerClient``
-protocol (the format: :mod:`elastic_run.timer_wire`); which timers are armed and which are due
+protocol (the format: :mod:`elastic_run.worker.timer_wire`); which timers are armed and which are due
 is decided by the pure :class:`~elastic_run.agent.watchdog.timer_table.TimerTable`. This module is the
 I/O around them, and its :class:`FileTimerServer` is called like torch's
 (``torch.distributed.elastic.timer.FileTimerServer``).
@@ -36,7 +36,7 @@ import psutil
 
 from elastic_run.agent.watchdog.timer_table import ArmedTimer, TimerTable
 from elastic_run.errors import AgentError, ConfigurationError
-from elastic_run.timer_wire import MAX_LINE_BYTES, FileTimerRequest, RequestFramer
+from elastic_run.worker.timer_wire import MAX_LINE_BYTES, FileTimerRequest, RequestFramer
 
 __all__ = ["ArmedTimer", "FileTimerServer", "LogEvent", "TimerExpiry", "WatchdogPipeNotFoundError"]
 
@@ -99,7 +99,7 @@ class FileTimerServer:
     None)`` and ``("watchdog stopped", None)`` by :meth:`start` and :meth:`stop` (on the
     caller's thread); on the server's thread, ``("timer expired", request)`` for each expired
     timer of a running process, earliest first, then ``("kill worker process", request)`` once
-    its signal was sent. ``request`` is the :class:`~elastic_run.timer_wire.FileTimerRequest`
+    its signal was sent. ``request`` is the :class:`~elastic_run.worker.timer_wire.FileTimerRequest`
     that armed the timer. An exception from a callback is logged, never raised.
 
     Args:

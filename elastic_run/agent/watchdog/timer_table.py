@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from elastic_run.timer_wire import FileTimerRequest
+from elastic_run.worker.timer_wire import FileTimerRequest
 
 __all__ = ["ArmedTimer", "TimerTable"]
 

@@ -8,7 +8,7 @@ set it, as torchrun does.
 
 A cold Python worker with automatic progress beats (``ELASTIC_RUN_AUTO_PROGRESS=1``) also gets
 elastic-run's start-up hook first on its ``PYTHONPATH`` (:func:`cold_python_env`); the hook takes
-it off again before the script runs (:mod:`elastic_run.site_hook`).
+it off again before the script runs (:mod:`elastic_run.worker.site_hook`).
 """
 
 from __future__ import annotations
@@ -17,10 +17,10 @@ import os
 import sys
 from collections.abc import Mapping
 
-from elastic_run import site_hook
 from elastic_run.agent.api import WorkerGroup, WorkerSpec
-from elastic_run.auto_progress import AUTO_PROGRESS_ENV
 from elastic_run.errors import ConfigurationError
+from elastic_run.worker import site_hook
+from elastic_run.worker.auto_progress import AUTO_PROGRESS_ENV
 
 __all__ = [
     "RANK_VARIABLES",

@@ -26,6 +26,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from elastic_run.worker.error_handler import NOT_AVAILABLE
+
 __all__ = [
     "NOT_AVAILABLE",
     "FailureRecord",
@@ -40,7 +42,6 @@ __all__ = [
 ]
 
 _MAX_RAW_CHARS = 4000
-NOT_AVAILABLE = "<N/A>"
 _NO_ERROR_DATA = "<NONE>"
 # What torch adds to ``error_file_data`` of a process that exited (not by a signal) and said
 # nothing: no error file, or one without a message.

@@ -5,8 +5,8 @@
 
 from __future__ import annotations
 
-from elastic_run.events import Event, EventSource, NodeState, RdzvEvent
-from elastic_run.events import EventMetadataValue as EventMetadataValue  # a re-export
+from elastic_run.torch_events import Event, EventSource, NodeState, RdzvEvent
+from elastic_run.torch_events import EventMetadataValue as EventMetadataValue  # a re-export
 
 __all__ = [
     "Event",

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastic_run.events import get_logging_handler
+from elastic_run.torch_events import get_logging_handler
 
 __all__ = [
     "get_logging_handler",

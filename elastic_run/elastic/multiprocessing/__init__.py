@@ -1,7 +1,7 @@
 """torch.distributed.elastic.multiprocessing, mirrored: the workers' output and failures.
 
 Owns nothing: the names are elastic-run's (``agent.workers.logs_specs``,
-``multiprocessing_errors``), resolved on first use. The modules: ``api``, ``errors``. torch's
+``worker.error_handler``), resolved on first use. The modules: ``api``, ``errors``. torch's
 process-launch layer (``start_processes``, ``PContext``, ...) is not kept (README)."""
 
 from __future__ import annotations

@@ -4,8 +4,8 @@ and server (the agent's watchdog)."""
 from __future__ import annotations
 
 from elastic_run.agent.watchdog.server import FileTimerServer
-from elastic_run.timer_wire import FileTimerRequest
 from elastic_run.worker import FileTimerClient
+from elastic_run.worker.timer_wire import FileTimerRequest
 
 __all__ = [
     "FileTimerClient",

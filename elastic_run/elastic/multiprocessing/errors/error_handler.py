@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastic_run.multiprocessing_errors import ErrorHandler
+from elastic_run.worker.error_handler import ErrorHandler
 
 __all__ = [
     "ErrorHandler",

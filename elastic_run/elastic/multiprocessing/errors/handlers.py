@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from elastic_run.multiprocessing_errors import get_error_handler
+from elastic_run.worker.error_handler import get_error_handler
 
 __all__ = [
     "get_error_handler",

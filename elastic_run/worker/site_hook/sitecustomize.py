@@ -7,16 +7,16 @@ Python imports this at start-up because the agent put this folder first on the w
    worker's ``PYTHONPATH`` in ``os.environ`` to what it was (unset or empty as it was; the
    agent's ``ELASTIC_RUN_EMPTY_PYTHONPATH`` says it was empty, and is removed too), so the
    script and its children see the path and environment a plain ``python -u script`` gets;
-2. arms :func:`elastic_run.auto_progress.install_when_torch_optim_loads` (nothing imported of
-   torch) and :func:`elastic_run.exit_guard.arm` (its exit handler, which runs last);
+2. arms :func:`elastic_run.worker.auto_progress.install_when_torch_optim_loads` (nothing imported of
+   torch) and :func:`elastic_run.worker.exit_guard.arm` (its exit handler, which runs last);
 3. imports the next ``sitecustomize`` on the path (the environment's own), which then stands in
    ``sys.modules`` as it would have; when there is none, this module stays there until the
    script's first import and is then removed.
 
 ``/proc/self/environ`` (the process's environment block, which ``ps`` and psutil read) is
 rewritten to match (:func:`_tidy_proc_environ`). What a script could still notice:
-``sys.modules`` holds ``elastic_run``, ``elastic_run.auto_progress`` and
-``elastic_run.exit_guard``; :mod:`atexit` holds one handler; ``sys.meta_path`` starts with the
+``sys.modules`` holds ``elastic_run``, ``elastic_run.worker.auto_progress`` and
+``elastic_run.worker.exit_guard``; :mod:`atexit` holds one handler; ``sys.meta_path`` starts with the
 waiting finder until torch's optimizer module is imported; and torch's global optimizer hook
 registries hold two hooks.
 
@@ -85,7 +85,7 @@ def _tidy_proc_environ(started: str, restored: str | None) -> None:
 
 def _arm(me: object) -> None:
     try:
-        from elastic_run.exit_guard import arm
+        from elastic_run.worker.exit_guard import arm
 
         arm()
     except Exception as exc:  # an interpreter without elastic_run, or a broken install
@@ -93,7 +93,7 @@ def _arm(me: object) -> None:
     try:
         from types import ModuleType
 
-        from elastic_run.auto_progress import install_when_torch_optim_loads
+        from elastic_run.worker.auto_progress import install_when_torch_optim_loads
 
         install_when_torch_optim_loads(me if isinstance(me, ModuleType) else None)
     except Exception as exc:  # an interpreter without elastic_run, or a broken install

@@ -8,10 +8,10 @@ of the agent, the CLI or the rendezvous, and no torch, so that importing it cost
 - :func:`expires`, :func:`configure` and :class:`FileTimerClient` arm timers on the agent's
   file-timer watchdog (``TORCHELASTIC_TIMER_FILE``), called like torch's
   ``torch.distributed.elastic.timer`` and speaking its ``FileTimerClient`` protocol (the format:
-  :mod:`elastic_run.timer_wire`): one JSON line of at most ``PIPE_BUF`` bytes per request,
+  :mod:`elastic_run.worker.timer_wire`): one JSON line of at most ``PIPE_BUF`` bytes per request,
   written with a single ``write`` so it is atomic.
 - :func:`progress` (one call per training step) and :func:`sync_point` feed the agent's hang
-  and straggler verdicts through a shared-memory slot (:mod:`elastic_run.beat_file`): no system
+  and straggler verdicts through a shared-memory slot (:mod:`elastic_run.worker.beat_file`): no system
   call per call, well under a microsecond; a no-op when the agent gave no beat file.
 - :class:`WorkerEnv` gives typed access to the environment the agent sets for each worker.
 """
@@ -32,9 +32,9 @@ from contextlib import AbstractContextManager, contextmanager
 from dataclasses import dataclass
 from typing import ParamSpec, Protocol, TypeVar
 
-from elastic_run.beat_file import shared_writer
 from elastic_run.errors import ConfigurationError, ElasticRunError
-from elastic_run.timer_wire import (
+from elastic_run.worker.beat_file import shared_writer
+from elastic_run.worker.timer_wire import (
     RELEASE_EXPIRATION,
     FileTimerRequest,
     TimerWireError,
@@ -202,7 +202,7 @@ class TimerClient(Protocol):
 class FileTimerClient:
     """Client of the agent's file-timer watchdog, called and wire-compatible like torch's.
 
-    Each request is one line (:func:`elastic_run.timer_wire.encode_request`) written with a
+    Each request is one line (:func:`elastic_run.worker.timer_wire.encode_request`) written with a
     single ``os.write`` to the FIFO opened ``O_WRONLY | O_NONBLOCK``; lines are at most
     ``PIPE_BUF`` bytes so that writes from many workers never interleave.
 

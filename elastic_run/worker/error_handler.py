@@ -1,4 +1,4 @@
-"""torch.distributed.elastic.multiprocessing.errors, by name: how a worker's failure reaches the agent.
+"""torch's error recording, worker side: ``@record``, ``ErrorHandler``, ``ChildFailedError``.
 
 A worker's ``@record``-decorated main writes its uncaught exception to the file named by
 ``TORCHELASTIC_ERROR_FILE``; the agent reads every failed worker's file into a
@@ -8,9 +8,11 @@ launcher that is itself a child (a nanny process) raises :class:`ChildFailedErro
 
 Names and signatures are torch's: ``record(fn, error_handler=None)``, ``ErrorHandler``
 (``initialize``, ``record_exception``, ``dump_error_file``), ``get_error_handler()``,
-``ChildFailedError(name, failures)`` (``get_first_failure``, ``format_msg``), ``ProcessFailure``.
-The file format has one home: :func:`elastic_run.worker.write_error_file` writes it and
-:mod:`elastic_run.agent.workers.failures` reads it.
+``ChildFailedError(name, failures)`` (``get_first_failure``, ``format_msg``). torch's module
+also holds ``ProcessFailure``, the agent's reading of an error file: the mirror
+(``elastic_run.elastic.multiprocessing.errors``) joins the two. This module imports nothing of
+the agent; the file format has one home: :func:`elastic_run.worker.write_error_file` writes it
+and :mod:`elastic_run.agent.workers.failures` reads it.
 """
 
 from __future__ import annotations
@@ -24,24 +26,48 @@ import socket
 import sys
 import warnings
 from collections.abc import Callable, Mapping
-from typing import Any, ParamSpec, TypeVar
+from typing import Any, ParamSpec, Protocol, TypeVar
 
-from elastic_run.agent.workers.failures import NOT_AVAILABLE, ProcessFailure
-from elastic_run.worker import ERROR_FILE_ENV, write_error_data, write_error_file
+from elastic_run.worker.api import ERROR_FILE_ENV, write_error_data, write_error_file
 
 __all__ = [
+    "NOT_AVAILABLE",
     "ChildFailedError",
+    "ChildFailure",
     "ErrorHandler",
-    "ProcessFailure",
     "get_error_handler",
     "record",
 ]
+
+# What torch's failure records say for a field they do not know (an error file that is absent).
+NOT_AVAILABLE = "<N/A>"
 
 logger = logging.getLogger(__name__)
 
 _P = ParamSpec("_P")
 _R = TypeVar("_R")
 _MAX_WIDTH = 60
+
+
+class ChildFailure(Protocol):
+    """What :class:`ChildFailedError` reads of a failed child: torch's ``ProcessFailure``'s
+    fields (the agent's :class:`~elastic_run.agent.workers.failures.ProcessFailure` is one)."""
+
+    local_rank: int
+    pid: int
+    exitcode: int
+    error_file: str
+    timestamp: int | float
+
+    @property
+    def message(self) -> Any:
+        """The error file's message record, or a text when there is none."""
+
+    def signal_name(self) -> str:
+        """The name of the signal that ended the child, or ``NOT_AVAILABLE``."""
+
+    def timestamp_isoformat(self) -> str:
+        """When the child failed, ISO 8601."""
 
 
 class ErrorHandler:
@@ -142,14 +168,14 @@ class ChildFailedError(Exception):
         ValueError: ``failures`` is empty.
     """
 
-    def __init__(self, name: str, failures: Mapping[int, ProcessFailure]) -> None:
+    def __init__(self, name: str, failures: Mapping[int, ChildFailure]) -> None:
         if not failures:
             raise ValueError("ChildFailedError needs at least one failure")
         self.name = name
         self.failures = dict(failures)
         super().__init__(self.format_msg())
 
-    def get_first_failure(self) -> tuple[int, ProcessFailure]:
+    def get_first_failure(self) -> tuple[int, ChildFailure]:
         """Return the global rank and the failure with the earliest timestamp (the root cause)."""
         rank = min(self.failures, key=lambda r: (self.failures[r].timestamp, r))
         return rank, self.failures[rank]
@@ -185,7 +211,7 @@ class ChildFailedError(Exception):
         return "\n".join(lines)
 
 
-def _failure_text(failure: ProcessFailure) -> str:
+def _failure_text(failure: ChildFailure) -> str:
     """The traceback of a failure when its error file has one, else its message."""
     message = failure.message
     if isinstance(message, dict):
@@ -196,7 +222,7 @@ def _failure_text(failure: ProcessFailure) -> str:
     return str(message)
 
 
-def _failure_block(index: int, rank: int, failure: ProcessFailure) -> str:
+def _failure_block(index: int, rank: int, failure: ChildFailure) -> str:
     signame = failure.signal_name()
     host = getattr(failure, "host", None) or socket.getfqdn()
     return "\n".join(

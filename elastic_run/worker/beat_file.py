@@ -21,7 +21,7 @@ slot count, 5 reserved), then 8 words per slot:
 
 Two kinds of beat share one writer per process (:func:`shared_writer`): an explicit
 ``progress(step)`` call (:meth:`BeatWriter.beat`) and an automatic beat after each optimizer step
-(:meth:`BeatWriter.auto_beat`, from :mod:`elastic_run.auto_progress`). They are never counted
+(:meth:`BeatWriter.auto_beat`, from :mod:`elastic_run.worker.auto_progress`). They are never counted
 twice for one step: an explicit beat that follows an automatic one takes it over (the same beat,
 now with the named step and the later time) instead of adding one, so ``opt.step();
 progress(step)`` counts one beat per step, and so does a script that calls ``progress()`` only
@@ -293,7 +293,7 @@ class BeatWriter:
 
     def auto_sync_point(self, work_end_ns: int) -> None:
         """The automatic counterpart of :meth:`sync_point`: this step's own work ended at
-        ``work_end_ns`` (the last gradient accumulated, from :mod:`elastic_run.auto_progress`).
+        ``work_end_ns`` (the last gradient accumulated, from :mod:`elastic_run.worker.auto_progress`).
 
         Counts like a ``sync_point()`` at that time; ignored when it is not after the last beat,
         and for good once the script calls :meth:`sync_point` itself (its own mark is the better

@@ -174,7 +174,7 @@ class _Destinations:
     def logger(self, destination: str) -> logging.Logger:
         found = self.loggers.get(destination)
         if found is None:
-            found = logging.getLogger(f"elastic_run.events.{destination}")
+            found = logging.getLogger(f"elastic_run.torch_events.{destination}")
             found.setLevel(logging.INFO)
             found.propagate = False
             found.addHandler(self.handler(destination))

@@ -3,7 +3,7 @@
 elastic-run installs this in every Python worker before its script runs (unless
 ``--no-auto-progress``): a warm worker calls :func:`install_when_torch_optim_loads` in the zygote's
 child, where torch is already imported; a cold worker does it from elastic-run's
-``sitecustomize`` (:mod:`elastic_run.site_hook`). Nothing here imports torch: while
+``sitecustomize`` (:mod:`elastic_run.worker.site_hook`). Nothing here imports torch: while
 ``torch.optim.optimizer`` is not imported, a finder on ``sys.meta_path`` waits for it, lets its
 own loader execute it, then registers the hooks and leaves ``sys.meta_path``. A script that never
 imports torch never gets it imported.
@@ -11,7 +11,7 @@ imports torch never gets it imported.
 The hooks (``torch.optim.optimizer.register_optimizer_step_pre_hook`` and ``..._post_hook``,
 global: every optimizer of the process, whatever wraps it):
 
-- the post hook beats (:meth:`elastic_run.beat_file.BeatWriter.auto_beat`) into the process's one
+- the post hook beats (:meth:`elastic_run.worker.beat_file.BeatWriter.auto_beat`) into the process's one
   writer, which ``elastic_run.worker.progress()`` shares: an explicit call after an optimizer
   step takes that step's beat over instead of adding one;
 - the pre hook checks that the post hook ran after the previous step: when it did not (a script
@@ -25,12 +25,12 @@ registers a post-accumulate-grad hook on the parameters of every module that run
 gradient accumulated before an optimizer step is where the rank's own work of the step ends and
 its wait for its peers begins (DDP's all_reduce is asynchronous and waited for after the
 backward). The optimizer's post hook writes it, just before its beat, to the slot as ``sync_point()`` would
-(:meth:`elastic_run.beat_file.BeatWriter.auto_sync_point`), unless the script calls
+(:meth:`elastic_run.worker.beat_file.BeatWriter.auto_sync_point`), unless the script calls
 ``sync_point()`` itself. The times are the CPU's: on a GPU they are when the work was queued.
 
 Invariants: a hook never raises into the optimizer step (any error of its own turns automatic
 beats off with one line on stderr); this module imports only ``sys``, ``os`` and ``threading`` at import time,
-and ``elastic_run.beat_file``, ``time`` and ``weakref`` when the hooks are installed.
+and ``elastic_run.worker.beat_file``, ``time`` and ``weakref`` when the hooks are installed.
 """
 
 from __future__ import annotations
@@ -157,7 +157,7 @@ class _Hooks:
     """The pre and post hooks of one process, and their handles."""
 
     def __init__(self, module: ModuleType, marks: _WorkMarks | None) -> None:
-        from elastic_run.beat_file import shared_writer
+        from elastic_run.worker.beat_file import shared_writer
 
         self._module = module
         self._marks = marks

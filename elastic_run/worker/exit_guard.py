@@ -20,7 +20,7 @@ so it runs last, after the script's own exit handlers and before finalization: w
 never ends is asleep too, so the wait never holds an exit for longer than the looks. Elsewhere
 (no torch.distributed, no such thread, no ``/proc``) it returns at once.
 
-The site hook (:mod:`elastic_run.site_hook.sitecustomize`) and the warm zygote arm it in every
+The site hook (:mod:`elastic_run.worker.site_hook.sitecustomize`) and the warm zygote arm it in every
 Python worker; ``--no-auto-progress`` leaves cold workers without the site hook, and so without
 this wait.
 """
