@@ -19,7 +19,6 @@ import logging
 import os
 import signal
 import socket
-import time
 from pathlib import Path
 from typing import Any
 
@@ -28,9 +27,9 @@ from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
 from elastic_run.agent.loop.goodput import goodput_metrics
+from elastic_run.agent.loop.parts import MonitoredWorkers, WorkerPart
 from elastic_run.agent.loop.simple import SimpleElasticAgent
-from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
-from elastic_run.agent.loop.state_machine import Observation
+from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.progress.duties import ProgressDuties
 from elastic_run.agent.warm.policy import WarmStarts
 from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
@@ -42,18 +41,13 @@ from elastic_run.agent.workers.env import (
     shared_worker_env,
     worker_argv,
 )
-from elastic_run.agent.workers.failures import (
-    NOT_AVAILABLE,
-    FailureRecord,
-    WorkerErrorInfo,
-    read_error_file,
-)
 from elastic_run.agent.workers.function_workers import FunctionWorkers
 from elastic_run.agent.workers.gloo_check import GlooLoopbackCheck
+from elastic_run.agent.workers.group import LocalWorkerGroup, run_result
 from elastic_run.agent.workers.guardian import Guardian
 from elastic_run.agent.workers.logs_specs import ATTEMPT_ENV, DefaultLogsSpecs, LogsSpecs
 from elastic_run.agent.workers.numa import numa_wrapped
-from elastic_run.agent.workers.processes import WorkerExit, WorkerLaunch, WorkerProcesses
+from elastic_run.agent.workers.processes import WorkerLaunch
 from elastic_run.errors import AgentError, ConfigurationError
 
 __all__ = ["LocalElasticAgent"]
@@ -97,12 +91,37 @@ class LocalElasticAgent(SimpleElasticAgent):
     ) -> None:
         opts = options or AgentOptions()
         entry = spec.entrypoint
+        self._guardian = Guardian(None)
         self._functions = (  # first: an unknown start method fails before anything is open
             None
             if isinstance(entry, str) or entry is None
             else FunctionWorkers(entry, spec.args, start_method, guardian=lambda: self._guardian)
         )
-        super().__init__(spec, exit_barrier_timeout, shutdown_timeout, signals=opts.signals)
+        self._host = socket.gethostname()
+        self._watchdog: FileTimerServer | None = None
+        self._progress_duties = ProgressDuties(opts.progress, self._host, armed=self._armed_pids)
+        functions = self._functions
+        self._group = LocalWorkerGroup(
+            role=spec.role,
+            host=self._host,
+            guardian=self._guardian,
+            on_exit=self.wake,
+            notes=self._progress_duties,
+            return_value=functions.return_value if functions is not None else None,
+        )
+        # A subclass that overrides torch's ``_monitor_workers`` has it asked each turn.
+        overridden = type(self)._monitor_workers is not LocalElasticAgent._monitor_workers
+        workers: WorkerPart = (
+            MonitoredWorkers(self._monitor_workers, spec.role) if overridden else self._group
+        )
+        super().__init__(
+            spec,
+            exit_barrier_timeout,
+            shutdown_timeout,
+            signals=opts.signals,
+            workers=workers,
+            progress=self._progress_duties,
+        )
         self._options = opts
         self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()
         self._start_method = start_method
@@ -120,17 +139,9 @@ class LocalElasticAgent(SimpleElasticAgent):
                 f"the log directory cannot be written: {exc.strerror or exc}"
             ) from None
         self.add_event_sink(self._event_log)
-        self._procs: WorkerProcesses | None = None
-        self._launched: dict[int, WorkerLaunch] = {}
-        self._stopped_by_agent = False
-        self._guardian = Guardian(None)
-        self._watchdog: FileTimerServer | None = None
         self._timer_file: str | None = None
-        self._expiries: dict[int, TimerExpiry] = {}
+        self._pending_where: dict[int, str] = {}  # the watchdog's thread: pid -> where it was
         self._health: AgentHealthServer | None = None
-        self._host = socket.gethostname()
-        self._progress = ProgressDuties(opts.progress, self._host)
-        self._expiry_where: dict[int, str] = {}
         warm = opts.warm_start and self._functions is None
         emit = lambda kind, message, fields: self.emit_event(kind, message, **fields)  # noqa: E731
         self._warm = WarmStarts(enabled=warm, preload=opts.preload, emit=emit)
@@ -168,21 +179,20 @@ class LocalElasticAgent(SimpleElasticAgent):
                 max_interval=0.1,
                 is_known_pid=self._is_worker_pid,
                 on_expired=self._on_timer_expired,
-                on_request=self._progress.watch.timer_beat,
+                on_request=self._progress_duties.watch.timer_beat,
                 before_kill=self._before_timer_kill,
             )
             self._watchdog.start()
             self._timer_file = self._watchdog.file_path
         if opts.health_check_port is not None:
             self._start_health(opts)
-        self._progress.start_publisher(
+        self._progress_duties.start_publisher(
             spec.rdzv_handler,
             spec.rdzv_handler.get_run_id(),
             position=self._position,
             attempt=lambda: self.attempt,
             running=lambda: self.get_worker_group().state is WorkerState.HEALTHY,
             members=self._member_ids,
-            emit=lambda kind, message, fields: self.emit_event(kind, message, **fields),
             goodput=lambda: self.goodput().to_json(with_restarts=False),
         )
 
@@ -222,7 +232,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         )
 
     def _teardown(self) -> None:
-        self._progress.close()
+        self._progress_duties.close()
         if self._health is not None:
             self._health.stop()
         if self._watchdog is not None:
@@ -247,30 +257,27 @@ class LocalElasticAgent(SimpleElasticAgent):
         return body
 
     def _metrics(self) -> dict[str, float]:
-        snap = self.snapshot()
-        # names without the elastic_run_ prefix: render_metrics adds it
-        return {
-            "restarts": float(snap.restarts),
-            "max_restarts": float(snap.max_restarts),
-            "round": float(snap.round),
-            "group_rank": float(snap.group_rank),
-            "group_world_size": float(snap.group_world_size),
-            "world_size": float(snap.world_size),
-            "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
-            "watchdog_expiries": float(len(self._expiries)),
-            **self._progress.metrics(),
-            **goodput_metrics(snap.goodput),
-        }
+        return _snapshot_metrics(self.snapshot())
+
+    def _armed_pids(self) -> frozenset[int]:
+        watchdog = self._watchdog  # once: the teardown sets it to None
+        if watchdog is None:
+            return frozenset()
+        return frozenset(t.pid for t in watchdog.armed_timers())
 
     def _is_worker_pid(self, pid: int) -> bool:
-        procs = self._procs
-        return procs is not None and pid in procs.pids.values()
+        return self._group.is_worker_pid(pid)
 
     def _before_timer_kill(self, pid: int) -> None:
-        self._expiry_where[pid] = self._progress.before_timer_kill(pid)
+        # On the watchdog's thread: the stacks are taken and the place noted before the kill,
+        # so the failure the loop builds from the exit says where the worker was.
+        where = self._progress_duties.before_timer_kill(pid)
+        self._pending_where[pid] = where
 
     def _on_timer_expired(self, expiry: TimerExpiry) -> None:
-        self._expiries[expiry.pid] = expiry
+        self._group.note_expiry(
+            expiry.pid, expiry.scope_id, self._pending_where.pop(expiry.pid, "")
+        )
         name = signal.Signals(expiry.signal).name if expiry.signal > 0 else str(expiry.signal)
         self.emit_event(
             "watchdog.expired",
@@ -320,7 +327,7 @@ class LocalElasticAgent(SimpleElasticAgent):
         functions = self._functions
         if functions is not None:
             functions.prepare_attempt()
-        beats = self._progress.env_for_attempt(
+        beats = self._progress_duties.env_for_attempt(
             self.attempt,
             [(w.local_rank, w.global_rank) for w in group.workers],
             {w.local_rank: Path(dest.error_files[w.local_rank]).parent for w in group.workers},
@@ -363,152 +370,60 @@ class LocalElasticAgent(SimpleElasticAgent):
                     duplicates=duplicates,
                 )
             )
-        self._expiries.clear()
-        self._expiry_where.clear()
-        self._stopped_by_agent = False
-        procs = WorkerProcesses(launches, on_exit=self.wake, guardian=self._guardian)
-        self._procs = procs
-        self._launched = {launch.local_rank: launch for launch in launches}
-        procs.start()
-        pids = procs.pids
+        pids = self._group.start(launches)
         for worker in group.workers:
             worker.id = pids.get(worker.local_rank)
-        self._progress.started(pids, self._warm, self.emit_event)
+        self._progress_duties.started(pids, self._warm)
         return dict(pids)
 
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGTERM, int(self.shutdown_timeout))
 
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
-        procs = self._procs
-        if procs is None:
-            return
-        self._stopped_by_agent = True
-        self._progress.workers_stopping((death_sig, signal.SIGKILL), time.time())
+        pids = self._group.pids
         signals_before = self.stop_signal_count()
         # A signal that arrives while stopping (a second one, after the one that stops us):
         # no more grace.
-        procs.stop(
-            int(death_sig),
+        self._group.stop(
+            (int(death_sig), int(signal.SIGKILL)),
             float(timeout),
             escalate=lambda: self.stop_signal_count() > signals_before,
         )
         if self._watchdog is not None:
-            for pid in procs.pids.values():
+            for pid in pids.values():
                 self._watchdog.clear_pid(pid)
 
-    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
-        """Programs: as torch's ``SubprocessContext`` reports them, the workers that failed and
-        those the stop then ended with a non-zero status (a signal's ``-N``). Callables: the
-        workers that failed, as torch's ``MultiprocessContext``."""
-        failures = dict(result.failures)
-        if self._functions is not None:
-            return failures
-        after = self._monitor_workers(self.get_worker_group())
-        return {**after.failures, **failures} if after.state is WorkerState.FAILED else failures
-
-    def _forward_signal(self, sig: int) -> None:
-        procs = self._procs
-        if procs is not None:
-            procs.send_signal(sig)
-
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
-        procs = self._procs
-        if procs is None:
-            return RunResult(WorkerState.INIT)
-        exits = self._progress.amend_exits(procs.poll())
-        if len(exits) < len(worker_group.workers) and not self._stopped_by_agent:
-            watchdog = self._watchdog
-            armed = {t.pid for t in watchdog.armed_timers()} if watchdog is not None else set()
-            self._progress.tick(armed, exited=exits.keys())
-        failed = {lr: e for lr, e in exits.items() if e.exitcode != 0}
-        if failed:
-            failures = [self._failure(worker_group, e) for e in failed.values()]
-            return RunResult(WorkerState.FAILED, failures={f.global_rank: f for f in failures})
-        if len(exits) == len(worker_group.workers):
-            functions = self._functions
-            return RunResult(
-                WorkerState.SUCCEEDED,
-                return_values={
-                    worker_group.workers[lr].global_rank: (
-                        functions.return_value(lr) if functions is not None else None
-                    )
-                    for lr in exits
-                },
-            )
-        return RunResult(WorkerState.HEALTHY)
+        return run_result(self._group.observe(worker_group))
 
-    def _failure(self, group: WorkerGroup, exit_: WorkerExit) -> FailureRecord:
-        launch = self._launched[exit_.local_rank]
-        error = read_error_file(launch.error_file) or self._progress.failure_error(exit_.pid)
-        expiry = self._expiries.get(exit_.pid)
-        if error is None and expiry is not None:
-            where = self._expiry_where.get(exit_.pid)
-            error = WorkerErrorInfo(
-                message=f"the watchdog timer '{expiry.scope_id}' expired and killed the worker"
-                + (f" ({where})" if where else "")
-            )
-        timestamp = exit_.finished_at
-        if error is not None and error.timestamp is not None:
-            timestamp = min(timestamp, error.timestamp)
-        return FailureRecord(
-            local_rank=exit_.local_rank,
-            global_rank=group.workers[exit_.local_rank].global_rank,
-            role=group.spec.role,
-            pid=exit_.pid,
-            exitcode=exit_.exitcode,
-            timestamp=timestamp,
-            host=self._host,
-            error_file=str(launch.error_file) if launch.error_file.exists() else NOT_AVAILABLE,
-            log_dir=launch.log_dir,
-            error=error,
-            stacks_file=self._progress.stacks_file(exit_.local_rank),
-        )
 
-    # -- progress hooks (agent/progress/duties.py) ---------------------------------------
-
-    def _worker_progress(self, local_rank: int) -> WorkerProgress | None:
-        return self._progress.watch.progress().get(local_rank)
-
-    def _job_progress(self) -> JobProgress | None:
-        return self._progress.job_progress()
-
-    def _beat_reading(self) -> tuple[int, int] | None:
-        return self._progress.watch.beat_reading()
-
-    def _progress_observation(self, obs: Observation) -> Observation:
-        return self._progress.observe(obs)
-
-    def _stop_hung(self) -> None:
-        self._progress.stop_hung(
-            lambda kind, message, fields: self.emit_event(kind, message, **fields)
-        )
-
-    def _before_failed_stop(self) -> None:
-        procs = self._procs
-        if procs is not None:
-            exited = procs.poll()
-            self._progress.before_failed_stop(lr for lr in procs.pids if lr not in exited)
-
-    def _attempt_ended(self, failed: bool) -> None:
-        self._progress.attempt_ended(failed)
-
-    def _worker_state(self, local_rank: int) -> str:
-        procs = self._procs
-        if procs is None:
-            return "INIT"
-        exit_ = self._progress.amend_exits(procs.poll()).get(local_rank)
-        if exit_ is None:
-            if local_rank in procs.pids:
-                return "STOPPED" if self._stopped_by_agent else "HEALTHY"
-            return "INIT"
-        if exit_.exitcode == 0:
-            return "SUCCEEDED"
-        return "STOPPED" if self._stopped_by_agent else "FAILED"
-
-    def _worker_exitcode(self, local_rank: int) -> int | None:
-        procs = self._procs
-        if procs is None:
-            return None
-        exit_ = self._progress.amend_exits(procs.poll()).get(local_rank)
-        return exit_.exitcode if exit_ is not None else None
+def _snapshot_metrics(snap: AgentSnapshot) -> dict[str, float]:
+    """``/metrics``' gauges, from the published snapshot alone (names without the
+    ``elastic_run_`` prefix: ``render_metrics`` adds it; per-rank names carry labels)."""
+    out = {
+        "restarts": float(snap.restarts),
+        "max_restarts": float(snap.max_restarts),
+        "round": float(snap.round),
+        "group_rank": float(snap.group_rank),
+        "group_world_size": float(snap.group_world_size),
+        "world_size": float(snap.world_size),
+        "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
+        "watchdog_expiries": float(snap.watchdog_expiries),
+    }
+    for worker in snap.workers:
+        p = worker.progress
+        if p is None:
+            continue
+        label = f'{{rank="{worker.rank}",local_rank="{worker.local_rank}"}}'
+        out["progress_beats" + label] = float(p.beats)
+        out["progress_step" + label] = float(p.step)
+        if p.step_time_s is not None:
+            out["step_time_seconds" + label] = p.step_time_s
+        if p.work_time_s is not None:
+            out["work_time_seconds" + label] = p.work_time_s
+        if p.last_beat_age_s is not None:
+            out["last_beat_age_seconds" + label] = p.last_beat_age_s
+        if p.timeout_s is not None:
+            out["hang_timeout_seconds" + label] = p.timeout_s
+        out["hung" + label] = 1.0 if p.verdict == "hung" else 0.0
+    return {**out, **goodput_metrics(snap.goodput)}

@@ -9,14 +9,19 @@ import signal
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from elastic_run.agent.progress import hang, stacks
+from elastic_run.agent.progress import stacks
 from elastic_run.agent.progress.hang_watch import HangWatch
+from elastic_run.agent.rules.actions import StopHung
+from elastic_run.agent.rules.observation import Observation, Phase, ProgressView
+from elastic_run.agent.rules.progress import beats as hang
+from elastic_run.agent.rules.progress import hung
 from elastic_run.agent.watchdog.server import FileTimerServer
 from elastic_run.worker.beat_file import (
     PROGRESS_FILE_ENV,
@@ -160,12 +165,24 @@ def test_the_hang_watch_stops_a_worker_that_stops_beating(
         watch.started({0: proc.pid})
         wait_until(lambda: (tmp_path / "beaten").exists(), 60, message="the worker did not beat")
 
-        def judged() -> bool:
-            watch.tick()
-            return bool(watch.hung)
+        verdicts: list[StopHung] = []
+
+        def judged() -> bool:  # the loop's turn: the watch's evidence, then the hang rule
+            now = time.monotonic_ns()
+            watch.tick(now)
+            view = ProgressView(
+                suspects=watch.suspects,
+                suspect_since_ns=watch.suspect_since_ns,
+                collective_grace_s=watch.collective_grace_s,
+            )
+            action = hung.judge(Observation(Phase.RUNNING, progress=view), now)
+            if isinstance(action, StopHung):
+                verdicts.append(action)
+            return bool(verdicts)
 
         wait_until(judged, 60, interval_s=0.1, message="no verdict")
-        (worker,) = watch.hung
+        (worker,) = verdicts[0].workers
+        watch.judged_hung(verdicts[0].workers)
         assert (worker.local_rank, worker.rank, worker.pid) == (0, 5, proc.pid)
         assert worker.silence.timeout_s == 1.0 and not worker.silence.learned
         assert worker.where is not None

@@ -8,7 +8,7 @@ import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from elastic_run.agent.progress import hang
+from elastic_run.agent.rules.progress import beats as hang
 
 S = 1_000_000_000
 

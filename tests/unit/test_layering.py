@@ -22,6 +22,7 @@ PACKAGE = Path(__file__).resolve().parents[2] / "elastic_run"
 MODULES = sorted(p for p in PACKAGE.rglob("*.py") if p.name != "__main__.py")
 
 # Decisions live in these; they take what was read and `now`, and return what to do.
+# Every module of agent/rules/ (the verdicts) is pure too: RULES below.
 PURE = [
     "elastic_run/agent/loop/state_machine.py",
     "elastic_run/rendezvous/protocol/decisions.py",
@@ -29,12 +30,14 @@ PURE = [
     "elastic_run/rendezvous/protocol/stable_ranks.py",
     "elastic_run/rendezvous/protocol/keys.py",
     "elastic_run/agent/watchdog/timer_table.py",
-    "elastic_run/agent/progress/hang.py",
-    "elastic_run/agent/progress/stragglers.py",
     "elastic_run/agent/progress/stack_report.py",
     "elastic_run/agent/progress/config.py",
-    "elastic_run/agent/progress/script_end.py",
-]
+    "elastic_run/agent/loop/snapshot.py",
+    "elastic_run/agent/loop/goodput.py",
+] + sorted(
+    str(p.relative_to(Path(__file__).resolve().parents[2]))
+    for p in (Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rules").rglob("*.py")
+)
 IMPURE_MODULES = {"socket", "threading", "time", "subprocess", "torch", "grpc", "psutil", "select"}
 # A folder of more than about a dozen modules hides its architecture: group it by concept.
 MAX_MODULES_PER_FOLDER = 12
@@ -212,7 +215,9 @@ _MAY_IMPORT: dict[str, set[str]] = {
     "elastic_run.agent.health": {"elastic_run.descriptors", "elastic_run.errors"},
     "elastic_run.agent.loop": {
         "elastic_run.agent.api",
+        "elastic_run.agent.config",
         "elastic_run.agent.events",
+        "elastic_run.agent.rules",
         "elastic_run.agent.workers.failures",
         "elastic_run.errors",
         "elastic_run.rendezvous.api",
@@ -221,13 +226,26 @@ _MAY_IMPORT: dict[str, set[str]] = {
     "elastic_run.agent.progress": {
         "elastic_run",  # its path: library frames apart from the script's
         "elastic_run.agent.loop.snapshot",
-        "elastic_run.agent.loop.state_machine",
+        "elastic_run.agent.rules",
         "elastic_run.agent.workers.failures",
+        "elastic_run.agent.workers.group",
         "elastic_run.agent.workers.processes",
         "elastic_run.worker.auto_progress",
         "elastic_run.worker.beat_file",
         "elastic_run.rendezvous.dynamic.telemetry",
         "elastic_run.rendezvous.errors",
+    },
+    "elastic_run.agent.rules": {
+        "elastic_run.agent.api",
+        "elastic_run.agent.loop.snapshot",
+        "elastic_run.agent.progress.stack_report",
+        "elastic_run.agent.workers.failures",
+    },
+    "elastic_run.agent.rules.progress": {
+        "elastic_run.agent.api",
+        "elastic_run.agent.rules",
+        "elastic_run.agent.loop.snapshot",
+        "elastic_run.agent.progress.stack_report",
     },
     "elastic_run.agent.warm": {
         "elastic_run.agent.workers.env",
@@ -241,6 +259,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
     "elastic_run.agent.workers": {
         "elastic_run.agent.api",
         "elastic_run.agent.config",
+        "elastic_run.agent.rules.observation",
         "elastic_run.worker.auto_progress",
         "elastic_run.errors",
         "elastic_run.parent_death",
@@ -299,7 +318,11 @@ _MAY_IMPORT: dict[str, set[str]] = {
 SUBPACKAGES = sorted(
     p.parent
     for p in MODULES
-    if p.name == "__init__.py" and p.parent.parent in (PACKAGE / "agent", PACKAGE / "rendezvous")
+    if p.name == "__init__.py"
+    and any(
+        p.parent != top and top in p.parent.parents
+        for top in (PACKAGE / "agent", PACKAGE / "rendezvous")
+    )
 )
 
 
@@ -423,24 +446,7 @@ _TORCH_AGENT_HOOKS = {"_start_workers", "_stop_workers", "_monitor_workers", "_s
 # subclass may define and call these methods, never the base's state. class -> method names.
 _DECLARED_HOOKS = {
     # the run loop's services and per-worker views (agent/loop/simple.py, "optional hooks")
-    "SimpleElasticAgent": {
-        "_setup",
-        "_teardown",
-        "_forward_signal",
-        "_worker_state",
-        "_worker_exitcode",
-        "_failures_after_stop",
-    },
-    # the progress hooks the loop calls and LocalElasticAgent fills (agent/loop/progress_hooks.py)
-    "ProgressHooks": {
-        "_worker_progress",
-        "_job_progress",
-        "_beat_reading",
-        "_progress_observation",
-        "_stop_hung",
-        "_before_failed_stop",
-        "_attempt_ended",
-    },
+    "SimpleElasticAgent": {"_setup", "_teardown"},
     # torch's ErrorHandler's, kept by our mirror: where the error file goes
     "ErrorHandler": {"_get_error_file_path"},
 }

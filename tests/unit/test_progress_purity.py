@@ -8,8 +8,6 @@ import pytest
 from tests.unit.test_layering import IMPURE_MODULES, PACKAGE, _imports
 
 PURE_PROGRESS = [
-    "elastic_run/agent/progress/hang.py",
-    "elastic_run/agent/progress/stragglers.py",
     "elastic_run/agent/progress/stack_report.py",
     "elastic_run/agent/progress/config.py",
 ]

@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_run.agent.progress.config import ProgressOptions
-from elastic_run.agent.progress.script_end import (
+from elastic_run.agent.progress.stack_report import Frame, StackReport, ThreadStack
+from elastic_run.agent.rules.progress.script_end import (
     DEFAULT_SCRIPT_EXIT_TIMEOUT_S,
     IdleTrack,
     after_script,
@@ -13,7 +14,6 @@ from elastic_run.agent.progress.script_end import (
     overdue_s,
     parse_script_exit_timeout,
 )
-from elastic_run.agent.progress.stack_report import Frame, StackReport, ThreadStack
 
 PID = 100
 S = 1_000_000_000

@@ -11,6 +11,7 @@ from __future__ import annotations
 import signal
 
 from elastic_run.agent.progress.script_end_watch import ScriptEndWatch
+from elastic_run.agent.workers.group import AgentStop
 from elastic_run.agent.workers.processes import WorkerExit
 
 PID = 4242
@@ -35,19 +36,20 @@ def _watch() -> ScriptEndWatch:
 
 def test_an_exit_by_the_agents_stop_keeps_its_signal_after_a_second_stop() -> None:
     watch = _watch()
-    watch.stopping((signal.SIGTERM, signal.SIGKILL), at=100.0)
+    stop = AgentStop(frozenset({signal.SIGTERM, signal.SIGKILL}), at=100.0)
     killed = WorkerExit(local_rank=0, pid=PID, exitcode=-int(signal.SIGTERM), finished_at=101.0)
-    watch.stopping((signal.SIGTERM, signal.SIGKILL), at=105.0)  # _restart_workers stops again
+    stop = stop.again((signal.SIGTERM, signal.SIGKILL), 105.0)  # _restart_workers stops again
 
-    assert watch.amend({0: killed}) == {0: killed}
+    assert stop.at == 100.0
+    assert watch.amend({0: killed}, stop) == {0: killed}
     assert watch.died_after_script() == []
 
 
 def test_a_signal_before_the_stop_is_still_a_crash_after_the_script() -> None:
     watch = _watch()
     aborted = WorkerExit(local_rank=0, pid=PID, exitcode=-int(signal.SIGABRT), finished_at=99.0)
-    watch.stopping((signal.SIGTERM, signal.SIGKILL), at=100.0)
+    stop = AgentStop(frozenset({signal.SIGTERM, signal.SIGKILL}), at=100.0)
 
-    amended = watch.amend({0: aborted})
+    amended = watch.amend({0: aborted}, stop)
     assert amended[0].exitcode == 1  # counted as the script's own status
     assert [d.pid for d in watch.died_after_script()] == [PID]

@@ -3,24 +3,19 @@ properties over every observation hypothesis can build."""
 
 from __future__ import annotations
 
-from dataclasses import replace
-
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from elastic_run.agent.api import WorkerState
 from elastic_run.agent.loop import state_machine as sm
-
-RUNNING = sm.Observation(sm.Phase.RUNNING, max_restarts=3)
-JOINING = sm.Observation(sm.Phase.JOINING)
-
+from tests.unit.observations import JOINING, RUNNING, flat, flat_observations
 
 # -- the joining table --------------------------------------------------------------------
 
 
 def test_joining_a_signal_wins_over_everything() -> None:
-    obs = replace(JOINING, signal=15, closed="failed", rendezvous_error=4)
+    obs = flat(JOINING, signal=15, closed="failed", rendezvous_error=4)
     assert sm.decide(obs) == sm.Stop(15)
     assert sm.Stop(15).exit_code == 143
 
@@ -36,13 +31,13 @@ def test_joining_a_signal_wins_over_everything() -> None:
 def test_joining_a_closed_job_ends_with_its_code(
     reason: sm.ClosedReason, code: int, state: WorkerState
 ) -> None:
-    action = sm.decide(replace(JOINING, closed=reason))
+    action = sm.decide(flat(JOINING, closed=reason))
     assert isinstance(action, sm.End)
     assert (action.exit_code, action.state, action.closed) == (code, state, reason)
 
 
 def test_joining_a_failed_rendezvous_ends_with_its_code() -> None:
-    action = sm.decide(replace(JOINING, rendezvous_error=4))
+    action = sm.decide(flat(JOINING, rendezvous_error=4))
     assert isinstance(action, sm.End) and action.exit_code == 4 and action.closed is None
 
 
@@ -54,51 +49,51 @@ def test_joining_a_completed_round_starts_the_workers() -> None:
 
 
 def test_running_a_signal_wins_even_over_a_failure() -> None:
-    obs = replace(RUNNING, signal=2, workers=sm.WorkersStatus.FAILED, liveness_lost=True)
+    obs = flat(RUNNING, signal=2, workers=sm.WorkersStatus.FAILED, liveness_lost=True)
     assert sm.decide(obs) == sm.Stop(2)
 
 
 def test_a_failure_is_reported_before_anything_is_decided() -> None:
-    obs = replace(RUNNING, workers=sm.WorkersStatus.FAILED, closed="closed", round_over=True)
+    obs = flat(RUNNING, workers=sm.WorkersStatus.FAILED, closed="closed", round_over=True)
     assert sm.decide(obs) == sm.ReportFailure()
 
 
 def test_a_counted_failure_with_restarts_left_restarts_and_spends_one() -> None:
-    obs = replace(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=True, restarts=2)
+    obs = flat(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=True, restarts=2)
     assert sm.decide(obs) == sm.Restart(counted=True)
 
 
 def test_a_counted_failure_with_restarts_used_up_fails_the_job() -> None:
-    obs = replace(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=True, restarts=3)
+    obs = flat(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=True, restarts=3)
     assert sm.decide(obs) == sm.Fail()
 
 
 def test_a_failure_after_a_node_of_the_round_finished_fails_the_job() -> None:
     """The finished node never runs its workers again: no round can form for a restart."""
     for counted in (True, False):
-        obs = replace(
+        obs = flat(
             RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=counted, peers_finished=2
         )
         assert sm.decide(obs) == sm.Fail(finished=2)
 
 
 def test_a_failure_another_node_reported_first_restarts_without_spending() -> None:
-    obs = replace(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=False, restarts=3)
+    obs = flat(RUNNING, workers=sm.WorkersStatus.FAILED, failure_counted=False, restarts=3)
     assert sm.decide(obs) == sm.Restart(counted=False)
 
 
 def test_success_finishes_even_when_the_job_closed_meanwhile() -> None:
-    obs = replace(RUNNING, workers=sm.WorkersStatus.SUCCEEDED, closed="succeeded")
+    obs = flat(RUNNING, workers=sm.WorkersStatus.SUCCEEDED, closed="succeeded")
     assert sm.decide(obs) == sm.Finish()
 
 
 def test_a_closed_job_ends_the_running_workers() -> None:
-    action = sm.decide(replace(RUNNING, closed="closed", liveness_lost=True))
+    action = sm.decide(flat(RUNNING, closed="closed", liveness_lost=True))
     assert isinstance(action, sm.End) and action.exit_code == 3
 
 
 def test_lost_liveness_comes_before_the_round_news() -> None:
-    obs = replace(RUNNING, liveness_lost=True, round_over=True, member_lost=True, nodes_waiting=2)
+    obs = flat(RUNNING, liveness_lost=True, round_over=True, member_lost=True, nodes_waiting=2)
     assert sm.decide(obs) == sm.Rejoin("liveness_lost")
 
 
@@ -114,12 +109,12 @@ def test_lost_liveness_comes_before_the_round_news() -> None:
 def test_a_round_that_ended_elsewhere_is_rejoined_with_its_cause(
     member_lost: bool, cause: str | None, reason: sm.RejoinReason
 ) -> None:
-    obs = replace(RUNNING, round_over=True, member_lost=member_lost, end_cause=cause)
+    obs = flat(RUNNING, round_over=True, member_lost=member_lost, end_cause=cause)
     assert sm.decide(obs) == sm.Rejoin(reason)
 
 
 def test_waiting_nodes_are_admitted_by_a_rejoin() -> None:
-    assert sm.decide(replace(RUNNING, nodes_waiting=1)) == sm.Rejoin("nodes_waiting")
+    assert sm.decide(flat(RUNNING, nodes_waiting=1)) == sm.Rejoin("nodes_waiting")
 
 
 def test_nothing_new_waits() -> None:
@@ -128,8 +123,7 @@ def test_nothing_new_waits() -> None:
 
 # -- properties ----------------------------------------------------------------------------
 
-observations = st.builds(
-    sm.Observation,
+observations = flat_observations(
     phase=st.sampled_from(sm.Phase),
     signal=st.none() | st.sampled_from([1, 2, 3, 15]),
     workers=st.sampled_from(sm.WorkersStatus),
@@ -188,5 +182,5 @@ def test_healthy_workers_keep_running_only_when_nothing_changed(obs: sm.Observat
     action = sm.decide(obs)
     if isinstance(action, sm.Wait):
         assert obs.phase is sm.Phase.RUNNING and obs.signal is None
-        assert obs.workers is sm.WorkersStatus.RUNNING and obs.closed is None
-        assert not (obs.liveness_lost or obs.round_over or obs.nodes_waiting)
+        assert obs.workers is sm.WorkersStatus.RUNNING and obs.round.closed is None
+        assert not (obs.round.liveness_lost or obs.round.round_over or obs.round.nodes_waiting)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from elastic_run.agent.progress.stragglers import (
+from elastic_run.agent.rules.progress.step_times import (
     RankTime,
     StepSample,
     StepWindow,

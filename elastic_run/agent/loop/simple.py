@@ -1,26 +1,28 @@
-"""SimpleElasticAgent: the run loop that executes the agent's state machine over a rendezvous.
+"""SimpleElasticAgent: the run loop, observe -> decide -> apply, over the agent's parts.
 
-Each turn the loop observes (the local workers, pending signals, this node's liveness, and at
-most once a second, or when the rendezvous reports a change, one poll of the store), asks
-``state_machine.decide`` what to do, and does it; the worker group's state is set only from
-the action. Signals are recorded by their handler and acted on here (``signals.py``).
+Each turn the loop asks each of its parts for one frozen record (``parts.py``): the worker group
+(a :class:`~elastic_run.agent.rules.observation.GroupView`), progress (a ``ProgressView``) and the
+rendezvous (a ``RoundView``, from ``rendezvous_part.py``); it publishes the snapshot the views
+read, built from those records; ``state_machine.decide`` asks the rules (``agent/rules/``) what to
+do; and the loop applies the action. The worker group's state is set only from the action.
+Signals are recorded by their handler and acted on here (``signals.py``).
 
-This class is the one owner of the loop's state: it observes, decides (``state_machine.py``) and
-applies every action itself; each effect of an action (stop the workers, report a failure, close
-the rendezvous, emit events, publish state) lives in the "applying" section below. Library errors
+This class is the one owner of the loop's state; each effect of an action (stop the workers,
+report a failure, close the rendezvous, emit events, publish state) lives in the "applying"
+section below, and the progress rules' effects go back to the progress part. Library errors
 become actions too: a rendezvous that fails ends the run with its documented exit code; an agent
 error (a worker that cannot be spawned) exits 1. The exit barrier gets a narrow ``RoundExit``.
 
 The loop runs on the main thread: workers get a parent-death signal tied to the thread that
-spawned them, which must live as long as the agent. Subclasses (``local.py``) start, watch and
-stop the workers through torch's extension points: ``_start_workers``, ``_stop_workers``,
-``_monitor_workers``, ``_shutdown``; ``_rendezvous``, ``_initialize_workers`` and
-``_restart_workers`` are torch's too.
+spawned them, which must live as long as the agent. torch's extension points are kept: a
+subclass starts, watches and stops its workers through ``_start_workers``, ``_stop_workers``,
+``_monitor_workers`` and ``_shutdown``; ``_rendezvous``, ``_initialize_workers`` and
+``_restart_workers`` are torch's too. ``LocalElasticAgent`` gives the loop its own worker and
+progress parts instead of the defaults.
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import signal
 import socket
@@ -34,17 +36,25 @@ from types import FrameType
 from typing import Any
 
 from elastic_run.agent.api import ElasticAgent, RunResult, WorkerGroup, WorkerSpec, WorkerState
+from elastic_run.agent.config import DEFAULT_SIGNALS
 from elastic_run.agent.events import AgentEvent, EventSink
 from elastic_run.agent.loop import goodput as gp
 from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.exit_barrier import RoundExit
-from elastic_run.agent.loop.progress_hooks import ProgressHooks
+from elastic_run.agent.loop.parts import (
+    MonitoredWorkers,
+    NoProgressWatch,
+    ProgressPart,
+    WorkerPart,
+)
 from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait_keys
+from elastic_run.agent.loop.rendezvous_part import RendezvousPart, closed_reason
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
-from elastic_run.agent.workers.failures import FailureRecord
+from elastic_run.agent.rules.observation import GroupView, ProgressView, RoundView, WorkerView
+from elastic_run.agent.rules.registry import published_events
 from elastic_run.errors import AgentError
-from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous, RoundPoll
+from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
@@ -55,16 +65,12 @@ __all__ = ["DEFAULT_SIGNALS", "SimpleElasticAgent", "wait_keys"]
 
 log = logging.getLogger(__name__)
 
-DEFAULT_SIGNALS = (signal.SIGTERM, signal.SIGINT, signal.SIGHUP, signal.SIGQUIT)
-# Events also published to the rendezvous backend for `elastic-run status`.
-_PUBLISHED = frozenset(
+# Events the loop itself emits that are also published to the rendezvous backend for
+# `elastic-run status`; the rules' own are in their registry entries.
+_LOOP_PUBLISHED = frozenset(
     {
         "rendezvous.complete",
         "worker.failed",
-        "worker.hung",
-        "worker.outlived",
-        "worker.died_after_script",
-        "straggler",
         "watchdog.expired",
         "membership.changed",
         "restart",
@@ -72,16 +78,17 @@ _PUBLISHED = frozenset(
         "failed",
         "closed",
         "signal",
+        "worker.died_after_script",
     }
 )
-_POLL_INTERVAL_S = 1.0
+_PUBLISHED = _LOOP_PUBLISHED | published_events()
 
 
 class _RoundEnded(Exception):
     """Internal: the round ended while the agent set it up; rendezvous again."""
 
 
-class SimpleElasticAgent(ElasticAgent, ProgressHooks):
+class SimpleElasticAgent(ElasticAgent):
     """The elastic run loop; subclasses start, watch and stop the workers.
 
     Args:
@@ -90,6 +97,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         shutdown_timeout: the grace period between the stop signal and SIGKILL (s).
         signals: the signals the agent handles and forwards.
         on_event: receives every event (the CLI's view, the JSON lines log).
+        workers: the worker group part (default: torch's ``_monitor_workers`` asked each turn).
+        progress: the progress part (default: no beats watched).
     """
 
     def __init__(
@@ -100,6 +109,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         on_event: EventSink | None = None,
+        workers: WorkerPart | None = None,
+        progress: ProgressPart | None = None,
     ) -> None:
         self._spec = spec
         self._worker_group = WorkerGroup(spec)
@@ -108,21 +119,22 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._signals = tuple(signals)
         self._sinks: list[EventSink] = [on_event] if on_event is not None else []
         self._restarts = 0
-        self._attempt, self._joined_at = -1, float("-inf")
+        self._attempt = -1
         self._waker = Waker()
         self._signal_log = SignalLog()
-        handler = spec.rdzv_handler
-        self._rdzv: AgentRendezvous | None = (
-            handler if isinstance(handler, AgentRendezvous) else None
+        self._round = RendezvousPart(spec.rdzv_handler, self._waker.wake)
+        self._workers: WorkerPart = (
+            workers if workers is not None else MonitoredWorkers(self._monitor_workers, spec.role)
         )
+        self._progress: ProgressPart = progress if progress is not None else NoProgressWatch()
+        handler = spec.rdzv_handler
         if isinstance(handler, InterruptibleRendezvous):
             handler.set_interrupt(lambda: self._signal_log.pending_stop() is not None)
-        self._changed = threading.Event()
-        self._polled_at = float("-inf")
-        self._poll = RoundPoll()
         self._in_rendezvous = False
         self._last_loop = time.monotonic()
         self._workers_store: Any = None
+        self._group_view = GroupView()  # this turn's records: the loop's alone
+        self._progress_view = ProgressView()
         self._published: AgentSnapshot | None = None  # written by the loop only
         self._workers_up = False  # the attempt's workers were started and not yet stopped
         self._goodput = gp.begin(time.monotonic())  # folded by the loop only
@@ -157,7 +169,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     @property
     def rendezvous(self) -> AgentRendezvous | None:
         """The handler's agent-facing calls, or None for a handler with torch's calls only."""
-        return self._rdzv
+        return self._round.agent
 
     @property
     def shutdown_timeout(self) -> float:
@@ -168,8 +180,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         """The address this node gives its peers: ``--local-addr``, else the rendezvous's."""
         if self._spec.local_addr:
             return self._spec.local_addr
-        if self._rdzv is not None:
-            return self._rdzv.advertised_addr
+        if self._round.agent is not None:
+            return self._round.agent.advertised_addr
         return socket.getfqdn()
 
     def wake(self) -> None:
@@ -221,7 +233,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         return AgentSnapshot(
             run_id=handler.get_run_id(),
             backend=handler.get_backend(),
-            endpoint=self._rdzv.endpoint if self._rdzv is not None else "",
+            endpoint=self._round.endpoint,
             state=self._worker_group.state.value,
             round=self._worker_group.round,
             group_rank=-1,
@@ -234,13 +246,14 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         )
 
     def _publish_snapshot(self) -> None:
-        """Build the agent's picture on the loop's thread and publish it for the views."""
+        """Build the agent's picture from this turn's records and publish it for the views."""
         group, spec = self._worker_group, self._spec
         handler = spec.rdzv_handler
+        view, progress = self._group_view, self._progress_view
         self._published = AgentSnapshot(
             run_id=handler.get_run_id(),
             backend=handler.get_backend(),
-            endpoint=self._rdzv.endpoint if self._rdzv is not None else "",
+            endpoint=self._round.endpoint,
             state="RENDEZVOUS" if self._in_rendezvous else group.state.value,
             round=group.round,
             group_rank=group.group_rank if group.group_rank is not None else -1,
@@ -251,16 +264,17 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             workers=tuple(
                 WorkerSnapshot(
                     local_rank=w.local_rank,
-                    rank=w.global_rank,
-                    pid=w.id,
-                    state=self._worker_state(w.local_rank),
-                    exitcode=self._worker_exitcode(w.local_rank),
-                    progress=self._worker_progress(w.local_rank),
+                    rank=w.rank,
+                    pid=w.pid,
+                    state=w.state,
+                    exitcode=w.exitcode,
+                    progress=progress.workers.get(w.local_rank),
                 )
-                for w in group.workers
+                for w in view.workers
             ),
-            job_progress=self._job_progress(),
+            job_progress=progress.job,
             goodput=gp.account(self._goodput, time.monotonic()),
+            watchdog_expiries=view.watchdog_expiries,
         )
 
     def count_goodput_from(self, monotonic_s: float) -> None:
@@ -297,10 +311,8 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
 
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """Join the next round; set the group's ranks, store and master address."""
-        spec, handler, rdzv = self._spec, self._spec.rdzv_handler, self._rdzv
-        if rdzv is not None:
-            rdzv.set_local_info(spec.local_world_size, spec.role)
-            rdzv.set_change_callback(self._on_rdzv_change)
+        spec, handler, rdzv = self._spec, self._spec.rdzv_handler, self._round.agent
+        self._round.joining(spec.local_world_size, spec.role)
         self._publish_state("RENDEZVOUS")
         self._emit(
             "rendezvous.joining",
@@ -315,8 +327,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._in_rendezvous = False
             self._last_loop = time.monotonic()
             self._publish_snapshot()
-        self._changed.clear()
-        self._polled_at, self._joined_at = float("-inf"), time.monotonic()
+        self._round.joined()
         group = worker_group
         group.store, group.round = info.store, info.round
         group.group_rank, group.group_world_size = info.rank, info.world_size
@@ -363,21 +374,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._stop_workers(worker_group)
         self._initialize_workers(worker_group)
 
-    # -- optional hooks -------------------------------------------------------------------
-
-    def _worker_state(self, local_rank: int) -> str:
-        return self._worker_group.state.value
-
-    def _worker_exitcode(self, local_rank: int) -> int | None:
-        return None
-
-    def _forward_signal(self, sig: int) -> None:
-        """Send ``sig`` to every running worker (a preemption notice). Default: nothing."""
-
-    def _failures_after_stop(self, result: RunResult) -> dict[int, Any]:
-        """The failures a failed run returns, its workers stopped. Default: ``result``'s (torch's
-        callables: the workers that failed)."""
-        return dict(result.failures)
+    # -- services a subclass runs for the length of the run ------------------------------
 
     def _setup(self) -> None:
         """Start services that live as long as the run (watchdog, health). Default: none."""
@@ -416,17 +413,16 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._goodput = gp.on_event(self._goodput, kind, now, fields, failed_at_s=failed_at)
 
     def _fold_beats(self) -> None:
-        reading = self._beat_reading()
+        reading = self._progress_view.beat_reading
         if reading is not None:
             self._goodput = gp.beat(self._goodput, reading[0], reading[1] / 1e9)
 
     def _publish_event(self, kind: str, message: str, fields: dict[str, Any]) -> None:
-        if kind in _PUBLISHED and self._rdzv is not None:
-            self._rdzv.publish_event(kind, message, fields)
+        if kind in _PUBLISHED:
+            self._round.publish_event(kind, message, fields)
 
     def _publish_state(self, state: str, message: str = "") -> None:
-        if self._rdzv is not None:
-            self._rdzv.publish_state(state, self._restarts, message)
+        self._round.publish_state(state, self._restarts, message)
 
     # -- signals -------------------------------------------------------------------------
 
@@ -442,15 +438,11 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             previous[sig] = signal.signal(sig, self._on_signal)
         return previous
 
-    def _on_rdzv_change(self) -> None:
-        self._changed.set()
-        self._waker.wake()
-
     def _give_up_waiting(self) -> None:
         """Raise when a wait during set-up must end: a signal, or the round ended."""
         if self._signal_log.pending_stop() is not None:
             raise RendezvousInterruptedError("interrupted by a signal")
-        poll = self._poll_store()
+        poll = self._round.poll()
         if poll.closed is not None or poll.round_over:
             raise _RoundEnded()
 
@@ -504,7 +496,6 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _run_to_end(self) -> RunResult:
         """Run the loop until the job ends for this node; return the result."""
         handler = self._spec.rdzv_handler
-        group = self._worker_group
         try:
             self._setup()
             self._emit(
@@ -514,7 +505,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 run_id=handler.get_run_id(),
                 nproc_per_node=self._spec.local_world_size,
                 backend=handler.get_backend(),
-                endpoint=self._rdzv.endpoint if self._rdzv is not None else "",
+                endpoint=self._round.endpoint,
             )
             again = False
             while True:
@@ -524,29 +515,34 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                     again = True  # the round ended while it was set up: join the next
                     continue
                 if not isinstance(action, sm.Start):
-                    return self._apply_end(action, RunResult(WorkerState.INIT))
+                    return self._apply_end(action)
                 again = True
                 while True:
                     self._wait_tick()
-                    result = self._monitor_workers(group)
-                    self._fold_beats()
-                    self._publish_snapshot()
-                    action = self._decide_turn(result)
+                    obs, now_ns = self._observe()
+                    action = self._decide_turn(obs, now_ns)
                     if isinstance(action, sm.Wait):
                         continue
+                    if isinstance(action, (sm.StopHung, sm.KillOutlived, sm.NoteStragglers)):
+                        self._progress.apply(action, self._emit_posted)
+                        continue
                     if isinstance(action, (sm.Restart, sm.Rejoin)):
-                        self._apply_again(action, result)
+                        self._apply_again(action)
                         break
-                    return self._apply_end(action, result)
+                    return self._apply_end(action)
         except RendezvousError as exc:
             return self._fail_run(exc.exit_code, str(exc))
         except AgentError as exc:
             return self._fail_run(exc.exit_code, str(exc))
 
+    def _emit_posted(self, kind: str, message: str, fields: dict[str, Any]) -> None:
+        """The progress part's events, emitted on the loop (``(kind, message, fields)``)."""
+        self.emit_event(kind, message, **fields)
+
     def _join_and_start(self, again: bool) -> sm.Action:
         """Rendezvous and start the workers through torch's extension points (a subclass's
         ``_initialize_workers`` / ``_restart_workers`` take effect), then decide."""
-        obs = sm.Observation(sm.Phase.JOINING)
+        round_view = RoundView()
         reason = ""
         try:
             if again:
@@ -554,38 +550,82 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             else:
                 self._initialize_workers(self._worker_group)
         except RendezvousInterruptedError:
-            pass  # the signal is in the log: decide() stops
+            pass  # the signal is in the log: the rules stop
         except RendezvousClosedError as exc:
             reason = str(exc)
-            obs = replace(obs, closed=self._closed_now())
+            round_view = RoundView(closed=self._round.closed_now())
         except RendezvousError as exc:
             reason = str(exc)
-            obs = replace(obs, rendezvous_error=exc.exit_code)
-        action = sm.decide(replace(obs, signal=self._signal_log.pending_stop()))
+            round_view = RoundView(rendezvous_error=exc.exit_code)
+        obs = sm.Observation(
+            sm.Phase.JOINING, signal=self._signal_log.pending_stop(), round=round_view
+        )
+        action = sm.decide(obs, time.monotonic_ns())
         if isinstance(action, sm.End) and reason and action.closed in (None, "closed"):
             return replace(action, reason=reason)
         return action
 
-    def _closed_now(self) -> sm.ClosedReason:
-        if self._rdzv is None:
-            return "closed"
-        try:
-            return _closed_reason(self._rdzv.closed_reason()) or "closed"
-        except RendezvousError:
-            return "closed"
+    def _observe(self) -> tuple[sm.Observation, int]:
+        """Ask every part for this turn's record; publish the snapshot built from them."""
+        now_ns = time.monotonic_ns()
+        group = self._workers.observe(self._worker_group)
+        progress = self._progress.observe(group, now_ns)
+        self._group_view, self._progress_view = group, progress
+        for notice in progress.notices:
+            self._emit(notice.kind, notice.message, **notice.fields)
+        self._fold_beats()
+        self._publish_snapshot()
+        signal_ = self._signal_log.pending_stop()
+        obs = sm.Observation(
+            sm.Phase.RUNNING,
+            signal=signal_,
+            group=group,
+            progress=progress,
+            restarts=self._restarts,
+            max_restarts=self._spec.max_restarts,
+        )
+        if group.status is not sm.WorkersStatus.RUNNING or signal_ is not None:
+            return obs, now_ns  # the rendezvous is not read: the rules above it decide
+        return replace(obs, round=self._round.observe(self._spec.monitor_interval)), now_ns
 
-    def _decide_turn(self, result: RunResult) -> sm.Action:
-        obs = self._observe(result)
-        action = sm.decide(obs)
-        if isinstance(action, sm.StopHung):
-            self._stop_hung()  # the hung workers die: the next turn sees the group FAILED
-            return sm.Wait(action.state)
+    def _wait_tick(self) -> None:
+        self._waker.wait(self._spec.monitor_interval)
+        self._last_loop = time.monotonic()
+        self.flush_events()
+        for sig in self._signal_log.take_forwarded():
+            self._workers.send_signal(sig)
+            name = signal.Signals(sig).name
+            self._emit("signal", f"forwarded {name} to the workers", signal=name, forwarded=True)
+
+    def _start_attempt(self, group: WorkerGroup) -> None:
+        self._attempt += 1
+        pids = self._start_workers(group)
+        self._workers_up = True
+        self._group_view = GroupView(
+            workers=tuple(
+                WorkerView(w.local_rank, w.global_rank, pids.get(w.local_rank), "HEALTHY")
+                for w in group.workers
+            ),
+            watchdog_expiries=0,
+        )
+        self._set_state(sm.Start().state)
+        self._publish_state("HEALTHY")
+        self._emit(
+            "workers.started",
+            f"started {len(group.workers)} workers (attempt {self._attempt}, "
+            f"restart count {self._restarts})",
+            pids=[pids.get(w.local_rank) for w in group.workers],
+            ranks=[w.global_rank for w in group.workers],
+            attempt=self._attempt,
+        )
+
+    def _decide_turn(self, obs: sm.Observation, now_ns: int) -> sm.Action:
+        action = sm.decide(obs, now_ns)
         if not isinstance(action, sm.ReportFailure):
             return action
         self._set_state(action.state)
-        counted = self._report_failure() if self._rdzv is not None else True
-        failed = sorted(result.failures.values(), key=lambda f: f.timestamp)
-        head = failed[0] if failed else None
+        counted = self._round.report_failure(last_restart=self._restarts >= self._spec.max_restarts)
+        head = obs.group.failures[0] if obs.group.failures else None
         self._emit(
             "worker.failed",
             f"worker rank {head.global_rank} (local {head.local_rank}) failed: {head.how}"
@@ -598,38 +638,18 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             failed_at=round(head.timestamp, 6) if head else None,
         )
         finished = self._round_exit().peers_finished()
-        return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished))
+        return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished), now_ns)
 
-    def _report_failure(self) -> bool:
-        """End the round for this node's failure; True when it counts (``report_failure``).
-
-        When it would end the job (the restarts are used up), the rendezvous is asked to look
-        for a lost member first, if its ``report_failure`` takes ``last_restart`` (an
-        ``AgentRendezvous`` written before it did is called as before).
-        """
-        assert self._rdzv is not None
-        report = self._rdzv.report_failure
-        try:
-            takes_last = "last_restart" in inspect.signature(report).parameters
-        except (TypeError, ValueError):
-            takes_last = False
-        if takes_last and self._restarts >= self._spec.max_restarts:
-            return report(last_restart=True)
-        return report()
-
-    def _why_not_counted(self) -> str:
-        lost = self._rdzv is not None and self._rdzv.poll().member_lost
-        return "a member of the round was lost" if lost else "another node failed first"
-
-    def _apply_again(self, action: sm.Restart | sm.Rejoin, result: Any) -> None:
+    def _apply_again(self, action: sm.Restart | sm.Rejoin) -> None:
         """Stop the workers so that the loop can rendezvous again."""
         spec = self._spec
+        text = ""
         if isinstance(action, sm.Restart):
             after = self._restarts + (1 if action.counted else 0)
             self._emit(
                 "restart",
                 f"restarting the workers ({after}/{spec.max_restarts} restarts"
-                f"{' spent' if action.counted else ', not counted: ' + self._why_not_counted()})",
+                f"{' spent' if action.counted else ', not counted: ' + self._round.why_not_counted()})",
                 restarts=after,
                 max_restarts=spec.max_restarts,
                 counted=action.counted,
@@ -638,40 +658,33 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             # Cut off from the store: nothing on the way to stopping the workers may wait on it
             # (a read or a publication would wait out the link's deadline, read_timeout on etcd).
             cut_off = action.reason == "liveness_lost"
-            fields = {} if cut_off else self._round_end_fields()
-            waiting = self._poll.nodes_waiting
+            fields = {} if cut_off else self._round.round_end_fields()
+            waiting = self._round.last_poll.nodes_waiting
             who = ", ".join(fields.get("lost", ())) or fields.get("ended_by", "")
             text = _rejoin_text(action.reason, waiting)
             if who and action.reason in ("member_lost", "round_ended"):
                 text += f" ({who})"
-            if cut_off and self._rdzv is not None:
-                report = self._rdzv.liveness()
-                text += f": no successful heartbeat for {report.since_ok_s:.1f} s"
-                if report.error:
-                    text += f" ({report.error})"
+            if cut_off:
+                text += self._round.liveness_text()
             text += _REJOIN_SUFFIX
             fields.update(reason=action.reason, waiting=waiting)
             self._emit("membership.changed", text, publish=not cut_off, **fields)
         self._set_state(action.state)
         if isinstance(action, sm.Restart):
-            self._before_failed_stop()
+            self._progress.before_failed_stop(self._group_view.running)
         self._stop_workers(self._worker_group)
         if isinstance(action, sm.Restart):
-            self._say_stopped("failure", *_first_failure(result))
+            self._say_stopped("failure", *_first_failure(self._group_view))
         else:
             self._say_stopped(action.reason, text.removesuffix(_REJOIN_SUFFIX))
         if isinstance(action, sm.Rejoin) and action.reason == "liveness_lost":
-            self._publish_event("membership.changed", text, fields)
-        self._attempt_ended(failed=isinstance(action, sm.Restart))
+            self._publish_event("membership.changed", text, {"reason": action.reason})
+        self._progress.attempt_ended(isinstance(action, sm.Restart))
         if isinstance(action, sm.Rejoin) and action.reason != "liveness_lost":
             self._say_finished()
-        if isinstance(action, sm.Rejoin) and self._rdzv is not None:
-            if action.reason in ("nodes_waiting", "liveness_lost"):
-                # This node ends the round: record why, so the others tell the same story.
-                try:
-                    self._rdzv.leave_round(action.reason)
-                except RendezvousError as exc:
-                    log.warning("could not record why this node left the round: %s", exc)
+        if isinstance(action, sm.Rejoin) and action.reason in ("nodes_waiting", "liveness_lost"):
+            # This node ends the round: record why, so the others tell the same story.
+            self._round.leave_round(action.reason)
 
     def _say_finished(self) -> None:
         """Warn when nodes of the round being left finished: they wait at the exit barrier and never
@@ -687,23 +700,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                 "them" if finished != 1 else "it",
             )
 
-    def _round_end_fields(self) -> dict[str, Any]:
-        """Who ended this node's round and why (event fields); none when it cannot be read."""
-        if self._rdzv is None:
-            return {}
-        try:
-            end = self._rdzv.round_end()
-        except RendezvousError as exc:
-            log.warning("could not read why the round ended: %s", exc)
-            return {}
-        if end is None:
-            return {}
-        fields: dict[str, Any] = {"cause": end.cause, "ended_by": end.ended_by}
-        if end.lost:
-            fields["lost"] = list(end.lost)
-        return fields
-
-    def _apply_end(self, action: sm.Action, result: RunResult) -> RunResult:
+    def _apply_end(self, action: sm.Action) -> RunResult:
         """Apply an action that ends the run; return the run's result."""
         spec = self._spec
         if isinstance(action, sm.Stop):
@@ -715,12 +712,13 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._publish_state("STOPPED", f"received {name}")
             return RunResult(action.state, exit_code=action.exit_code, reason=f"stopped by {name}")
         if isinstance(action, (sm.Fail, sm.NoProgress)):
-            self._before_failed_stop()
+            view = self._group_view
+            self._progress.before_failed_stop(view.running)
             self._stop_workers(self._worker_group)
             if isinstance(action, sm.NoProgress):
                 self._say_stopped("no_progress", "no progress over the restarts allowed")
             else:
-                self._say_stopped("failure", *_first_failure(result))
+                self._say_stopped("failure", *_first_failure(view))
             reason = (
                 f"worker failure and {spec.max_restarts} restart"
                 f"{'' if spec.max_restarts == 1 else 's'} used up"
@@ -736,7 +734,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
                     f"no progress: {action.restarts} restart{'' if action.restarts == 1 else 's'} "
                     "in a row ended without a progress beat (--max-no-progress-restarts)"
                 )
-            self._close_rendezvous("failed")
+            self._round.close("failed")
             self._set_state(action.state)
             self._publish_state("FAILED", reason)
             self._emit(
@@ -745,7 +743,7 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._leave_last()  # the store's host waits until the others have read `closed`
             return RunResult(
                 action.state,
-                failures=self._failures_after_stop(result),
+                failures={f.global_rank: f for f in self._workers.failures_after_stop(view)},
                 exit_code=action.exit_code,
                 reason=reason,
             )
@@ -755,7 +753,9 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
             self._emit("succeeded", "every local worker succeeded")
             self._exit_barrier()
             return RunResult(
-                action.state, return_values=result.return_values, exit_code=action.exit_code
+                action.state,
+                return_values=dict(self._group_view.return_values),
+                exit_code=action.exit_code,
             )
         if isinstance(action, sm.End):
             self._stop_workers(self._worker_group)
@@ -780,86 +780,6 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._set_state(WorkerState.FAILED)
         self._emit("failed", reason, reason=reason, exit_code=exit_code)
         return RunResult(WorkerState.FAILED, exit_code=exit_code, reason=reason)
-
-    def _poll_store(self) -> RoundPoll:
-        """The rendezvous's view: ours keeps it current (no I/O here); a torch-style handler is
-        asked at most once a second."""
-        if self._rdzv is not None:
-            self._poll = self._rdzv.poll()
-            return self._poll
-        now = time.monotonic()
-        if not self._changed.is_set() and now - self._polled_at < _POLL_INTERVAL_S:
-            return self._poll
-        self._changed.clear()
-        self._polled_at = now
-        handler = self._spec.rdzv_handler
-        closed = "closed" if handler.is_closed() else None
-        self._poll = RoundPoll(closed=closed, nodes_waiting=handler.num_nodes_waiting())
-        return self._poll
-
-    def _observe(self, result: RunResult) -> sm.Observation:
-        for rank, failure in list(result.failures.items()):
-            if not isinstance(failure, FailureRecord):  # a torch-style subclass's ProcessFailure
-                result.failures[rank] = FailureRecord.of(
-                    failure, rank, self._spec.role, socket.gethostname()
-                )
-        status = {
-            WorkerState.FAILED: sm.WorkersStatus.FAILED,
-            WorkerState.UNHEALTHY: sm.WorkersStatus.FAILED,  # torch restarts an unhealthy group
-            WorkerState.SUCCEEDED: sm.WorkersStatus.SUCCEEDED,
-        }.get(result.state, sm.WorkersStatus.RUNNING)
-        obs = self._progress_observation(
-            sm.Observation(
-                sm.Phase.RUNNING,
-                signal=self._signal_log.pending_stop(),
-                workers=status,
-                restarts=self._restarts,
-                max_restarts=self._spec.max_restarts,
-            )
-        )
-        if status is not sm.WorkersStatus.RUNNING or obs.signal is not None:
-            return obs
-        poll = self._poll_store()
-        report = self._rdzv.liveness() if self._rdzv is not None else None
-        # Counted from this round's join at most: the join itself reached the store. Judged at
-        # the last tick within the budget (peers may judge this node gone once it has passed),
-        # a tick being at most a quarter of the budget.
-        since = min(report.since_ok_s, time.monotonic() - self._joined_at) if report else 0.0
-        early = min(self._spec.monitor_interval, report.budget_s / 4) if report else 0.0
-        lost = report is not None and since + early >= report.budget_s
-        return replace(
-            obs,
-            closed=_closed_reason(poll.closed),
-            liveness_lost=lost,
-            round_over=poll.round_over,
-            member_lost=poll.member_lost,
-            end_cause=poll.end_cause,
-            nodes_waiting=poll.nodes_waiting,
-        )
-
-    def _wait_tick(self) -> None:
-        self._waker.wait(self._spec.monitor_interval)
-        self._last_loop = time.monotonic()
-        self.flush_events()
-        for sig in self._signal_log.take_forwarded():
-            self._forward_signal(sig)
-            name = signal.Signals(sig).name
-            self._emit("signal", f"forwarded {name} to the workers", signal=name, forwarded=True)
-
-    def _start_attempt(self, group: WorkerGroup) -> None:
-        self._attempt += 1
-        pids = self._start_workers(group)
-        self._workers_up = True
-        self._set_state(sm.Start().state)
-        self._publish_state("HEALTHY")
-        self._emit(
-            "workers.started",
-            f"started {len(group.workers)} workers (attempt {self._attempt}, "
-            f"restart count {self._restarts})",
-            pids=[pids.get(w.local_rank) for w in group.workers],
-            ranks=[w.global_rank for w in group.workers],
-            attempt=self._attempt,
-        )
 
     def _say_stopped(
         self, reason: str, why: str, fields: dict[str, Any] | None = None, **more: Any
@@ -890,15 +810,6 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._worker_group.state = state
         self._publish_snapshot()
 
-    def _close_rendezvous(self, reason: sm.ClosedReason) -> None:
-        try:
-            if self._rdzv is not None:
-                self._rdzv.set_closed(reason)
-            else:
-                self._spec.rdzv_handler.set_closed()
-        except RendezvousError as exc:
-            log.warning("closing the rendezvous failed: %s", exc)
-
     def _exit_barrier(self) -> None:
         """Wait for every node of the round to finish (or the job to close), then close the
         rendezvous as succeeded (see ``exit_barrier.py``)."""
@@ -907,14 +818,15 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
     def _round_exit(self) -> RoundExit:
         """The exit barrier's view of this node's round, with the loop calls it needs."""
         group = self._worker_group
+        agent = self._round.agent
         return RoundExit(
             store=group.store,
             group_rank=group.group_rank,
             group_world_size=group.group_world_size,
-            hosting=self._rdzv.is_hosting if self._rdzv is not None else False,
+            hosting=agent.is_hosting if agent is not None else False,
             interrupted=self._interrupted,
-            closed_now=lambda: self._poll_store().closed,
-            close=lambda reason: self._close_rendezvous(_closed_reason(reason) or "closed"),
+            closed_now=lambda: self._round.poll().closed,
+            close=lambda reason: self._round.close(closed_reason(reason) or "closed"),
             leave_rendezvous=self._spec.rdzv_handler.shutdown,
         )
 
@@ -927,25 +839,14 @@ class SimpleElasticAgent(ElasticAgent, ProgressHooks):
         self._round_exit().leave_last()
 
 
-def _closed_reason(text: str | None) -> sm.ClosedReason | None:
-    if text is None:
-        return None
-    if text == "succeeded":
-        return "succeeded"
-    if text == "failed":
-        return "failed"
-    return "closed"
-
-
 _REJOIN_SUFFIX = ": stopping the workers to re-rendezvous"
 
 
-def _first_failure(result: Any) -> tuple[str, dict[str, Any]]:
+def _first_failure(view: GroupView) -> tuple[str, dict[str, Any]]:
     """The first failure of a failed group, for ``workers.stopped``: (text, fields)."""
-    failures = sorted(getattr(result, "failures", {}).values(), key=lambda f: f.timestamp)
-    if not failures:
+    if not view.failures:
         return "the worker group failed", {}
-    rank = failures[0].global_rank
+    rank = view.failures[0].global_rank
     return f"worker rank {rank} failed", {"rank": rank}
 
 

@@ -92,6 +92,7 @@ class AgentSnapshot:
         workers: the local workers.
         job_progress: the job's step times (None: not published).
         goodput: where this node's wall time went so far (None: the loop has not run yet).
+        watchdog_expiries: workers of this attempt the file-timer watchdog killed.
     """
 
     run_id: str
@@ -107,3 +108,4 @@ class AgentSnapshot:
     workers: tuple[WorkerSnapshot, ...] = ()
     job_progress: JobProgress | None = None
     goodput: GoodputAccount | None = None
+    watchdog_expiries: int = 0

@@ -7,12 +7,12 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
-from elastic_run.agent.progress.hang import HangRule, parse_hang_timeout
-from elastic_run.agent.progress.script_end import (
+from elastic_run.agent.rules.progress.beats import HangRule, parse_hang_timeout
+from elastic_run.agent.rules.progress.script_end import (
     DEFAULT_SCRIPT_EXIT_TIMEOUT_S,
     parse_script_exit_timeout,
 )
-from elastic_run.agent.progress.stragglers import DEFAULT_FACTOR
+from elastic_run.agent.rules.progress.step_times import DEFAULT_FACTOR
 
 __all__ = ["ProgressOptions", "parse_straggler_factor"]
 

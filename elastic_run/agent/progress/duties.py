@@ -1,15 +1,20 @@
-"""The agent's duties around progress beats, in one place for ``LocalElasticAgent`` to call.
+"""The progress part of the agent: beats in, one frozen view a turn out, the verdicts applied.
 
-What the local agent does with beats, apart from the loop's decisions (``state_machine.py``):
-the beat file and worker variables of each attempt, the tick that reads the beats and judges
-(:class:`~elastic_run.agent.progress.hang_watch.HangWatch`), stopping the hung workers with a
-``worker.hung`` event, stacks before the survivors of a failed group are stopped and before
-the watchdog kills a worker, the error text of a hung worker's failure, the observation fields
-the state machine reads, the node's progress record and its ``/metrics``, the publisher
-thread (``publisher.py``), and workers that outlive their script's end
-(``script_end_watch.py``: killed with a ``worker.outlived`` event, their exit counted as the
-script's own), and warm workers that die after their script's end (counted as the script's
-status, with a ``worker.died_after_script`` event).
+What the local agent does with beats, for the run loop (``agent/loop/simple.py``) to ask and to
+apply: the beat file and worker variables of each attempt; each turn, one
+:class:`~elastic_run.agent.rules.observation.ProgressView` (:meth:`ProgressDuties.observe`: the
+beats read, the silent workers with their stacks, the scripts that ended while their process
+lives, the job's step times to judge, the no-progress streak, the pictures the snapshot shows);
+the effects of the progress rules (``agent/rules/progress/``): stopping the hung workers with a
+``worker.hung`` event, killing those that outlived their script (``worker.outlived``), recording
+the stragglers (``straggler``); stacks before the survivors of a failed group are stopped and
+before the watchdog kills a worker; what the worker group asks of workers' ends
+(:class:`~elastic_run.agent.workers.group.ExitNotes`: exits after a script's end counted as its
+status, the error text of a worker the agent killed); the node's progress record, its
+``/metrics`` and the publisher thread (``publisher.py``).
+
+The verdicts are not taken here: the rules take them from the view; this part gathers the
+evidence (a capture of stacks is evidence) and carries the verdicts out.
 """
 
 from __future__ import annotations
@@ -18,28 +23,38 @@ import logging
 import os
 import signal
 from collections.abc import Callable, Iterable, Mapping, Sequence
-from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.snapshot import JobProgress
 from elastic_run.agent.progress.config import ProgressOptions
 from elastic_run.agent.progress.hang_picture import JobHang, stuck_record
-from elastic_run.agent.progress.hang_watch import HangWatch, HungWorker
-from elastic_run.agent.progress.publisher import ProgressPublisher
+from elastic_run.agent.progress.hang_watch import HangWatch
+from elastic_run.agent.progress.publisher import ProgressPublisher, job_summary
 from elastic_run.agent.progress.script_end_watch import Outlived, ScriptEndWatch, WarmEnds
 from elastic_run.agent.progress.stack_report import StackReport, format_stacks
+from elastic_run.agent.rules.actions import KillOutlived, NoteStragglers, ProgressEffect, StopHung
+from elastic_run.agent.rules.observation import (
+    GroupView,
+    Notice,
+    ProgressView,
+    ScriptEnded,
+    StepsReading,
+    WorkersStatus,
+)
+from elastic_run.agent.rules.progress.beats import HungWorker
+from elastic_run.agent.rules.progress.step_times import StragglerWatch
 from elastic_run.agent.workers.failures import WorkerErrorInfo
+from elastic_run.agent.workers.group import AgentStop
 from elastic_run.agent.workers.processes import WorkerExit
 from elastic_run.rendezvous.dynamic.telemetry import TelemetryHost
 from elastic_run.worker.auto_progress import AUTO_PROGRESS_ENV
 
-__all__ = ["ProgressDuties"]
+__all__ = ["Emit", "ProgressDuties"]
 
 log = logging.getLogger(__name__)
 
-_Emit = Callable[[str, str, dict[str, Any]], None]
+Emit = Callable[[str, str, dict[str, Any]], None]
 _WHERE_CHARS = 160
 _RECENT_STACKS_S = 10.0
 
@@ -62,19 +77,30 @@ class ProgressDuties:
         options: ``--hang-timeout``, ``--straggler-factor``, ``--max-no-progress-restarts``.
         host: this node's host name (in the published record).
         beat_dir: where beat files go (default: ``/dev/shm`` or ``/tmp``).
+        armed: the workers holding an armed file timer now (the watchdog bounds them: they
+            are not judged hung).
     """
 
-    def __init__(self, options: ProgressOptions, host: str, beat_dir: Path | None = None) -> None:
+    def __init__(
+        self,
+        options: ProgressOptions,
+        host: str,
+        beat_dir: Path | None = None,
+        armed: Callable[[], Iterable[int]] = frozenset,
+    ) -> None:
         self.options = options
+        self._armed = armed
         self.watch = HangWatch(options.hang, beat_dir)
         self.script_end = ScriptEndWatch(options.script_exit_timeout_s, recent=self._recent_stacks)
         self._host = host
         self._ranks: dict[int, int] = {}
         self._killed: dict[int, HungWorker] = {}
         self._outlived: dict[int, Outlived] = {}
-        self._emit: Callable[..., None] | None = None
         self._publisher: ProgressPublisher | None = None
         self._job_hang: JobHang | None = None
+        self._judged: StepsReading | None = None
+        self._stragglers = (-1, StragglerWatch())
+        self._notices: list[Notice] = []
 
     # -- attempts ------------------------------------------------------------------------
 
@@ -84,7 +110,8 @@ class ProgressDuties:
         """The beat variables of each worker of a new attempt ((local rank, rank) pairs).
 
         With automatic beats on (the default), a worker given a slot is also told to beat once
-        per optimizer step (``ELASTIC_RUN_AUTO_PROGRESS=1``, see :mod:`elastic_run.worker.auto_progress`).
+        per optimizer step (``ELASTIC_RUN_AUTO_PROGRESS=1``, see
+        :mod:`elastic_run.worker.auto_progress`).
         """
         self._ranks = dict(workers)
         self._killed = {}
@@ -98,27 +125,15 @@ class ProgressDuties:
                     env[AUTO_PROGRESS_ENV] = "1"
         return envs
 
-    def started(
-        self,
-        pids: Mapping[int, int],
-        warm: WarmEnds | None = None,
-        emit: Callable[..., None] | None = None,
-    ) -> None:
+    def started(self, pids: Mapping[int, int], warm: WarmEnds | None = None) -> None:
         """The attempt's workers run.
 
         Args:
             pids: local rank -> pid.
             warm: the warm starts (they know when a warm worker's script ended).
-            emit: sends an agent event ``(kind, message, **fields)`` (for ``worker.outlived``).
         """
         self.watch.started(pids)
         self.script_end.started(pids, warm)
-        self._emit = emit
-
-    def workers_stopping(self, signals: Iterable[int], at: float) -> None:
-        """The agent stops the workers with ``signals`` from ``at`` (epoch seconds): an exit by
-        one of them is the agent's stop, never a crash after the script (``ScriptEndWatch``)."""
-        self.script_end.stopping(signals, at)
 
     def attempt_ended(self, failed: bool) -> None:
         """The attempt's workers were stopped (``failed``: by a worker failure)."""
@@ -129,99 +144,82 @@ class ProgressDuties:
         self.stop_publisher()
         self.watch.close()
 
-    # -- the loop --------------------------------------------------------------------------
+    # -- each turn -----------------------------------------------------------------------
 
-    def tick(
-        self,
-        armed_pids: Iterable[int],
-        exited: Iterable[int] = (),
-        kill: Callable[[int], None] = _kill_tree,
-    ) -> None:
-        """Read the beats and judge; kill the workers that outlived their script's end.
+    def observe(self, group: GroupView, now_ns: int) -> ProgressView:
+        """Read the beats, gather the verdicts' evidence, and return this turn's view.
 
-        Each monitor tick, while workers run. A worker whose script ended is not judged hung
-        (its beats stopped because its script did).
+        While workers run (and the agent is not stopping them): the beats are read and each
+        worker's silence measured (stacks taken for the silent ones), and the scripts that ended
+        are learnt. A failed group's beats are read once more (a worker that beat and exited
+        between two turns counts).
 
         Args:
-            armed_pids: workers holding an armed file timer.
-            exited: local ranks that already exited (not judged).
-            kill: kills a worker by pid (default: SIGKILL to its process group).
+            group: the worker group's view this turn.
+            now_ns: the monotonic time now.
         """
-        gone = set(exited)
-        self.watch.tick(armed_pids=armed_pids, exited=gone | self.script_end.ended())
-        for lr, (where, seen_ns) in self.watch.after_script().items():
-            self.script_end.note(lr, where, seen_ns)
-        for outlived in self.script_end.tick(gone):
-            self._outlived[outlived.pid] = outlived
-            self._say(
-                "worker.outlived",
-                outlived.sentence(),
-                outlived.report(),
-                rank=outlived.rank,
-                local_rank=outlived.local_rank,
-                pid=outlived.pid,
-                lived_s=round(outlived.lived_s, 3),
-                timeout_s=outlived.bound_s,
-                exitcode=outlived.code,
-                exitcode_known=outlived.known,
-                where=outlived.where[:_WHERE_CHARS],
-                stacks=str(outlived.stacks_file) if outlived.stacks_file else None,
+        exited = {w.local_rank for w in group.workers if w.exitcode is not None}
+        ends: tuple[ScriptEnded, ...] = ()
+        running = group.status is WorkersStatus.RUNNING
+        if group.running and not group.stopped_by_agent and running:
+            self.watch.tick(
+                now_ns, armed_pids=self._armed(), exited=exited | self.script_end.ended()
             )
-            kill(outlived.pid)
-
-    def _say(self, kind: str, sentence: str, message: str, **fields: Any) -> None:
-        """Emit event ``kind`` (``message``, ``fields``), or log ``sentence`` without a sink."""
-        if self._emit is None:
-            log.warning("%s", sentence)
-        else:
-            self._emit(kind, message, **fields)
-
-    def _recent_stacks(self, local_rank: int) -> StackReport | None:
-        """This worker's stacks if the hang watch took them within the last 10 s."""
-        if not self.watch.stacks_taken(local_rank, _RECENT_STACKS_S):
-            return None
-        return self.watch.report(local_rank)
-
-    def amend_exits(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
-        """The workers' exits, each one after its script's end counted as the script's status.
-
-        A worker killed for outliving its script, or a warm one killed by a signal after its
-        script ended; the latter is said once (event ``worker.died_after_script``).
-        """
-        amended = self.script_end.amend(exits)
-        for died in self.script_end.died_after_script():
-            self._say(
-                "worker.died_after_script",
-                died.sentence(),
-                died.sentence(),
-                rank=died.rank,
-                local_rank=died.local_rank,
-                pid=died.pid,
-                exitcode=died.exitcode,
-                counted=died.code,
-            )
-        return amended
-
-    def observe(self, obs: sm.Observation) -> sm.Observation:
-        """Add what the state machine reads of progress to the loop's observation."""
-        failed = obs.workers is sm.WorkersStatus.FAILED
+            for lr, (where, seen_ns) in self.watch.after_script().items():
+                self.script_end.note(lr, where, seen_ns)
+            ends = self.script_end.observe(exited, now_ns)
+        failed = group.status is WorkersStatus.FAILED
         if failed:
-            self.watch.read_beats()  # beats of workers that exited since the last tick count
-        return replace(
-            obs,
-            hung=bool(self.watch.hung) and obs.workers is sm.WorkersStatus.RUNNING,
+            self.watch.read_beats(now_ns)
+        notices, self._notices = tuple(self._notices), []
+        return ProgressView(
+            suspects=self.watch.suspects if running else (),
+            suspect_since_ns=self.watch.suspect_since_ns,
+            collective_grace_s=self.watch.collective_grace_s,
             no_progress_restarts=self.watch.no_progress_streak(failed),
             max_no_progress_restarts=self.options.max_no_progress_restarts,
+            script_ends=ends,
+            script_exit_timeout_s=self.script_end.bound_s,
+            steps=self._unjudged_reading(),
+            stragglers=self._stragglers[1],
+            straggler_factor=self.options.straggler_factor,
+            workers=self.watch.progress(),
+            job=self.job_progress(),
+            beat_reading=self.watch.beat_reading(),
+            notices=notices,
         )
 
-    def stop_hung(self, emit: _Emit, kill: Callable[[int], None] = _kill_tree) -> None:
-        """Kill the hung workers (their stacks are on disk by now), with a ``worker.hung`` event.
+    def _unjudged_reading(self) -> StepsReading | None:
+        publisher = self._publisher
+        reading = publisher.reading if publisher is not None else None
+        if reading is None or reading is self._judged:
+            return None
+        if reading.round != self._stragglers[0]:
+            self._stragglers = (reading.round, StragglerWatch())
+        return reading
+
+    def apply(
+        self, effect: ProgressEffect, emit: Emit, kill: Callable[[int], None] = _kill_tree
+    ) -> None:
+        """Carry out a progress rule's verdict.
 
         Args:
-            emit: sends an agent event (kind, message, fields).
+            effect: ``StopHung``, ``KillOutlived`` or ``NoteStragglers``.
+            emit: sends an agent event ``(kind, message, fields)``.
             kill: kills a worker by pid (default: SIGKILL to its process group).
         """
-        hung = list(self.watch.hung)
+        if isinstance(effect, StopHung):
+            self._stop_hung(effect.workers, emit, kill)
+        elif isinstance(effect, KillOutlived):
+            self._kill_outlived(effect, emit, kill)
+        else:
+            self._note_stragglers(effect, emit)
+
+    def _stop_hung(
+        self, hung: Sequence[HungWorker], emit: Emit, kill: Callable[[int], None]
+    ) -> None:
+        """Kill the hung workers (their stacks are on disk by now), with a ``worker.hung`` event."""
+        self.watch.judged_hung(hung)
         if hung and self._publisher is not None:
             # The job's picture before the kill: this node's record goes out now, and the peers'
             # (their ranks wait in a collective on the hung one, and take their stacks about
@@ -251,10 +249,103 @@ class ProgressDuties:
                 },
             )
             kill(worker.pid)
-            self.watch.mark(worker.local_rank, "hung")
-        self.watch.forget_hung()
         if self._publisher is not None:
             self._publisher.nudge()
+
+    def _kill_outlived(self, effect: KillOutlived, emit: Emit, kill: Callable[[int], None]) -> None:
+        for ended, lived_s in effect.workers:
+            outlived = self.script_end.settle(ended, lived_s)
+            if outlived is None:
+                continue
+            self._outlived[outlived.pid] = outlived
+            emit(
+                "worker.outlived",
+                outlived.report(),
+                {
+                    "rank": outlived.rank,
+                    "local_rank": outlived.local_rank,
+                    "pid": outlived.pid,
+                    "lived_s": round(outlived.lived_s, 3),
+                    "timeout_s": outlived.bound_s,
+                    "exitcode": outlived.code,
+                    "exitcode_known": outlived.known,
+                    "where": outlived.where[:_WHERE_CHARS],
+                    "stacks": str(outlived.stacks_file) if outlived.stacks_file else None,
+                },
+            )
+            kill(outlived.pid)
+
+    def _note_stragglers(self, effect: NoteStragglers, emit: Emit) -> None:
+        publisher = self._publisher
+        reading = publisher.reading if publisher is not None else None
+        if reading is None or reading.round != effect.round:
+            return
+        self._judged = reading
+        self._stragglers = (effect.round, effect.watch)
+        median = reading.steps.median_s or 0.0
+        events = [
+            (
+                "straggler",
+                f"rank {slow.rank} ({slow.host}) is a straggler: {slow.time_s:.3f} s per step, "
+                f"{ratio:.2f}x the job's median {median:.3f} s",
+                {
+                    "rank": slow.rank,
+                    "host": slow.host,
+                    "node": slow.node_id,
+                    "time_s": round(slow.time_s, 6),
+                    "median_s": round(median, 6),
+                    "ratio": round(ratio, 3),
+                },
+            )
+            for slow, ratio in effect.new
+        ]
+        summary = {
+            "round": effect.round,
+            **job_summary(
+                reading.steps, self.options.straggler_factor, sorted(effect.watch.reported)
+            ),
+        }
+
+        def announce() -> None:  # on the publisher's thread, once the summary is written
+            for kind, message, fields in events:
+                emit(kind, message, fields)
+
+        assert publisher is not None
+        publisher.publish_job(summary, announce if events else None)
+
+    def _recent_stacks(self, local_rank: int) -> StackReport | None:
+        """This worker's stacks if the hang watch took them within the last 10 s."""
+        if not self.watch.stacks_taken(local_rank, _RECENT_STACKS_S):
+            return None
+        return self.watch.report(local_rank)
+
+    # -- what the worker group asks (ExitNotes) ------------------------------------------
+
+    def amend(
+        self, exits: Mapping[int, WorkerExit], stop: AgentStop | None = None
+    ) -> dict[int, WorkerExit]:
+        """The workers' exits, each one after its script's end counted as the script's status.
+
+        A worker killed for outliving its script, or a warm one killed by a signal after its
+        script ended; the latter is said once (event ``worker.died_after_script``, in the next
+        view's notices). An exit by the agent's own stop (``stop``) stays as it is.
+        """
+        amended = self.script_end.amend(exits, stop)
+        for died in self.script_end.died_after_script():
+            self._notices.append(
+                Notice(
+                    "worker.died_after_script",
+                    died.sentence(),
+                    {
+                        "rank": died.rank,
+                        "local_rank": died.local_rank,
+                        "pid": died.pid,
+                        "exitcode": died.exitcode,
+                        "counted": died.code,
+                    },
+                )
+            )
+        return amended
 
     def before_failed_stop(self, alive: Iterable[int]) -> None:
         """Take the stacks of the surviving workers of a failed group before they are stopped.
@@ -362,7 +453,6 @@ class ProgressDuties:
         attempt: Callable[[], int],
         running: Callable[[], bool],
         members: Callable[[int], Sequence[str]],
-        emit: _Emit,
         goodput: Callable[[], Mapping[str, Any]] | None = None,
     ) -> None:
         """Start publishing, when the rendezvous handler can lend its backend (ours can).
@@ -375,7 +465,6 @@ class ProgressDuties:
             running: whether the workers run (records are published only then, and once more
                 right after a hang verdict: never while the job ends and its store goes away).
             members: the node ids of a round's members.
-            emit: sends an agent event.
             goodput: this node's goodput account now, as its published JSON.
         """
         if not isinstance(handler, TelemetryHost):
@@ -393,8 +482,6 @@ class ProgressDuties:
             node_record=record,
             position=position,
             members=members,
-            factor=self.options.straggler_factor,
-            emit=emit,
             goodput=goodput,
         )
         self._publisher.start()
@@ -408,24 +495,6 @@ class ProgressDuties:
         if self._publisher is not None:
             self._publisher.stop()
             self._publisher = None
-
-    def metrics(self) -> dict[str, float]:
-        """Per-rank gauges for ``/metrics`` (names carry a ``rank`` label)."""
-        out: dict[str, float] = {}
-        for lr, p in self.watch.progress().items():
-            label = f'{{rank="{self._ranks.get(lr, -1)}",local_rank="{lr}"}}'
-            out["progress_beats" + label] = float(p.beats)
-            out["progress_step" + label] = float(p.step)
-            if p.step_time_s is not None:
-                out["step_time_seconds" + label] = p.step_time_s
-            if p.work_time_s is not None:
-                out["work_time_seconds" + label] = p.work_time_s
-            if p.last_beat_age_s is not None:
-                out["last_beat_age_seconds" + label] = p.last_beat_age_s
-            if p.timeout_s is not None:
-                out["hang_timeout_seconds" + label] = p.timeout_s
-            out["hung" + label] = 1.0 if p.verdict == "hung" else 0.0
-        return out
 
 
 def _round(value: float | None, digits: int = 6) -> float | None:

@@ -5,23 +5,22 @@ The agent owns one :class:`HangWatch` for the run. Per attempt it creates the be
 slot through the environment; the watchdog's server reports every timer arm and release as a
 beat of that pid (:meth:`HangWatch.timer_beat`, from its thread). Each monitor tick the loop
 calls :meth:`HangWatch.tick`: every slot is read and folded into the worker's
-:class:`~elastic_run.agent.progress.hang.BeatHistory`, and the pure rule judges each one.
+:class:`~elastic_run.agent.rules.progress.beats.BeatHistory`, and each one's silence is measured
+against its timeout (``beats.judge``).
 
 When a worker is silent past its timeout, the stacks of every local worker are taken at once
-(py-spy, :mod:`elastic_run.agent.progress.stacks`) and written to ``stacks.txt``: a worker stuck outside
-torch.distributed is hung at once; workers that all wait inside a collective are left to the
-node of the peer they wait for, and judged here only after a grace
-(:func:`~elastic_run.agent.progress.hang.hung_now`) of at least three times this node's last stack
-capture (the peer's node pays a capture too before it acts: on a loaded host it is slow); a
-worker whose stacks show its script over (in the interpreter's shutdown:
-:func:`~elastic_run.agent.progress.script_end.after_script`) is not hung: its beats stopped because its
-script did (:meth:`HangWatch.after_script` hands it on). :attr:`HangWatch.hung` then lists the
-workers the agent must stop (:class:`~elastic_run.agent.progress.hang.HungWorker`); it kills them (a hung
-worker is a failed worker).
+(py-spy, :mod:`elastic_run.agent.progress.stacks`) and written to ``stacks.txt``; a worker whose
+stacks show its script over (in the interpreter's shutdown:
+:func:`~elastic_run.agent.rules.progress.script_end.after_script`) is no suspect: its beats
+stopped because its script did (:meth:`HangWatch.after_script` hands it on). The others are
+:attr:`HangWatch.suspects`, with where they were and the grace the collective waits get: the
+evidence the hang rule (``agent/rules/progress/hung.py``) judges. Once it judged workers hung
+and the agent stops them (a hung worker is a failed worker), :meth:`HangWatch.judged_hung`
+records it: they are not judged again, and the stuck picture shows them hung.
 
 What a restart keeps: the gaps learned by local rank (the next attempt starts past its warm-up)
 and the no-progress count (``--max-no-progress-restarts``: failed attempts in a row that reached
-no step beyond the furthest an earlier attempt reached, :func:`~elastic_run.agent.progress.hang.count_attempt`).
+no step beyond the furthest an earlier attempt reached, :func:`~elastic_run.agent.rules.progress.beats.count_attempt`).
 
 Threads: ``tick`` and the attempt methods run on the agent's loop; ``timer_beat`` on the
 watchdog's; ``progress`` (a snapshot) on any. Shared state is behind one lock; what other
@@ -43,12 +42,12 @@ import psutil
 
 import elastic_run
 from elastic_run.agent.loop.snapshot import WorkerProgress
-from elastic_run.agent.progress import hang, script_end
-from elastic_run.agent.progress.hang import HungWorker
 from elastic_run.agent.progress.hang_picture import StuckRank
 from elastic_run.agent.progress.stack_report import StackReport, Where
 from elastic_run.agent.progress.stacks import capture_stacks, write_stacks
-from elastic_run.agent.progress.stragglers import StepSample, StepWindow
+from elastic_run.agent.rules.progress import beats, script_end
+from elastic_run.agent.rules.progress.beats import HungWorker
+from elastic_run.agent.rules.progress.step_times import StepSample, StepWindow
 from elastic_run.worker.beat_file import (
     PROGRESS_FILE_ENV,
     PROGRESS_SLOT_ENV,
@@ -74,7 +73,7 @@ class _Worker:
     rank: int
     log_dir: Path | None
     pid: int = 0
-    history: hang.BeatHistory = hang.BeatHistory()
+    history: beats.BeatHistory = beats.BeatHistory()
     window: StepWindow = StepWindow()
     timer_beats: int = 0
     timer_last_ns: int = 0
@@ -95,22 +94,23 @@ class HangWatch:
         beat_dir: where beat files go (default: ``/dev/shm``, else ``/tmp``).
     """
 
-    def __init__(self, rule: hang.HangRule, beat_dir: Path | None = None) -> None:
+    def __init__(self, rule: beats.HangRule, beat_dir: Path | None = None) -> None:
         self.rule = rule
         self._beat_dir = beat_dir
         self._lock = threading.Lock()
         self._workers: dict[int, _Worker] = {}
         self._by_pid: dict[int, int] = {}
-        self._learned: dict[int, hang.BeatHistory] = {}
+        self._learned: dict[int, beats.BeatHistory] = {}
         self._file: BeatFile | None = None
         self._path: Path | None = None
         self._attempt = -1
         self._attempt_beat = False
         self._attempt_reach = -1
-        self._count = hang.NoProgressCount()
+        self._count = beats.NoProgressCount()
         self._suspect_since = 0
         self._capture_s = 0.0
-        self._hung: tuple[HungWorker, ...] = ()
+        self._suspects: tuple[HungWorker, ...] = ()
+        self._grace_s = 0.0
         self._stopped: set[int] = set()
         self._after_script: dict[int, tuple[str, int]] = {}
         self._swept = False
@@ -149,7 +149,7 @@ class HangWatch:
             self._attempt_beat = False
             self._attempt_reach = -1
             self._suspect_since = 0
-            self._hung = ()
+            self._suspects = ()
             self._stopped = set()
             self._after_script = {}
             self._stuck = {}
@@ -165,11 +165,11 @@ class HangWatch:
             return {lr: {} for lr, _ in workers}
         return {lr: {PROGRESS_FILE_ENV: str(path), PROGRESS_SLOT_ENV: str(lr)} for lr, _ in workers}
 
-    def _carried(self, local_rank: int) -> hang.BeatHistory:
+    def _carried(self, local_rank: int) -> beats.BeatHistory:
         learned = self._learned.get(local_rank)
         if learned is None:
-            return hang.BeatHistory()
-        return hang.BeatHistory(
+            return beats.BeatHistory()
+        return beats.BeatHistory(
             gaps_s=learned.gaps_s, gaps_seen=learned.gaps_seen, longest_s=learned.longest_s
         )
 
@@ -196,8 +196,8 @@ class HangWatch:
         self._count = self._counted(failed)
         self._close_file()
 
-    def _counted(self, failed: bool) -> hang.NoProgressCount:
-        return hang.count_attempt(
+    def _counted(self, failed: bool) -> beats.NoProgressCount:
+        return beats.count_attempt(
             self._count, attempt=self._attempt, failed=failed, reached=self._attempt_reach
         )
 
@@ -262,7 +262,7 @@ class HangWatch:
         now = time.monotonic_ns() if now_ns is None else now_ns
         armed = set(armed_pids)
         gone = set(exited) | self._stopped
-        suspects: dict[int, hang.Silence] = {}
+        suspects: dict[int, beats.Silence] = {}
         with self._lock:
             for worker in self._workers.values():
                 self._fold(worker, now)
@@ -275,6 +275,7 @@ class HangWatch:
                     suspects[worker.local_rank] = silence
         if not suspects:
             self._suspect_since = 0
+            self._suspects = ()
             self._keep_stuck({}, gone)
             self._publish(now)
             return
@@ -290,46 +291,38 @@ class HangWatch:
                 self._after_script.setdefault(lr, (over, now))
         if not suspects:
             self._suspect_since = 0
+            self._suspects = ()
             self._keep_stuck({}, gone)
             self._publish(now)
             return
-        waiting = {
-            lr: (where.in_collective if (where := self._where(lr)) is not None else None)
-            for lr in suspects
-        }
         worst = max(s.timeout_s for s in suspects.values())
-        grace = self.rule.collective_grace_s(worst, self._capture_s)
-        chosen = hang.hung_now(waiting, self._suspect_since, now, grace)
-        hung = []
-        for lr in chosen:
+        self._grace_s = self.rule.collective_grace_s(worst, self._capture_s)
+        found = []
+        seen = {}
+        for lr, silence in suspects.items():
             worker = self._workers[lr]
-            worker.verdict = "hung"
+            where = self._where(lr)
             report = worker.report
-            hung.append(
+            found.append(
                 HungWorker(
                     lr,
                     worker.rank,
                     worker.pid,
-                    suspects[lr],
-                    self._where(lr),
+                    silence,
+                    where,
                     worker.stacks_file,
                     report.error if report is not None else None,
                 )
             )
-        self._hung = tuple(hung)
-        if hung:
-            self.last_hang = hung[0]
-        seen = {}
-        for lr, silence in suspects.items():
-            where = self._where(lr)
             seen[lr] = StuckRank(
-                rank=self._workers[lr].rank,
+                rank=worker.rank,
                 where=where.text() if where is not None else "",
                 function=where.function if where is not None else "",
                 in_collective=where.in_collective if where is not None else None,
                 stuck_s=silence.silent_s,
-                hung=lr in chosen,
+                hung=False,
             )
+        self._suspects = tuple(found)
         self._keep_stuck(seen, gone)
         self._publish(now)
 
@@ -361,28 +354,28 @@ class HangWatch:
         reading = self._file.read(worker.local_rank) if self._file is not None else None
         slot_beats = reading.beats if reading is not None else 0
         slot_last = reading.last_beat_ns if reading is not None else 0
-        beats = slot_beats + worker.timer_beats
-        if beats <= worker.history.beats:
+        count = slot_beats + worker.timer_beats
+        if count <= worker.history.beats:
             return
         last = max(slot_last, worker.timer_last_ns)
         gap = reading.last_gap_ns if reading is not None and slot_last >= last else 0
-        step = reading.step if reading is not None and slot_beats else beats
-        worker.history = hang.observe(worker.history, beats, step, last, gap)
+        step = reading.step if reading is not None and slot_beats else count
+        worker.history = beats.observe(worker.history, count, step, last, gap)
         self._attempt_reach = max(self._attempt_reach, step)
         busy = (reading.busy_ns, reading.busy_count) if reading is not None else (0, 0)
-        worker.window = worker.window.add(StepSample(now, beats, last, *busy))
+        worker.window = worker.window.add(StepSample(now, count, last, *busy))
         self._attempt_beat = True
 
-    def _judge(self, worker: _Worker, now: int, armed: bool) -> hang.Silence | None:
+    def _judge(self, worker: _Worker, now: int, armed: bool) -> beats.Silence | None:
         history = worker.history
-        limit = hang.timeout_s(history, self.rule)
+        limit = beats.timeout_s(history, self.rule)
         if limit is None or history.beats == 0 or armed:
             return None
         silent_s = (now - history.last_beat_ns) / _NS
         io_active = False
         if self.rule.mode == "auto" and silent_s > limit / 2:
             io_active = self._io_active(worker, now)
-        return hang.judge(history, self.rule, now, timer_armed=armed, io_active=io_active)
+        return beats.judge(history, self.rule, now, timer_armed=armed, io_active=io_active)
 
     def _io_active(self, worker: _Worker, now: int) -> bool:
         """Whether the worker's process read or wrote storage within the last few seconds."""
@@ -475,13 +468,33 @@ class HangWatch:
         return dict(self._after_script)
 
     @property
-    def hung(self) -> tuple[HungWorker, ...]:
-        """The workers to stop now (from the last tick)."""
-        return self._hung
+    def suspects(self) -> tuple[HungWorker, ...]:
+        """The workers silent past their timeout at the last tick, with their stacks (the
+        evidence the hang rule judges: ``agent/rules/progress/hung.py``)."""
+        return self._suspects
 
-    def forget_hung(self) -> None:
-        """The agent stopped the hung workers: nothing more to act on this attempt."""
-        self._hung = ()
+    @property
+    def suspect_since_ns(self) -> int:
+        """When the first of the suspects was found silent (0: none is)."""
+        return self._suspect_since
+
+    @property
+    def collective_grace_s(self) -> float:
+        """How long workers that all wait in a collective are left to the other nodes."""
+        return self._grace_s
+
+    def judged_hung(self, workers: Iterable[HungWorker]) -> None:
+        """The hang rule judged these workers hung and the agent stops them: they are not judged
+        again this attempt, and the stuck picture shows them hung."""
+        for worker in workers:
+            self.last_hang = worker
+            self.mark(worker.local_rank, "hung")
+            self._workers[worker.local_rank].verdict = "hung"
+            rank = self._stuck.get(worker.local_rank)
+            if rank is not None:
+                self._stuck[worker.local_rank] = replace(rank, hung=True)
+        self._stuck_view = tuple(self._stuck[lr] for lr in sorted(self._stuck))
+        self._suspects = ()
 
     def _publish(self, now: int) -> None:
         pictures = []
@@ -499,7 +512,7 @@ class HangWatch:
                         last_beat_age_s=(now - history.last_beat_ns) / _NS
                         if history.beats
                         else None,
-                        timeout_s=hang.timeout_s(history, self.rule),
+                        timeout_s=beats.timeout_s(history, self.rule),
                         verdict=w.verdict,
                         where=where.text() if where is not None and w.verdict else "",
                     ),

@@ -1,4 +1,4 @@
-"""Publishing progress for ``elastic-run status``, and judging the job's stragglers.
+"""Publishing progress for ``elastic-run status``, and reading the job's step times.
 
 A thread (the store may block; the agent loop must not), once a second:
 
@@ -6,9 +6,10 @@ A thread (the store may block; the agent loop must not), once a second:
   beats, hang timeouts and verdicts): one O(1) write per node per second, whatever the job's
   size;
 - the node of group rank 0 also, every ``judge_every_s``, reads the round's records (one batch
-  read of N small keys), computes the job's median and slowest ranks (``stragglers.py``), emits a
-  ``straggler`` event for a rank that stayed above ``--straggler-factor`` x the median for a
-  while, and writes the summary (``pg/job``, O(1));
+  read of N small keys) into a :class:`~elastic_run.agent.rules.observation.StepsReading` (every
+  rank's time, the median and the slowest: ``step_times.py``), which the agent's straggler rule
+  judges on the loop (``agent/rules/progress/straggler.py``); the summary it hands back, with the
+  stragglers marked, is written here (``pg/job``, O(1));
 - every other node reads that summary at the same pace (one O(1) read) for its live panel;
 - every node writes its goodput account (``gp/<node id>``, O(1)) every ``goodput_every_s``.
 
@@ -30,21 +31,14 @@ from typing import Any
 
 from elastic_run.agent.loop.snapshot import JobProgress
 from elastic_run.agent.progress.hang_picture import JobHang, merge, parse_stuck
-from elastic_run.agent.progress.stragglers import (
-    JobSteps,
-    RankTime,
-    StragglerWatch,
-    summarize,
-    watch_stragglers,
-)
+from elastic_run.agent.rules.observation import StepsReading
+from elastic_run.agent.rules.progress.step_times import JobSteps, RankTime, summarize
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
 from elastic_run.rendezvous.errors import RendezvousError
 
 __all__ = ["ProgressPublisher", "job_progress", "job_summary", "rank_times", "slowest_rows"]
 
 log = logging.getLogger(__name__)
-
-_Emit = Callable[[str, str, dict[str, Any]], None]
 
 
 def rank_times(records: Mapping[str, Mapping[str, Any]], round_: int) -> list[RankTime]:
@@ -130,7 +124,7 @@ def job_progress(record: Mapping[str, Any]) -> JobProgress:
 
 
 class ProgressPublisher:
-    """The thread that publishes this node's progress and, on node 0, judges stragglers.
+    """The thread that publishes this node's progress and, on node 0, reads the job's steps.
 
     Args:
         telemetry: this node's writer.
@@ -138,10 +132,8 @@ class ProgressPublisher:
             :meth:`nudge` (None: nothing to publish now).
         position: (round, group rank) of this node now ((-1, -1) before the first round).
         members: the node ids of a round's members (node 0 asks once per round).
-        factor: ``--straggler-factor``.
-        emit: sends an agent event (kind, message, fields).
         interval_s: between two publications.
-        judge_every_s: between two straggler judgements on node 0.
+        judge_every_s: between two readings of the job's step times on node 0.
         idle_refresh_s: between two publications of an unchanged record of a node whose
             workers have not beaten.
         goodput: this node's goodput account now (its JSON), published every
@@ -156,8 +148,6 @@ class ProgressPublisher:
         node_record: Callable[[bool], dict[str, Any] | None],
         position: Callable[[], tuple[int, int]],
         members: Callable[[int], Sequence[str]],
-        factor: float,
-        emit: _Emit,
         interval_s: float = 1.0,
         judge_every_s: float = 2.0,
         idle_refresh_s: float = 10.0,
@@ -168,14 +158,13 @@ class ProgressPublisher:
         self._node_record = node_record
         self._position = position
         self._members = members
-        self._factor = factor
-        self._emit = emit
         self._interval_s = interval_s
         self._judge_every_s = judge_every_s
         self._stop = threading.Event()
         self._nudged = threading.Event()
         self._thread: threading.Thread | None = None
-        self._watch = StragglerWatch()
+        self._reading: StepsReading | None = None
+        self._summary: tuple[dict[str, Any], Callable[[], None] | None] | None = None
         self._member_ids: tuple[int, Sequence[str]] = (-1, ())
         self._next_judge = 0.0
         self._idle_refresh_s = idle_refresh_s
@@ -217,7 +206,16 @@ class ProgressPublisher:
                 log.exception("publishing progress failed")
 
     def publish_once(self, now: float, forced: bool = False) -> None:
-        """Publish this node's record; on node 0, judge the stragglers when due."""
+        """Publish this node's record; on node 0, read the job's step times when due."""
+        pending, self._summary = self._summary, None
+        if pending is not None:
+            summary, then = pending
+            try:
+                self._telemetry.publish_job_progress(summary)
+            except RendezvousError as exc:
+                log.info("publishing the job's progress: %s", exc)
+            if then is not None:
+                then()
         record = self._node_record(forced)
         if record is None:
             return
@@ -238,7 +236,7 @@ class ProgressPublisher:
         self._next_judge = now + self._judge_every_s
         try:
             if group_rank == 0:
-                self._judge(round_, time.monotonic_ns())
+                self._read_steps(round_, time.monotonic_ns())
             else:  # one O(1) read: the summary node 0 wrote, for the live panel
                 _, job, _ = self._telemetry.read_progress(())
                 self.job = job_progress(job) if job is not None else None
@@ -271,32 +269,27 @@ class ProgressPublisher:
             if time.monotonic() >= deadline:
                 return picture
 
-    def _judge(self, round_: int, now_ns: int) -> None:
+    def _read_steps(self, round_: int, now_ns: int) -> None:
         if self._member_ids[0] != round_:
             self._member_ids = (round_, tuple(self._members(round_)))
-            self._watch = StragglerWatch()
         records, _, _ = self._telemetry.read_progress(self._member_ids[1])
         times = rank_times(records, round_)
-        steps = summarize(times)
-        self._watch, new = watch_stragglers(
-            self._watch, steps, times, factor=self._factor, now_ns=now_ns
-        )
-        for slow, ratio in new:
-            median = steps.median_s or 0.0
-            self._emit(
-                "straggler",
-                f"rank {slow.rank} ({slow.host}) is a straggler: {slow.time_s:.3f} s per step, "
-                f"{ratio:.2f}x the job's median {median:.3f} s",
-                {
-                    "rank": slow.rank,
-                    "host": slow.host,
-                    "node": slow.node_id,
-                    "time_s": round(slow.time_s, 6),
-                    "median_s": round(median, 6),
-                    "ratio": round(ratio, 3),
-                },
-            )
-        stragglers = sorted(self._watch.reported)
-        summary = {"round": round_, **job_summary(steps, self._factor, stragglers)}
-        self._telemetry.publish_job_progress(summary)
+        self._reading = StepsReading(round_, tuple(times), summarize(times), now_ns)
+
+    @property
+    def reading(self) -> StepsReading | None:
+        """The job's step times as last read (node 0; any thread: replaced whole)."""
+        return self._reading
+
+    def publish_job(self, summary: dict[str, Any], then: Callable[[], None] | None = None) -> None:
+        """Write the job's summary (``pg/job``) at the next publication, and show it at once.
+
+        Args:
+            summary: the round, the median, the slowest ranks, the stragglers marked.
+            then: called on this thread once it is written (the straggler events, so that a
+                reader who sees one finds the summary that marks it).
+        """
         self.job = job_progress(summary)
+        self._summary = (summary, then)
+        if then is not None:
+            self._nudged.set()

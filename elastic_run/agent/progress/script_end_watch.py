@@ -2,15 +2,17 @@
 
 Per attempt the agent tells the watch its workers (:meth:`ScriptEndWatch.start_attempt`,
 :meth:`ScriptEndWatch.started`, with the warm starts, which know when a warm worker's script
-ended); each monitor tick :meth:`ScriptEndWatch.tick` learns which scripts ended (the zygote's
+ended); each monitor tick :meth:`ScriptEndWatch.observe` learns which scripts ended (the zygote's
 word for warm workers; for cold ones, py-spy stacks taken when the process is idle) and returns
-the workers whose process outlived its script's end past the bound. The agent kills those
-(:class:`Outlived` says how to report it) and :meth:`ScriptEndWatch.amend` then reports each
-one's exit as its script's own status instead of the SIGKILL. ``amend`` also counts a warm
-worker killed by a signal after its script ended as the script's status
+the workers whose script is over while their process lives. The script-end rule
+(``agent/rules/progress/outlived.py``) weighs how long; for each one past the bound
+:meth:`ScriptEndWatch.settle` takes its stacks and fixes its counted status (:class:`Outlived`
+says how to report it), the agent kills it, and :meth:`ScriptEndWatch.amend` then reports its
+exit as its script's own status instead of the SIGKILL. ``amend`` also counts a warm worker
+killed by a signal after its script ended as the script's status
 (``script_end.counted_exit``); :meth:`ScriptEndWatch.died_after_script` names each such worker
-once, for the agent to say so. A worker killed by its own agent's stop (:meth:`ScriptEndWatch.
-stopping`: the stop's signals, from the moment the stop began) is neither: its exit stays the
+once, for the agent to say so. A worker killed by its own agent's stop (the worker group's
+``AgentStop``: the stop's signals, from the moment it began) is neither: its exit stays the
 agent's signal.
 
 Threads: everything runs on the agent's loop.
@@ -27,10 +29,12 @@ from typing import Protocol
 
 import psutil
 
-from elastic_run.agent.progress import script_end
 from elastic_run.agent.progress.stack_report import StackReport, format_stacks
 from elastic_run.agent.progress.stacks import capture_stacks, write_stacks
+from elastic_run.agent.rules.observation import ScriptEnded
+from elastic_run.agent.rules.progress import script_end
 from elastic_run.agent.workers.failures import read_error_file
+from elastic_run.agent.workers.group import AgentStop
 from elastic_run.agent.workers.processes import WorkerExit
 
 __all__ = ["DiedAfterScript", "Outlived", "ScriptEndWatch", "WarmEnds"]
@@ -181,7 +185,6 @@ class ScriptEndWatch:
         self._warm: WarmEnds = _NoWarm()
         self._died: dict[int, DiedAfterScript] = {}
         self._said: set[int] = set()
-        self._stop: tuple[frozenset[int], float] | None = None
 
     def start_attempt(
         self, workers: Sequence[tuple[int, int]], log_dirs: Mapping[int, Path]
@@ -192,33 +195,11 @@ class ScriptEndWatch:
     def started(self, pids: Mapping[int, int], warm: WarmEnds | None = None) -> None:
         """The attempt's workers run (local rank -> pid); ``warm`` knows the warm ones' ends."""
         self._warm = warm if warm is not None else _NoWarm()
-        self._stop = None
         track = script_end.IdleTrack(backoff_s=self._idle_s, idle_s=self._idle_s)
         for lr, pid in pids.items():
             if lr in self._workers:
                 self._workers[lr].pid = pid
                 self._workers[lr].track = track
-
-    def stopping(self, signals: Iterable[int], at: float) -> None:
-        """The agent stops the attempt's workers with ``signals`` from ``at`` (epoch seconds).
-
-        A worker that exits by one of them from then on was stopped by its agent (to
-        re-rendezvous, on a failure, a signal, a close): that is no crash after its script, and
-        its exit stays what it was (see :meth:`amend`).
-        """
-        given = frozenset(int(s) for s in signals)
-        if self._stop is not None:  # stopped again (torch's _restart_workers stops first): the
-            # attempt's stop began at the first call, which the workers' exits may predate the
-            # second one's
-            given, at = given | self._stop[0], min(at, self._stop[1])
-        self._stop = (given, at)
-
-    def _stopped_by_agent(self, exit_: WorkerExit) -> bool:
-        stop = self._stop
-        if stop is None or exit_.exitcode >= 0:
-            return False
-        signals, at = stop
-        return -exit_.exitcode in signals and exit_.finished_at >= at
 
     def ended(self) -> set[int]:
         """The local ranks whose script is known to have ended (not to be judged hung)."""
@@ -230,28 +211,44 @@ class ScriptEndWatch:
         if worker is not None and not worker.ended_ns:
             worker.ended_ns, worker.where = now_ns, where
 
-    def tick(self, exited: Iterable[int] = (), now_ns: int | None = None) -> list[Outlived]:
-        """Learn which scripts ended; return the workers past the bound (to be killed now).
+    def observe(
+        self, exited: Iterable[int] = (), now_ns: int | None = None
+    ) -> tuple[ScriptEnded, ...]:
+        """Learn which scripts ended; return the workers whose script is over while their
+        process lives (the script-end rule weighs how long: ``agent/rules/progress/outlived.py``).
 
         Args:
             exited: local ranks that exited already.
             now_ns: the monotonic time now (default: the clock).
         """
         if self.bound_s is None:
-            return []
+            return ()
         now = time.monotonic_ns() if now_ns is None else now_ns
         gone = set(exited)
-        due = []
+        over = []
         for worker in self._workers.values():
             if not worker.pid or worker.local_rank in gone or worker.settled is not None:
                 continue
             if not worker.ended_ns:
                 self._learn(worker, now)
             if worker.ended_ns:
-                lived = script_end.overdue_s(worker.ended_ns, now, self.bound_s)
-                if lived is not None:
-                    due.append(self._verdict(worker, lived))
-        return due
+                over.append(
+                    ScriptEnded(worker.local_rank, worker.rank, worker.pid, worker.ended_ns)
+                )
+        return tuple(over)
+
+    def settle(self, ended: ScriptEnded, lived_s: float) -> Outlived | None:
+        """The rule judged this worker past the bound: take its stacks, fix the status its exit
+        counts as, and say how to report it (None: it is not this attempt's worker any more).
+
+        Args:
+            ended: the worker.
+            lived_s: how long it outlived its script's end.
+        """
+        worker = self._workers.get(ended.local_rank)
+        if worker is None or worker.pid != ended.pid or worker.settled is not None:
+            return None
+        return self._verdict(worker, lived_s)
 
     def _learn(self, worker: _Worker, now: int) -> None:
         end = self._warm.script_end(worker.pid)
@@ -314,12 +311,15 @@ class ScriptEndWatch:
             return 0
         return 1 if path and read_error_file(path) is not None else 0
 
-    def amend(self, exits: Mapping[int, WorkerExit]) -> dict[int, WorkerExit]:
+    def amend(
+        self, exits: Mapping[int, WorkerExit], stop: AgentStop | None = None
+    ) -> dict[int, WorkerExit]:
         """The exits, each one after the script's end counted as the script's own status.
 
         A worker killed for outliving its script, or a warm one killed by a signal after its
         script ended (``script_end.counted_exit``), counts as its script's status. A worker its
-        own agent stopped (:meth:`stopping`) keeps its exit: the agent's signal killed it.
+        own agent stopped (``stop``: its signals, from the moment it began) keeps its exit: the
+        agent's signal killed it.
         """
         out = dict(exits)
         for lr, exit_ in exits.items():
@@ -329,7 +329,7 @@ class ScriptEndWatch:
             if worker.settled is not None:
                 out[lr] = replace(exit_, exitcode=worker.settled)
                 continue
-            if self._stopped_by_agent(exit_):
+            if stop is not None and stop.explains(exit_):
                 continue  # the agent's stop, not a crash in the interpreter's shutdown
             end = self._warm.script_end(exit_.pid) if exit_.exitcode < 0 else None
             counted = script_end.counted_exit(end[0] if end else None, exit_.exitcode)

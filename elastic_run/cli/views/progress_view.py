@@ -20,7 +20,7 @@ from rich.text import Text
 from elastic_run.agent.loop.snapshot import WorkerSnapshot
 from elastic_run.agent.progress.hang_picture import merge
 from elastic_run.agent.progress.publisher import rank_times, slowest_rows
-from elastic_run.agent.progress.stragglers import DEFAULT_FACTOR, summarize
+from elastic_run.agent.rules.progress.step_times import DEFAULT_FACTOR, summarize
 
 __all__ = [
     "ProgressPicture",

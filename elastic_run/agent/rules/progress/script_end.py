@@ -42,8 +42,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from elastic_run.agent.progress.hang import positive_seconds
 from elastic_run.agent.progress.stack_report import StackReport
+from elastic_run.agent.rules.progress.beats import positive_seconds
 
 __all__ = [
     "DEFAULT_SCRIPT_EXIT_TIMEOUT_S",
