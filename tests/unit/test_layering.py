@@ -218,6 +218,8 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.config",
         "elastic_run.agent.events",
         "elastic_run.agent.rules",
+        "elastic_run.metrics",  # torch's agent metrics (put_metric, @prof)
+        "elastic_run.torch_events",  # torch's agent events (get_event_succeeded...)
         "elastic_run.agent.workers.failures",
         "elastic_run.errors",
         "elastic_run.rendezvous.api",
