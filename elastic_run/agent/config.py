@@ -105,6 +105,8 @@ class AgentOptions:
             core-complex (torchrun's --numa-binding; None: no binding).
         warm_start: fork Python workers from a per-node zygote that has torch imported.
         preload: modules the zygote imports after torch.
+        max_node_failures: failures charged to this node, with different ranks, that exclude
+            it (``--max-node-failures``).
     """
 
     signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
@@ -122,6 +124,7 @@ class AgentOptions:
     numa_binding: str | None = None
     warm_start: bool = False
     preload: tuple[str, ...] = ()
+    max_node_failures: int = 2
 
 
 @dataclass(frozen=True)

@@ -121,6 +121,7 @@ class LocalElasticAgent(SimpleElasticAgent):
             signals=opts.signals,
             workers=workers,
             progress=self._progress_duties,
+            max_node_failures=opts.max_node_failures,
         )
         self._options = opts
         self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()

@@ -178,6 +178,8 @@ def run_job(config: LaunchConfig) -> int:
     from elastic_run.agent.loop.goodput import summary_line
 
     sys.stderr.write(f"elastic-run: {summary_line(agent.goodput())}\n")
+    for line in agent.snapshot().excluded_nodes:
+        sys.stderr.write(f"elastic-run: node excluded during the job: {line}\n")
     if result.failures:
         _report_failures(config.run_id, result.failures.values())
         if config.launcher_error_file:
@@ -185,6 +187,8 @@ def run_job(config: LaunchConfig) -> int:
         sys.stderr.write(f"elastic-run: logs in {agent.run_log_dir}\n")
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")
+    elif result.reason:  # an ending worth one line (a spare that was not needed)
+        sys.stderr.write(f"elastic-run: {result.reason}\n")
     return result.exit_code
 
 

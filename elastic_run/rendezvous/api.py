@@ -309,6 +309,8 @@ class RoundPoll:
         nodes_waiting: how many nodes wait at the door of the round.
         end_cause: why the round ended, as recorded by the node that ended it (None: unknown
             or still running).
+        spares: nodes waiting at the door beyond what a next round has room for (the round
+            is at MAX): they replace a member that is lost or leaves.
     """
 
     closed: str | None = None
@@ -316,6 +318,7 @@ class RoundPoll:
     member_lost: bool = False
     nodes_waiting: int = 0
     end_cause: str | None = None
+    spares: int = 0
 
 
 @dataclass(frozen=True)
@@ -380,6 +383,17 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
 
     def set_change_callback(self, callback: Callable[[], None] | None) -> None:
         """Have ``callback`` called (from a rendezvous thread) when this node's round changes."""
+
+    def avoid_rank(self, rank: int | None) -> None:
+        """Ask not to be given group rank ``rank`` in the next round (None: no wish)."""
+
+    @property
+    def min_nodes(self) -> int:
+        """The job's MIN: the fewest nodes a round completes with."""
+
+    @property
+    def node_id(self) -> str:
+        """This node's id in the rendezvous (unique per agent process)."""
 
     @property
     def assignment(self) -> Assignment | None:

@@ -38,9 +38,12 @@ def _worker_group_rank(job: Job, name: str) -> int:
     return int(job.newest(name)["GROUP_RANK"])
 
 
-def test_every_node_keeps_its_rank_after_a_worker_failure(
+def test_after_a_worker_failure_only_the_suspect_and_one_other_move(
     make_job: Any, backend: tuple[str, str]
 ) -> None:
+    """The node charged with the failure is suspect and asks for another rank (so that a
+    second failure tells a bad node from a bad rank: docs/bad-nodes.md); it trades places with
+    the node of the next rank up, and every other node keeps its rank."""
     job = make_job(backend)
     # Node c's local rank 0 fails in the first attempt: c's agent ends the round and most
     # likely arrives first in the next one, so arrival order alone would give it rank 0.
@@ -61,7 +64,12 @@ def test_every_node_keeps_its_rank_after_a_worker_failure(
     ranks = {n: _group_ranks(job.nodes[n]) for n in "abc"}
     assert all(len(r) == 2 for r in ranks.values()), ranks
     assert sorted(r[0] for r in ranks.values()) == [0, 1, 2], ranks
-    assert all(r[0] == r[1] for r in ranks.values()), ranks
+    assert sorted(r[1] for r in ranks.values()) == [0, 1, 2], ranks
+    suspect_before, suspect_after = ranks["c"]
+    assert suspect_after == (suspect_before + 1) % 3, ranks
+    swapped = [n for n in "ab" if ranks[n][0] == suspect_after]
+    assert [ranks[n][1] for n in swapped] == [suspect_before], ranks
+    assert all(r[0] == r[1] for n, r in ranks.items() if n not in ("c", *swapped)), ranks
     assert after == {n: r[1] for n, r in ranks.items()}, (after, ranks)
     job.assert_no_survivors()
 

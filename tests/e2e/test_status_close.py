@@ -248,8 +248,10 @@ def test_live_view_in_a_real_terminal(tmp_path: Path) -> None:
 
         def shows_everything() -> bool:
             text = screen()
+            # MiB: the workers' memory, which the panel's feed reads once a second
             return all(
-                word in text for word in ("members", "workers", "HEALTHY", "rendezvous.complete")
+                word in text
+                for word in ("members", "workers", "HEALTHY", "rendezvous.complete", "MiB")
             ) and all(str(pid) in text for pid in _ready_pids(out))
 
         wait_until(lambda: len(_ready_pids(out)) == 2 and shows_everything(), 90, message=screen)

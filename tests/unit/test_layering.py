@@ -219,6 +219,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.events",
         "elastic_run.agent.rules",
         "elastic_run.metrics",  # torch's agent metrics (put_metric, @prof)
+        "elastic_run.rendezvous.dynamic.telemetry",  # the fault records (node_ledger.py)
         "elastic_run.torch_events",  # torch's agent events (get_event_succeeded...)
         "elastic_run.agent.workers.failures",
         "elastic_run.errors",
@@ -242,6 +243,10 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.loop.snapshot",
         "elastic_run.agent.progress.stack_report",
         "elastic_run.agent.workers.failures",
+    },
+    "elastic_run.agent.rules.nodes": {
+        "elastic_run.agent.api",
+        "elastic_run.agent.rules",
     },
     "elastic_run.agent.rules.progress": {
         "elastic_run.agent.api",

@@ -20,7 +20,15 @@ RULES_DIR = Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rul
 TESTS = Path(__file__).resolve().parent
 # Modules of agent/rules/ that are not rules: the records, the actions, the registry, and the
 # models the progress rules judge by.
-NOT_RULES = {"observation", "actions", "registry", "beats", "script_end", "step_times"}
+NOT_RULES = {
+    "observation",
+    "actions",
+    "registry",
+    "beats",
+    "script_end",
+    "step_times",
+    "history",
+}
 
 
 def _table(phase: str) -> list[str]:

@@ -181,3 +181,19 @@ def test_no_order_keeping_assignment_moves_fewer_survivors(
         for ranks in itertools.combinations(range(len(admitted)), len(by_old))
     )
     assert moved == best
+
+
+def test_a_node_that_avoids_its_rank_trades_with_the_next_one_up() -> None:
+    # Arrivals 0..2 held ranks 0..2; arrival 1 (a suspect) avoids rank 1.
+    claims = {0: (4, 0), 1: (4, 1), 2: (4, 2)}
+    assert stable_order([0, 1, 2], claims, {1: 1}) == (0, 2, 1)
+    # The top rank trades with rank 0 (cyclically); a node avoiding another rank stays put.
+    assert stable_order([0, 1, 2], claims, {2: 2}) == (2, 1, 0)
+    assert stable_order([0, 1, 2], claims, {1: 0}) == (0, 1, 2)
+
+
+def test_two_nodes_avoiding_their_ranks_never_trade_into_them() -> None:
+    claims = {0: (4, 0), 1: (4, 1)}
+    order = stable_order([0, 1], claims, {0: 0, 1: 1})
+    assert order == (1, 0)
+    assert stable_order([5], {5: (4, 0)}, {5: 0}) == (5,)  # a world of one keeps its rank

@@ -43,6 +43,7 @@ from elastic_run.agent.events import AgentEvent, EventSink
 from elastic_run.agent.loop import goodput as gp
 from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.exit_barrier import RoundExit
+from elastic_run.agent.loop.node_ledger import NodeLedger
 from elastic_run.agent.loop.parts import (
     MonitoredWorkers,
     NoProgressWatch,
@@ -53,6 +54,8 @@ from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait
 from elastic_run.agent.loop.rendezvous_part import RendezvousPart, closed_reason
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
+from elastic_run.agent.rules.nodes.excluded import DEFAULT_MAX_NODE_FAILURES
+from elastic_run.agent.rules.nodes.history import Fault, follows_rank
 from elastic_run.agent.rules.observation import GroupView, ProgressView, RoundView, WorkerView
 from elastic_run.agent.rules.registry import published_events
 from elastic_run.errors import AgentError
@@ -103,6 +106,8 @@ class SimpleElasticAgent(ElasticAgent):
         on_event: receives every event (the CLI's view, the JSON lines log).
         workers: the worker group part (default: torch's ``_monitor_workers`` asked each turn).
         progress: the progress part (default: no beats watched).
+        max_node_failures: the failures charged to this node, with different ranks, that
+            exclude it (``--max-node-failures``; at least 2).
     """
 
     def __init__(
@@ -115,6 +120,7 @@ class SimpleElasticAgent(ElasticAgent):
         on_event: EventSink | None = None,
         workers: WorkerPart | None = None,
         progress: ProgressPart | None = None,
+        max_node_failures: int = DEFAULT_MAX_NODE_FAILURES,
     ) -> None:
         self._spec = spec
         self._worker_group = WorkerGroup(spec)
@@ -131,6 +137,9 @@ class SimpleElasticAgent(ElasticAgent):
             workers if workers is not None else MonitoredWorkers(self._monitor_workers, spec.role)
         )
         self._progress: ProgressPart = progress if progress is not None else NoProgressWatch()
+        self._ledger = NodeLedger(self._round.agent, socket.gethostname(), max_node_failures)
+        self._followed: list[str] = []  # failures that followed their rank (the script's)
+        self._excluded: tuple[str, ...] = ()  # the other nodes excluded, as read at the end
         handler = spec.rdzv_handler
         if isinstance(handler, InterruptibleRendezvous):
             handler.set_interrupt(lambda: self._signal_log.pending_stop() is not None)
@@ -337,7 +346,16 @@ class SimpleElasticAgent(ElasticAgent):
             job_progress=progress.job,
             goodput=gp.account(self._goodput, time.monotonic()),
             watchdog_expiries=view.watchdog_expiries,
+            node_health=self._node_health(),
+            excluded_nodes=self._excluded,
         )
+
+    def _node_health(self) -> str:
+        """``ok``, ``suspect (1 of 2: ...)`` or ``excluded: ...`` (``spare`` while waiting as one)."""
+        own = self._ledger.own
+        if own is None:
+            return "ok"
+        return own.state(self._ledger.max_failures)
 
     def count_goodput_from(self, monotonic_s: float) -> None:
         """Start the goodput account at ``monotonic_s`` (the launcher's process start, so the
@@ -544,6 +562,7 @@ class SimpleElasticAgent(ElasticAgent):
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
+            self._excluded = self._ledger.excluded_nodes()  # before leaving: the store's there
             self._record_metrics(result)
             self.flush_events()
             self._goodput = gp.close(self._goodput, time.monotonic())
@@ -671,6 +690,7 @@ class SimpleElasticAgent(ElasticAgent):
             signal=signal_,
             group=group,
             progress=progress,
+            nodes=self._ledger.view(),
             restarts=self._restarts,
             max_restarts=self._spec.max_restarts,
         )
@@ -730,7 +750,69 @@ class SimpleElasticAgent(ElasticAgent):
             failed_at=round(head.timestamp, 6) if head else None,
         )
         finished = self._round_exit().peers_finished()
-        return sm.decide(replace(obs, failure_counted=counted, peers_finished=finished), now_ns)
+        fault = self._fault_of(obs) if counted else None
+        if fault is not None:
+            self._ledger.charge(fault)
+        nodes = self._ledger.read_others()
+        action = sm.decide(
+            replace(obs, failure_counted=counted, peers_finished=finished, nodes=nodes), now_ns
+        )
+        if fault is not None and not isinstance(action, sm.Exclude):
+            before = follows_rank(fault, nodes.others)
+            if before is not None:
+                text = (
+                    f"the failure of rank {fault.rank} followed its rank from node "
+                    f"{before.host or before.node_id}: the script's, not this node's"
+                )
+                self._followed.append(text)
+                self._emit("failure.followed_rank", text, rank=fault.rank, node=before.node_id)
+            else:
+                self._suspected(fault)
+        return action
+
+    def _fault_of(self, obs: sm.Observation) -> Fault | None:
+        """The failure this node is charged with: its root-cause worker's."""
+        if not obs.group.failures:
+            return None
+        head = obs.group.failures[0]
+        message = head.error.message if head.error is not None else ""
+        cause = "worker_failed"
+        if message.startswith("hung:"):
+            cause = "hung"
+        elif "watchdog timer" in message:
+            cause = "watchdog"
+        name = head.signal_name()
+        how = f"exit code {head.exitcode}" if head.exitcode >= 0 else name
+        picture = obs.progress.workers.get(head.local_rank)
+        return Fault(
+            round=self._worker_group.round,
+            rank=head.global_rank,
+            group_rank=self._worker_group.group_rank or 0,
+            cause=cause,
+            how="hung" if cause == "hung" else how,
+            step=picture.step if picture is not None else -1,
+        )
+
+    def _suspected(self, fault: Fault) -> None:
+        """This node was charged with a failure and stays: say so, and ask for other ranks in
+        the next round (a second failure with other ranks is the node's, one that follows
+        the rank to another node is the script's)."""
+        own = self._ledger.own
+        if own is None:
+            return
+        agent = self._round.agent
+        if agent is not None and fault.group_rank >= 0:
+            agent.avoid_rank(fault.group_rank)
+        self._emit(
+            "node.suspect",
+            f"node {self._ledger.host} is {own.state(self._ledger.max_failures)}",
+            node=own.node_id,
+            host=self._ledger.host,
+            failures=len(own.faults),
+            max_failures=self._ledger.max_failures,
+            evidence=fault.text(),
+            group_rank=fault.group_rank,
+        )
 
     def _apply_again(self, action: sm.Restart | sm.Rejoin) -> None:
         """Stop the workers so that the loop can rendezvous again."""
@@ -815,6 +897,8 @@ class SimpleElasticAgent(ElasticAgent):
             self._set_state(action.state)
             self._publish_state("STOPPED", f"received {name}")
             return RunResult(action.state, exit_code=action.exit_code, reason=f"stopped by {name}")
+        if isinstance(action, sm.Exclude):
+            return self._apply_exclude(action)
         if isinstance(action, (sm.Fail, sm.NoProgress)):
             view = self._group_view
             self._progress.before_failed_stop(view.running)
@@ -833,6 +917,8 @@ class SimpleElasticAgent(ElasticAgent):
                     f"{' had' if action.finished == 1 else 's had'} finished the round (a finished "
                     "node does not run its workers again: no restart)"
                 )
+            if self._followed:
+                reason += f" ({self._followed[-1]})"
             if isinstance(action, sm.NoProgress):
                 reason = (
                     f"no progress: {action.restarts} restart{'' if action.restarts == 1 else 's'} "
@@ -862,6 +948,12 @@ class SimpleElasticAgent(ElasticAgent):
                 exit_code=action.exit_code,
             )
         if isinstance(action, sm.End):
+            if action.closed == "succeeded" and self._attempt < 0:
+                action = replace(
+                    action,
+                    reason="this node waited as a spare and was not needed: the job succeeded "
+                    "on the other nodes",
+                )
             self._stop_workers(self._worker_group)
             if action.closed is not None:
                 self._say_stopped("closed", action.reason, closed=action.closed)
@@ -877,6 +969,43 @@ class SimpleElasticAgent(ElasticAgent):
                 )
             return RunResult(action.state, exit_code=action.exit_code, reason=action.reason)
         raise AssertionError(f"not an ending action: {action}")
+
+    def _apply_exclude(self, action: sm.Exclude) -> RunResult:
+        """Leave the job as unhealthy: stop the workers, record why, leave the round (the others
+        re-form at once without this node), exit 6. When the others cannot go on without it
+        (fewer than MIN members left and no spare waiting), the job is closed as failed."""
+        line = f"node {self._ledger.host} excluded: {action.reason}"
+        own = self._ledger.own
+        self._ledger.exclude(action.reason)
+        self._emit(
+            "node.excluded",
+            line,
+            node=own.node_id if own is not None else "",
+            host=self._ledger.host,
+            reason=action.reason,
+        )
+        self._progress.before_failed_stop(self._group_view.running)
+        self._stop_workers(self._worker_group)
+        self._say_stopped("excluded", line)
+        group = self._worker_group
+        poll = self._round.last_poll
+        left = (group.group_world_size or 1) - 1
+        if left < self._min_nodes() and poll.spares == 0:
+            self._round.close("failed")
+            self._emit(
+                "failed",
+                f"the job failed: {line}; {left} node(s) left, fewer than the minimum",
+                reason=line,
+                exit_code=action.exit_code,
+            )
+        self._round.leave_round("node_excluded")
+        self._set_state(action.state)
+        self._publish_state("EXCLUDED", line)
+        return RunResult(action.state, exit_code=action.exit_code, reason=line)
+
+    def _min_nodes(self) -> int:
+        agent = self._round.agent
+        return agent.min_nodes if agent is not None else 1
 
     def _fail_run(self, exit_code: int, reason: str) -> RunResult:
         self._stop_workers(self._worker_group)

@@ -93,6 +93,10 @@ class AgentSnapshot:
         job_progress: the job's step times (None: not published).
         goodput: where this node's wall time went so far (None: the loop has not run yet).
         watchdog_expiries: workers of this attempt the file-timer watchdog killed.
+        node_health: this node's health: ``ok``, ``suspect (1 of 2: <evidence>)`` or
+            ``excluded: <reason>``.
+        excluded_nodes: the other nodes excluded during the job (one line each), as read when
+            the run ended.
     """
 
     run_id: str
@@ -109,3 +113,5 @@ class AgentSnapshot:
     job_progress: JobProgress | None = None
     goodput: GoodputAccount | None = None
     watchdog_expiries: int = 0
+    node_health: str = "ok"
+    excluded_nodes: tuple[str, ...] = ()

@@ -17,6 +17,7 @@ While the workers run (``Phase.RUNNING``), first match wins:
 
     signal              a terminating signal is pending             -> Stop         STOPPED  128+N
     worker_failed       a worker failed, not yet reported           -> ReportFailure FAILED
+    node_excluded       this node's failures single it out          -> Exclude      FAILED   6
     no_progress         K failed attempts in a row, no progress     -> NoProgress   FAILED   5
     restart             failed and reported                         -> Fail / Restart
     succeeded           every local worker succeeded                -> Finish       SUCCEEDED 0
@@ -40,11 +41,13 @@ from __future__ import annotations
 
 from elastic_run.agent.rules.actions import (
     EXIT_CLOSED,
+    EXIT_EXCLUDED,
     EXIT_FAILED,
     EXIT_NO_PROGRESS,
     EXIT_SUCCEEDED,
     Action,
     End,
+    Exclude,
     Fail,
     Finish,
     KillOutlived,
@@ -62,6 +65,7 @@ from elastic_run.agent.rules.actions import (
 from elastic_run.agent.rules.observation import (
     ClosedReason,
     GroupView,
+    NodeView,
     Observation,
     Phase,
     ProgressView,
@@ -73,16 +77,19 @@ from elastic_run.agent.rules.registry import rules_for
 
 __all__ = [
     "EXIT_CLOSED",
+    "EXIT_EXCLUDED",
     "EXIT_FAILED",
     "EXIT_NO_PROGRESS",
     "EXIT_SUCCEEDED",
     "Action",
     "ClosedReason",
     "End",
+    "Exclude",
     "Fail",
     "Finish",
     "GroupView",
     "KillOutlived",
+    "NodeView",
     "NoProgress",
     "NoteStragglers",
     "Observation",

@@ -20,11 +20,13 @@ from elastic_run.agent.rules.progress.step_times import RankTime, StragglerWatch
 
 __all__ = [
     "EXIT_CLOSED",
+    "EXIT_EXCLUDED",
     "EXIT_FAILED",
     "EXIT_NO_PROGRESS",
     "EXIT_SUCCEEDED",
     "Action",
     "End",
+    "Exclude",
     "Fail",
     "Finish",
     "KillOutlived",
@@ -44,6 +46,7 @@ EXIT_SUCCEEDED = 0
 EXIT_FAILED = 1
 EXIT_CLOSED = 3
 EXIT_NO_PROGRESS = 5
+EXIT_EXCLUDED = 6
 
 
 @dataclass(frozen=True)
@@ -104,6 +107,16 @@ class NoProgress:
 
     restarts: int
     exit_code: int = EXIT_NO_PROGRESS
+    state: WorkerState = WorkerState.FAILED
+
+
+@dataclass(frozen=True)
+class Exclude:
+    """This node's failures single it out: stop its workers, leave the job, exit 6 (the others
+    re-form without it). ``reason``: why, for people."""
+
+    reason: str
+    exit_code: int = EXIT_EXCLUDED
     state: WorkerState = WorkerState.FAILED
 
 
@@ -177,6 +190,7 @@ Action = (
     | Stop
     | ReportFailure
     | NoProgress
+    | Exclude
     | Fail
     | Restart
     | Finish

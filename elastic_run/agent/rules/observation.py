@@ -10,7 +10,8 @@ it read (the processes, the beats, the store) and never judged again on the way:
   hang timeout with their stacks, the scripts that ended while their process lives, the job's
   step times not yet judged, the no-progress streak, and the pictures the snapshot shows;
 - :class:`RoundView`: the rendezvous (``agent/loop/rendezvous_part.py``): closed, the round
-  ended (and why), nodes waiting, this node's own liveness.
+  ended (and why), nodes waiting, this node's own liveness;
+- :class:`NodeView`: this node's fault history among the job's (``agent/loop/node_ledger.py``).
 
 :class:`Observation` holds the three with the loop's own facts (phase, pending signal, restart
 count); the rules (``agent/rules/``) read it with ``now`` and say what to do; the snapshot the
@@ -26,6 +27,7 @@ from typing import TYPE_CHECKING, Any, Literal
 
 from elastic_run.agent.api import WorkerState
 from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
+from elastic_run.agent.rules.nodes.history import FaultHistory
 from elastic_run.agent.rules.progress.beats import HungWorker
 from elastic_run.agent.rules.progress.step_times import JobSteps, RankTime, StragglerWatch
 
@@ -35,6 +37,7 @@ if TYPE_CHECKING:
 __all__ = [
     "ClosedReason",
     "GroupView",
+    "NodeView",
     "Notice",
     "Observation",
     "Phase",
@@ -243,6 +246,23 @@ class RoundView:
 
 
 @dataclass(frozen=True)
+class NodeView:
+    """This node among the job's nodes: the failures charged to it and to the others.
+
+    Attributes:
+        own: this node's own fault history (kept by itself: the truth for its verdicts; None
+            for an agent that keeps none).
+        others: the other members' published histories, as read when this node's failure was
+            counted (a record that is not ours is left out).
+        max_failures: ``--max-node-failures``: the failures that single a node out.
+    """
+
+    own: FaultHistory | None = None
+    others: tuple[FaultHistory, ...] = ()
+    max_failures: int = 2
+
+
+@dataclass(frozen=True)
 class Observation:
     """What the loop saw this turn.
 
@@ -252,6 +272,7 @@ class Observation:
         group: the local workers (RUNNING phase).
         progress: progress and its evidence.
         round: the rendezvous.
+        nodes: this node's fault history among the job's.
         restarts: restarts the job has spent.
         max_restarts: restarts allowed.
         failure_counted: after ReportFailure: whether this node's failure ended the round
@@ -265,6 +286,7 @@ class Observation:
     group: GroupView = field(default_factory=GroupView)
     progress: ProgressView = field(default_factory=ProgressView)
     round: RoundView = field(default_factory=RoundView)
+    nodes: NodeView = field(default_factory=NodeView)
     restarts: int = 0
     max_restarts: int = 0
     failure_counted: bool | None = None

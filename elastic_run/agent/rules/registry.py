@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 
 from elastic_run.agent.rules import closed, membership, outcome, stop
 from elastic_run.agent.rules.actions import Action
+from elastic_run.agent.rules.nodes import excluded
 from elastic_run.agent.rules.observation import Observation, Phase
 from elastic_run.agent.rules.progress import hung, no_progress, outlived, straggler
 
@@ -66,6 +67,8 @@ RULES: tuple[Rule, ...] = (
          "joining failed (timeout, unreachable) -> End (its code)"),
     Rule("worker_failed", RUNNING, outcome.report,
          "a worker failed, not yet reported -> ReportFailure", {"worker.failed": True}),
+    Rule("node_excluded", RUNNING, excluded.judge,
+         "this node's counted failures single it out -> Exclude (6)", {"node.excluded": True}),
     Rule("no_progress", RUNNING, no_progress.judge,
          "K failed attempts in a row without progress -> NoProgress (5)"),
     Rule("restart", RUNNING, outcome.restart,

@@ -85,6 +85,9 @@ from elastic_run.rendezvous.settings import (
 if TYPE_CHECKING:
     from torch.distributed import Store
 
+# How long the store's host of a closed job waits for its spares to read the close.
+_SPARES_WAIT_S = 10.0
+
 __all__ = [
     "CloseOutcome",
     "DynamicRendezvousHandler",
@@ -145,6 +148,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self.node_id = f"{self._host}-{os.getpid()}-{secrets.token_hex(4)}"
         self._local_world_size = 1
         self._role = "default"
+        self._avoid_rank = -1
         self._lock = threading.Lock()
         self._member: Membership | None = None
         self._notices = DeathNotices(
@@ -156,6 +160,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self.node_id,
             self._notify_change,
             lambda n: n in self._notices.closed_peers,
+            max_nodes,
         )
         self._shut_down = False
         self._telemetry = Telemetry(backend, run_id, self.node_id, self._host)
@@ -564,13 +569,19 @@ class DynamicRendezvousHandler(RendezvousHandler):
             )
 
     def num_nodes_waiting(self) -> int:
-        """Return how many nodes wait at the door of this node's round (one store trip)."""
+        """Return how many nodes wait at the door of this node's round that a next round has
+        room for (one store trip): nodes beyond MAX wait as spares and are not counted."""
         member = self._member
         if member is None:
             return 0
         (raw,) = self._backend.get_unwaited([keys.arrivals(member.round)])
         arrivals = decode_int(keys.arrivals(member.round), raw) if raw is not None else 0
-        return max(0, arrivals - member.seal.sealed_arrivals)
+        return proto.waiting_with_room(
+            arrivals,
+            member.seal.sealed_arrivals,
+            member.seal.admitted_count(),
+            self._round_settings.max_nodes,
+        )
 
     def next_rendezvous(self) -> RendezvousInfo:
         """Join the next round and block until it completes. See RendezvousHandler.
@@ -601,6 +612,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._notices.watch(member.successor)
         with self._lock:
             self._member = member
+            self._avoid_rank = -1  # the wish was for this round
         self._state.begin(member)
         store = self._backend.round_store(keys.shared_prefix(member.round))
         bootstrap = None
@@ -657,6 +669,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             if self._shut_down:
                 return True
             self._shut_down = True
+        self._wait_for_spares()
         if not self._liveness.stop():
             log.warning("the rendezvous liveness thread did not end in time")
         self._notices.close()
@@ -666,6 +679,31 @@ class DynamicRendezvousHandler(RendezvousHandler):
             log.warning("could not drop this node's heartbeat: %s", exc)
             return False
         return True
+
+    def _wait_for_spares(self, timeout_s: float = _SPARES_WAIT_S) -> None:
+        """The store's host of a closed job waits (``timeout_s`` at most) until the spares
+        waiting at the door have read the close: its leaving would take the store with it,
+        and a spare would report an unreachable store instead of the job's end."""
+        if not self._backend.is_hosting:
+            return
+        poll = self._state.poll()
+        if poll.closed is None or poll.spares <= 0:
+            return
+        deadline = self._clock() + timeout_s
+        pause = threading.Event()  # never set: a bounded pause between two reads
+        try:
+            while self._backend.add(keys.SPARES_SEEN, 0) < poll.spares:
+                if self._clock() >= deadline:
+                    log.warning(
+                        "rendezvous '%s': %d spare(s) did not read the job's end in %.0f s",
+                        self._run_id,
+                        poll.spares,
+                        timeout_s,
+                    )
+                    return
+                pause.wait(0.1)
+        except RendezvousError as exc:
+            log.warning("rendezvous '%s': waiting for the spares: %s", self._run_id, exc)
 
     def _my_record(self) -> NodeRecord:
         return NodeRecord(
@@ -681,7 +719,22 @@ class DynamicRendezvousHandler(RendezvousHandler):
             max_nodes=self._round_settings.max_nodes,
             prev_rank=self._rounds.last_rank,
             rank_round=self._rounds.rank_round,
+            avoid_rank=self._avoid_rank,
         )
+
+    @property
+    def min_nodes(self) -> int:
+        """The job's MIN: the fewest nodes a round completes with."""
+        return self._round_settings.min_nodes
+
+    def avoid_rank(self, rank: int | None) -> None:
+        """Ask not to be given group rank ``rank`` in the next round this node joins (None:
+        no wish). The wish lasts one round: the round that completes clears it.
+
+        Args:
+            rank: the rank to avoid (the one this node held when it was suspected).
+        """
+        self._avoid_rank = rank if rank is not None and rank >= 0 else -1
 
     # -- liveness -------------------------------------------------------------------------
 

@@ -36,11 +36,13 @@ log = logging.getLogger(__name__)
 class _Flags:
     round: int
     sealed_arrivals: int
+    members: int
     over: bool = False
     lost: bool = False
     cause: str | None = None
     closed: str | None = None
     waiting: int = 0
+    spares: int = 0
 
 
 class RoundState:
@@ -52,6 +54,7 @@ class RoundState:
         node_id: this node's id.
         on_change: called (from the liveness thread) when something the agent acts on changed.
         is_notice: whether a node id was seen dead by a death notice (for the log line).
+        max_nodes: the job's MAX: nodes waiting beyond it are spares, not counted as waiting.
     """
 
     def __init__(
@@ -61,8 +64,10 @@ class RoundState:
         node_id: str,
         on_change: Callable[[], None],
         is_notice: Callable[[str], bool],
+        max_nodes: int = 1 << 30,
     ) -> None:
         self._backend = backend
+        self._max_nodes = max_nodes
         self._run_id = run_id
         self._node_id = node_id
         self._on_change = on_change
@@ -76,7 +81,9 @@ class RoundState:
         """This node is now a member of ``member.round`` (None: between rounds)."""
         with self._lock:
             self._flags = (
-                _Flags(member.round, member.seal.sealed_arrivals) if member is not None else None
+                _Flags(member.round, member.seal.sealed_arrivals, member.seal.admitted_count())
+                if member is not None
+                else None
             )
 
     def is_member(self, r: int) -> bool:
@@ -95,6 +102,7 @@ class RoundState:
             member_lost=flags.lost,
             nodes_waiting=flags.waiting,
             end_cause=flags.cause,
+            spares=flags.spares,
         )
 
     def refresh(self) -> None:
@@ -125,10 +133,14 @@ class RoundState:
         closed = closed_record(raw_closed, f"{self._backend.name} {self._backend.endpoint}")
         arrivals = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
         self._epoch_seen = (epoch, r)
+        waiting = proto.waiting_with_room(
+            arrivals, flags.sealed_arrivals, flags.members, self._max_nodes
+        )
         changed = self._update(
             r,
             closed=closed.reason if closed is not None else None,
-            waiting=max(0, arrivals - flags.sealed_arrivals),
+            waiting=waiting,
+            spares=max(0, arrivals - flags.sealed_arrivals - waiting),
         )
         if raw_round is not None and decode_int(keys.ROUND, raw_round) != r:
             self.note_round_end(r)
@@ -175,11 +187,13 @@ class RoundState:
                     flags, over=True, lost=flags.lost or lost, cause=flags.cause or cause
                 )
 
-    def _update(self, r: int, *, closed: str | None, waiting: int) -> bool:
+    def _update(self, r: int, *, closed: str | None, waiting: int, spares: int = 0) -> bool:
         """Record what the epoch read saw of round ``r``; return whether it is news."""
         with self._lock:
             flags = self._flags
             if flags is None or flags.round != r:
                 return False
-            self._flags = replace(flags, closed=flags.closed or closed, waiting=waiting)
+            self._flags = replace(
+                flags, closed=flags.closed or closed, waiting=waiting, spares=spares
+            )
             return self._flags.closed != flags.closed or waiting > flags.waiting

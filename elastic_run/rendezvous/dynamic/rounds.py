@@ -39,6 +39,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import Coordinator
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
+    RendezvousError,
     RendezvousInterruptedError,
     RendezvousStateError,
     RendezvousTimeoutError,
@@ -293,14 +294,25 @@ class Rounds:
         ]
         beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         tick = self._settings.keep_alive_interval_s
+        # A round at MAX has no room: this node waits as a spare for as long as the job runs
+        # (until a member is lost or leaves), the join timeout does not run out on it.
+        spare = seal.admitted_count() >= self._round.max_nodes
         while True:
             if self._backend.wait_for([keys.arrivals(r + 1)], tick):
                 return
-            self.check_closed()
+            try:
+                self.check_closed()
+            except RendezvousClosedError:
+                # Seen: the store's host, which leaves last, need not wait for this node.
+                try:
+                    self._backend.add(keys.SPARES_SEEN, 1)
+                except RendezvousError:
+                    pass
+                raise
             if self.current_round() != r:
                 return
             now = self._clock()
-            if now >= deadline:
+            if now >= deadline and not spare:
                 raise self._timeout_error(self._arrivals_of(r) - seal.sealed_arrivals)
             read = self._backend.read_heartbeats(watched)
             beats = self._with_notices(beats.observe(dict(zip(watched, read, strict=True)), now))

@@ -15,6 +15,12 @@ node's local world size, not by the job's), and ``pg/job`` the job's median step
 slowest ranks, written by the node of group rank 0 every few seconds. Both are JSON objects of
 version 1 whose fields the agent defines; :func:`read_progress` reads them in one batch.
 
+Faults: ``fh/<node id>`` holds one node's fault history (the failures charged to it, bounded;
+a JSON object of version 1 whose fields the agent defines; written once per failure, O(1) in
+size); :func:`read_faults` reads the nodes' in one batch. ``fh/excluded`` lists the nodes
+excluded so far (at most ``EXCLUDED_KEPT``; each added by one compare-and-set), for the others'
+summaries: one read at the end of a job.
+
 Goodput: ``gp/<node id>`` holds one node's account of its wall time (seconds per cause and its
 restart count, a JSON object of version 1 whose fields the agent defines; O(1) in size, written
 every few seconds); :func:`read_goodput` reads the nodes' in one batch.
@@ -25,7 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from elastic_run.rendezvous.backend import RendezvousBackend
@@ -34,14 +40,18 @@ from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import SCHEMA_VERSION, decode_int, load_versioned
 
 __all__ = [
+    "EXCLUDED_KEPT",
+    "EXCLUDED_KEY",
     "PROGRESS_JOB_KEY",
     "SNAPSHOT_EVENTS",
     "Telemetry",
     "TelemetryHost",
     "decode_json_record",
+    "faults_key",
     "goodput_key",
     "progress_key",
     "read_events",
+    "read_faults",
     "read_goodput",
     "read_progress",
 ]
@@ -50,11 +60,19 @@ log = logging.getLogger(__name__)
 
 SNAPSHOT_EVENTS = 20
 PROGRESS_JOB_KEY = "pg/job"
+EXCLUDED_KEY = "fh/excluded"
+EXCLUDED_KEPT = 64
+_CAS_TRIES = 20
 
 
 def progress_key(node_id: str) -> str:
     """The key of one node's progress record."""
     return f"pg/{node_id}"
+
+
+def faults_key(node_id: str) -> str:
+    """The key of one node's fault history."""
+    return f"fh/{node_id}"
 
 
 def goodput_key(node_id: str) -> str:
@@ -148,11 +166,48 @@ class Telemetry:
         """Write this node's goodput account (one O(1) write). Never raises."""
         self._write(goodput_key(self._node_id), {"account": dict(body)}, "the goodput account")
 
+    def publish_faults(self, body: Mapping[str, Any]) -> None:
+        """Write this node's fault history (one O(1) write). Never raises."""
+        self._write(faults_key(self._node_id), {"history": dict(body)}, "the fault history")
+
+    def note_excluded(self, reason: str) -> None:
+        """Add this node to the job's list of excluded nodes (compare-and-set, a few tries).
+        Never raises."""
+        entry = {"node": self._node_id, "host": self._host, "reason": reason[:400]}
+        try:
+            for _ in range(_CAS_TRIES):
+                raw = self._backend.get(EXCLUDED_KEY)
+                listed = _excluded_list(raw)
+                body = {"v": SCHEMA_VERSION, "nodes": [*listed, entry][-EXCLUDED_KEPT:]}
+                _, written = self._backend.compare_set(EXCLUDED_KEY, raw, _json_bytes(body))
+                if written:
+                    return
+            log.warning("rendezvous '%s': could not list this node as excluded", self._run_id)
+        except RendezvousError as exc:
+            log.warning(
+                "rendezvous '%s': could not list this node as excluded: %s", self._run_id, exc
+            )
+
+    def read_excluded(self) -> tuple[dict[str, str], ...]:
+        """The nodes excluded so far (``node``, ``host``, ``reason`` each); an unreadable list
+        reads as none.
+
+        Raises:
+            RendezvousError: the backend cannot be read.
+        """
+        return tuple(_excluded_list(self._backend.get(EXCLUDED_KEY)))
+
     def read_progress(
         self, node_ids: Sequence[str]
     ) -> tuple[dict[str, dict[str, Any]], dict[str, Any] | None, tuple[str, ...]]:
         """Read the nodes' progress records and the job's summary (see :func:`read_progress`)."""
         return read_progress(self._backend, node_ids)
+
+    def read_faults(
+        self, node_ids: Sequence[str]
+    ) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+        """Read the nodes' fault histories (see :func:`read_faults`)."""
+        return read_faults(self._backend, node_ids)
 
     def _write(self, key: str, body: Mapping[str, Any], what: str) -> None:
         record = {"v": SCHEMA_VERSION, "ts": time.time(), "node": self._node_id, **body}
@@ -160,6 +215,25 @@ class Telemetry:
             self._backend.set(key, _json_bytes(record))
         except RendezvousError as exc:
             log.warning("rendezvous '%s': could not publish %s: %s", self._run_id, what, exc)
+
+
+def _excluded_list(raw: bytes | None) -> list[dict[str, str]]:
+    """The entries of ``fh/excluded`` that are well formed (a forged list shows less, never
+    raises)."""
+    if raw is None:
+        return []
+    try:
+        body = load_versioned(EXCLUDED_KEY, raw)
+    except RendezvousError:
+        return []
+    nodes = body.get("nodes")
+    if not isinstance(nodes, list):
+        return []
+    return [
+        {k: str(e.get(k, ""))[:400] for k in ("node", "host", "reason")}
+        for e in nodes[-EXCLUDED_KEPT:]
+        if isinstance(e, dict) and isinstance(e.get("node"), str)
+    ]
 
 
 def read_progress(
@@ -195,6 +269,18 @@ def read_progress(
     return records, job, tuple(problems)
 
 
+def read_faults(
+    backend: RendezvousBackend, node_ids: Sequence[str]
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    """Read the nodes' fault histories in one batch.
+
+    Returns:
+        (node id -> its record (``history``: the agent's JSON, ``ts``: when written, epoch s),
+        for those that have one; a sentence for each value that is not ours, left out).
+    """
+    return _read_records(backend, node_ids, faults_key)
+
+
 def read_goodput(
     backend: RendezvousBackend, node_ids: Sequence[str]
 ) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
@@ -204,7 +290,13 @@ def read_goodput(
         (node id -> its record (``account``: the agent's JSON, ``ts``: when written, epoch s),
         for those that have one; a sentence for each value that is not ours, left out).
     """
-    wanted = [goodput_key(n) for n in node_ids]
+    return _read_records(backend, node_ids, goodput_key)
+
+
+def _read_records(
+    backend: RendezvousBackend, node_ids: Sequence[str], key_of: Callable[[str], str]
+) -> tuple[dict[str, dict[str, Any]], tuple[str, ...]]:
+    wanted = [key_of(n) for n in node_ids]
     records: dict[str, dict[str, Any]] = {}
     problems: list[str] = []
     for key, node_id, raw in zip(wanted, node_ids, backend.get_many(wanted), strict=True):

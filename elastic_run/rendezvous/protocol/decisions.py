@@ -38,6 +38,11 @@ Judging members after completion (``judge_ring``, by each member about its ring 
     the successor is gone (stale heartbeat or notice)   -> MemberLost(successor)
     otherwise                                           -> Keep
 
+Waiting nodes (``waiting_with_room``): arrivals beyond a round's seal wait at its door; the
+members count only as many of them as a next round could admit (MAX minus the round's members).
+A round at MAX keeps its nodes, and the nodes beyond wait as spares (torch's redundancy list)
+until a member is lost or leaves.
+
 Ranks (``assignment_for``): position in the seal's admitted list; worker rank offsets are the
 prefix sums of the members' local world sizes (carried run-length encoded in the seal,
 so a member computes its place from the one seal record), per job and per role; each
@@ -74,6 +79,7 @@ __all__ = [
     "judge_ring",
     "judge_watched",
     "live_arrivals",
+    "waiting_with_room",
     "with_round",
 ]
 
@@ -348,7 +354,8 @@ def build_seal(
     if len(present) < min_nodes:
         return None
     claims = {i: (records[i].rank_round, records[i].prev_rank) for i in present}
-    live = list(stable_order(present, claims))
+    avoid = {i: records[i].avoid_rank for i in present if records[i].avoid_rank >= 0}
+    live = list(stable_order(present, claims, avoid))
     workers = runs([(records[i].local_world_size, records[i].role) for i in live])
     return SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers, restarts)
 
@@ -409,3 +416,19 @@ def judge_watched(
     """A waiting node's verdict about the members it watches: the gone ones, or Keep."""
     gone = tuple(n for n in watched if heartbeats.is_gone(n, now, stale_after_s))
     return MemberLost(gone) if gone else Keep()
+
+
+def waiting_with_room(arrivals: int, sealed_arrivals: int, members: int, max_nodes: int) -> int:
+    """The nodes waiting at a round's door that a next round has room for.
+
+    Args:
+        arrivals: the round's arrival count (members, left-outs and waiting nodes).
+        sealed_arrivals: the arrivals the seal considered (the ones after it wait).
+        members: the round's members.
+        max_nodes: the job's MAX.
+
+    Returns:
+        ``min(arrivals after the seal, MAX - members)``, never below 0: a full round has no
+        room, its waiting nodes are spares.
+    """
+    return max(0, min(arrivals - sealed_arrivals, max_nodes - members))

@@ -10,6 +10,8 @@ Keys are relative to the job; a backend adds its own prefix and the run id
     epoch               a counter bumped after every change a member must notice (a round
                         ended, a node waits at the door, the job closed): a member's agent
                         reads only this, once a second, and reads more when it moved
+    spares-seen         atomic counter: each node waiting at the door (a spare) adds 1 when it
+                        sees the job closed, so the store's host leaves only once they read it
     r<r>/arrivals       atomic counter: each joiner takes arrival index = add(1) - 1
     r<r>/node/<i>       the NodeRecord of arrival i
     r<r>/seal           the SealRecord, written once (compare-set from absent)
@@ -32,6 +34,7 @@ __all__ = [
     "EVENT_RING_SIZE",
     "RESTARTS",
     "ROUND",
+    "SPARES_SEEN",
     "arrivals",
     "event_slot",
     "heartbeat",
@@ -46,6 +49,7 @@ ROUND = "round"
 CLOSED = "closed"
 EPOCH = "epoch"
 RESTARTS = "restarts"
+SPARES_SEEN = "spares-seen"
 EVENT_COUNT = "ev/count"
 EVENT_RING_SIZE = 64
 

@@ -42,10 +42,12 @@ __all__ = [
 SealReason = Literal["max", "last_call", "reform"]
 """Why a round completed: max nodes arrived, the last call passed, every expected node is back."""
 
-LostReason = Literal["member_lost", "worker_failure", "nodes_waiting", "rejoin", "liveness_lost"]
+LostReason = Literal[
+    "member_lost", "worker_failure", "nodes_waiting", "rejoin", "liveness_lost", "node_excluded"
+]
 """Why a round ended: a member was judged dead, a node's workers failed, nodes wait at the door,
-a node re-rendezvoused for another reason, or a node lost its own liveness (its heartbeats
-failed)."""
+a node re-rendezvoused for another reason, a node lost its own liveness (its heartbeats
+failed), or a node left the job as unhealthy (its failures singled it out)."""
 
 ClosedReason = Literal["closed", "succeeded", "failed"]
 """Why a job is closed: by a user (``elastic-run close``), or because it ended."""
@@ -79,6 +81,10 @@ class NodeRecord:
         prev_rank: the rank this node held in round ``rank_round`` (-1: none yet); the seal
             keeps it where the new world allows (``stable_ranks.py``).
         rank_round: the last round this node was a member of (-1: none).
+        avoid_rank: a rank this node must not be given in the round it arrives in (-1: none):
+            a node suspected after a failure asks for other ranks, so that a second failure
+            tells a bad node (it fails again with other ranks) from a rank-dependent bug (the
+            failure follows the rank to another node).
     """
 
     node_id: str
@@ -93,6 +99,7 @@ class NodeRecord:
     max_nodes: int = 0
     prev_rank: int = -1
     rank_round: int = -1
+    avoid_rank: int = -1
 
 
 @dataclass(frozen=True)

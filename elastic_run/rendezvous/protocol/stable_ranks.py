@@ -13,6 +13,10 @@ claims ``s_0 < s_1 < ... < s_{k-1}``) and ``m = n - k`` are newcomers:
     the other survivors take the ranks right above the last kept one, in order
     newcomers fill the ranks left free, lowest first, in arrival order
 
+A node may ask not to be given one rank (``avoid``: a node suspected after a failure): when the
+rule gives it that rank, it trades places with the member of the next rank up (cyclically) that
+does not avoid its own; a world of one keeps its only rank.
+
 So a worker failure (every node back, ``n`` unchanged) keeps every rank; a grown world keeps
 every survivor's rank and gives newcomers the ranks above the old world; a shrunk world
 compacts the freed ranks, moving as few survivors as any order-keeping assignment can (a
@@ -34,16 +38,43 @@ RankClaim = tuple[int, int]
 NO_CLAIM: RankClaim = (-1, -1)
 
 
-def stable_order(admitted: Sequence[int], claims: Mapping[int, RankClaim]) -> tuple[int, ...]:
+def stable_order(
+    admitted: Sequence[int],
+    claims: Mapping[int, RankClaim],
+    avoid: Mapping[int, int] | None = None,
+) -> tuple[int, ...]:
     """Order ``admitted`` (arrival indices, in arrival order) by the stable-rank rule.
 
     Args:
         admitted: the arrivals of the new round, in arrival order.
         claims: arrival index -> (round, rank) it held before; missing or ``NO_CLAIM``: none.
+        avoid: arrival index -> a rank it must not be given (missing or -1: none).
 
     Returns:
         The same arrival indices in rank order (position = the node's new rank).
     """
+    order = _stable(admitted, claims)
+    return _avoiding(order, avoid or {}) if avoid else order
+
+
+def _avoiding(order: tuple[int, ...], avoid: Mapping[int, int]) -> tuple[int, ...]:
+    """``order`` with every node given a rank it avoids traded with the next one up that can
+    take that rank (a node that avoids nothing, or avoids another rank)."""
+    slots = list(order)
+    n = len(slots)
+    for rank in range(n):
+        node = slots[rank]
+        if avoid.get(node, -1) != rank:
+            continue
+        for step in range(1, n):
+            other = (rank + step) % n
+            if avoid.get(slots[other], -1) != rank:
+                slots[rank], slots[other] = slots[other], slots[rank]
+                break
+    return tuple(slots)
+
+
+def _stable(admitted: Sequence[int], claims: Mapping[int, RankClaim]) -> tuple[int, ...]:
     n = len(admitted)
     held = {i: claims.get(i, NO_CLAIM) for i in admitted}
     newest = max((r for r, rank in held.values() if rank >= 0), default=-1)

@@ -2,6 +2,9 @@
 
 Writes ``$MN_OUT/<MN_NODE>_<pid>.json`` with its launcher environment at once. Then:
 ``MN_FAIL_NODE`` names a node whose local rank 0 exits 1 while TORCHELASTIC_RESTART_COUNT is 0;
+``MN_BAD_NODE`` names a node whose workers crash (SIGSEGV) at every start (a bad host);
+``MN_FAIL_RANK`` names a global rank that exits 1 at every start, wherever it runs (a bug of the
+script's that follows the rank);
 every other worker waits until ``$MN_OUT/go`` exists (at most ``MN_MAX_WAIT_S``, default 120 s,
 then exits 2) and exits 0 (1 on the node ``MN_FAIL_AT_GO_NODE`` names, while
 TORCHELASTIC_RESTART_COUNT is 0); the workers of the node ``MN_DONE_NODE`` names exit 0 at once.
@@ -9,6 +12,7 @@ TORCHELASTIC_RESTART_COUNT is 0); the workers of the node ``MN_DONE_NODE`` names
 
 import json
 import os
+import signal
 import sys
 import time
 from pathlib import Path
@@ -36,6 +40,10 @@ tmp = out / f".{node}_{os.getpid()}.tmp"
 tmp.write_text(json.dumps(record))
 tmp.rename(out / f"{node}_{os.getpid()}.json")  # readers never see half a file
 
+if os.environ.get("MN_BAD_NODE") == node:
+    os.kill(os.getpid(), signal.SIGSEGV)
+if os.environ.get("MN_FAIL_RANK") == os.environ["RANK"]:
+    sys.exit(1)
 if (
     os.environ.get("MN_FAIL_NODE") == node
     and os.environ["LOCAL_RANK"] == "0"

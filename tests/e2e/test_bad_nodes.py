@@ -1,0 +1,111 @@
+"""Bad nodes, end to end: real agents on 127.0.0.1, a real c10d store, real worker crashes.
+
+- A node whose workers crash at every start (its host is bad: ``MN_BAD_NODE``), three nodes
+  ``--nnodes 2:3`` and a spare, ``--max-restarts 3``: that node is suspect after its first
+  failure, gets other ranks, fails again, is excluded (exit 6, one line), and the spare takes
+  its place; the job completes with exit 0 on the others.
+- A rank that fails wherever it runs (``MN_FAIL_RANK``): the failure follows the rank to
+  another node, nobody is excluded, the job ends with exit 1 and says the failure followed the
+  rank.
+- A node beyond MAX (four healthy nodes, ``--nnodes 2:3``): one round of three trains to the
+  end, the fourth waits as a spare without ending it, and exits 0 saying it was not needed.
+
+The workers are ``mn_scripts/worker.py`` (they record their environment, then wait for ``go``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.e2e.test_multinode import FAST_CONF, Job
+from tests.helpers import free_port, wait_until
+
+pytestmark = pytest.mark.timeout(300)
+
+
+@pytest.fixture(name="job")
+def job_fixture(tmp_path: Path) -> Iterator[Job]:
+    job = Job(tmp_path, "c10d", f"127.0.0.1:{free_port()}")
+    yield job
+    job.kill_all()
+
+
+def _events(job: Job, name: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in job.nodes[name].events() if e["kind"] == kind]
+
+
+def test_a_bad_node_is_excluded_and_a_spare_takes_its_place(job: Job) -> None:
+    env = {"MN_BAD_NODE": "c"}
+    for name in "abc":
+        job.start(
+            name, nnodes="2:3", conf=FAST_CONF, host=name == "a", env=env,
+            extra=("--max-restarts", "3"),
+        )  # fmt: skip
+    # The spare comes once the bad node is suspect: it waits at the door of a full round.
+    wait_until(
+        lambda: "is suspect (1 of 2" in job.nodes["c"].output(), 120,
+        message=job.report,
+    )  # fmt: skip
+    job.start("d", nnodes="2:3", conf=FAST_CONF, env=env, extra=("--max-restarts", "3"))
+
+    assert job.wait_exit("c", 120) == 6, job.report()
+    out = job.nodes["c"].output()
+    (line,) = [ln for ln in out.splitlines() if "excluded:" in ln and ln.startswith("Error:")]
+    assert "root cause of 2 failed rounds with different ranks" in line, out
+    assert "SIGSEGV" in line
+    (excluded,) = _events(job, "c", "node.excluded")
+    suspect = _events(job, "c", "node.suspect")
+    assert suspect and suspect[0]["fields"]["failures"] == 1
+    # The second failure came with other ranks than the first (the suspect asked for them).
+    ranks = [f.split()[1] for f in excluded["fields"]["reason"].split("(", 1)[1].split(";")]
+    assert len(set(ranks)) == 2, excluded
+
+    job.wait_running(["a", "b", "d"], 3, timeout_s=120)
+    job.go()
+    for name in "abd":
+        assert job.wait_exit(name) == 0, job.report()
+    # The restarts the bad node spent count (its two failures); the re-forming after its
+    # exclusion does not.
+    assert {job.newest(n)["TORCHELASTIC_RESTART_COUNT"] for n in "abd"} == {"2"}, job.report()
+    # The others name the excluded node in their summary.
+    assert "excluded" in job.nodes["a"].output()
+    job.assert_no_survivors()
+
+
+def test_a_failure_that_follows_its_rank_excludes_nobody(job: Job) -> None:
+    env = {"MN_FAIL_RANK": "0"}
+    for name in "ab":
+        job.start(name, nnodes="2", host=name == "a", env=env, extra=("--max-restarts", "2"))
+    codes = {name: job.wait_exit(name, 180) for name in "ab"}
+    assert codes == {"a": 1, "b": 1}, job.report()
+    for name in "ab":
+        assert not _events(job, name, "node.excluded"), job.report()
+    both = job.nodes["a"].output() + job.nodes["b"].output()
+    assert "the failure of rank 0 followed its rank" in both, both
+    # rank 0 ran on both nodes: the suspect asked for other ranks, and the rank moved.
+    hosts_of_rank0 = {r["node"] for r in job.records() if r["RANK"] == "0"}
+    assert hosts_of_rank0 == {"a", "b"}, job.records()
+    job.assert_no_survivors()
+
+
+def test_a_node_beyond_max_waits_as_a_spare_without_ending_the_round(job: Job) -> None:
+    for name in "abcd":
+        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
+    wait_until(lambda: len({r["node"] for r in job.records()}) == 3, 120, message=job.report)
+    spare = ({"a", "b", "c", "d"} - {r["node"] for r in job.records()}).pop()
+    members = sorted({"a", "b", "c", "d"} - {spare})
+    job.wait_running(members, 3)
+    job.go()
+    for name in members:
+        assert job.wait_exit(name) == 0, job.report()
+    assert job.wait_exit(spare) == 0, job.report()
+    assert "waited as a spare and was not needed" in job.nodes[spare].output()
+    for name in members:
+        rounds = [e for e in job.nodes[name].events() if e["kind"] == "rendezvous.complete"]
+        assert len(rounds) == 1, json.dumps(rounds)  # no churn: one round, trained to the end
+    job.assert_no_survivors()
