@@ -12,8 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elastic_run.agent.config import Std, StdSpec
-from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
-from elastic_run.cli.options.values import (
+from elastic_run.agent.settings.values import (
     MAX_NPROC_PER_NODE,
     MAX_RUN_ID_CHARS,
     MAX_SECONDS,
@@ -30,6 +29,7 @@ from elastic_run.cli.options.values import (
     safe_run_id,
     shown,
 )
+from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.settings import MAX_NODES, parse_bool, parse_nnodes
 

@@ -53,6 +53,7 @@ from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
 from elastic_run.agent.rules.observation import GroupView, ProgressView, RoundView, WorkerView
 from elastic_run.agent.rules.registry import published_events
+from elastic_run.agent.settings import table as settings
 from elastic_run.errors import AgentError
 from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous
 from elastic_run.rendezvous.errors import (
@@ -104,8 +105,8 @@ class SimpleElasticAgent(ElasticAgent):
     def __init__(
         self,
         spec: WorkerSpec,
-        exit_barrier_timeout: float = 300,
-        shutdown_timeout: float = 30,
+        exit_barrier_timeout: float = settings.EXIT_BARRIER_TIMEOUT.default,
+        shutdown_timeout: float = settings.SHUTDOWN_TIMEOUT.default,
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         on_event: EventSink | None = None,
