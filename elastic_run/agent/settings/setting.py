@@ -117,7 +117,8 @@ def Seconds(*, allow_zero: bool = False) -> Kind[float]:  # noqa: N802  (a kind,
     def parse(text: str, what: str) -> float:
         return parse_seconds(text, what, allow_zero=allow_zero)
 
-    return Kind(parse, "seconds >= 0" if allow_zero else "seconds > 0", _show_number)
+    bounds = "seconds >= 0" if allow_zero else "seconds > 0"
+    return Kind(parse, f"{bounds}, at most a year", _show_number)
 
 
 def Count(low: int, high: int, why: str = "") -> Kind[int]:  # noqa: N802

@@ -41,6 +41,7 @@ from elastic_run.agent.settings.streams import StdSpec
 from elastic_run.agent.settings.values import (
     MAX_NPROC_PER_NODE,
     check_endpoint_ports,
+    check_seconds,
     count_cuda_devices,
     count_xpu_devices,
     parse_filters,
@@ -79,6 +80,7 @@ __all__ = [
     "MASTER_PORT",
     "MAX_NO_PROGRESS_RESTARTS",
     "MAX_RESTARTS",
+    "MAX_STRAGGLER_FACTOR",
     "MODULE",
     "MONITOR_INTERVAL",
     "NNODES",
@@ -197,9 +199,12 @@ def _show_std(spec: StdSpec) -> str:
 
 def _hang(text: str, what: str) -> HangRule:
     try:
-        return parse_hang_timeout(text)
+        rule = parse_hang_timeout(text)
     except ValueError as exc:
         raise ConfigurationError(f"{what} {exc}") from None
+    if rule.mode != "off":
+        check_seconds(rule.timeout_s, what)  # at most a year, as every duration
+    return rule
 
 
 def _show_hang(rule: HangRule) -> str:
@@ -210,18 +215,29 @@ def _show_hang(rule: HangRule) -> str:
     return "auto" if rule.timeout_s == DEFAULT_FLOOR_S else f"auto:{rule.timeout_s:g}"
 
 
+# A rank this many times slower than the median is not a straggler but stopped, which the hang
+# verdict judges; a larger factor is a typo.
+MAX_STRAGGLER_FACTOR = 1000.0
+
+
 def _factor(text: str, what: str) -> float:
     try:
-        return parse_straggler_factor(float(text.strip()))
+        factor = parse_straggler_factor(float(text.strip()))
     except ValueError:
         raise ConfigurationError(f"{what} {shown(text)} is not a number above 1") from None
+    if factor > MAX_STRAGGLER_FACTOR:
+        raise ConfigurationError(
+            f"{what} {factor:g} is more than {MAX_STRAGGLER_FACTOR:g} (a rank that slow is hung)"
+        )
+    return factor
 
 
 def _script_exit(text: str, what: str) -> float | None:
     try:
-        return parse_script_exit_timeout(text)
+        seconds = parse_script_exit_timeout(text)
     except ValueError as exc:
         raise ConfigurationError(f"{what} {exc}") from None
+    return None if seconds is None else check_seconds(seconds, what)
 
 
 def _optional(text: str, what: str) -> str | None:
@@ -692,7 +708,7 @@ HANG_TIMEOUT: Setting[HangRule] = Setting(
     "hang_timeout",
     _PROGRESS,
     "--hang-timeout",
-    Kind(_hang, "auto, auto:FLOOR, off or seconds > 0", _show_hang),
+    Kind(_hang, "auto, auto:FLOOR, off or seconds > 0 (at most a year)", _show_hang),
     _PROGRESS_DEFAULTS.hang,
     "Silence after a progress beat that makes a worker hung: auto, auto:FLOOR, S, off.",
     (_progress("hang"),),
@@ -702,7 +718,7 @@ STRAGGLER_FACTOR: Setting[float] = Setting(
     "straggler_factor",
     _PROGRESS,
     "--straggler-factor",
-    Kind(_factor, "a number > 1", lambda v: f"{v:g}"),
+    Kind(_factor, f"a number > 1, at most {MAX_STRAGGLER_FACTOR:g}", lambda v: f"{v:g}"),
     _PROGRESS_DEFAULTS.straggler_factor,
     "A rank this many times slower than the median step is a straggler.",
     (_progress("straggler_factor"),),
@@ -732,7 +748,7 @@ SCRIPT_EXIT_TIMEOUT: Setting[float | None] = Setting(
     "script_exit_timeout",
     _PROGRESS,
     "--script-exit-timeout",
-    Kind(_script_exit, "seconds > 0, or off", lambda v: f"{v:g}"),
+    Kind(_script_exit, "seconds > 0 (at most a year), or off", lambda v: f"{v:g}"),
     _PROGRESS_DEFAULTS.script_exit_timeout_s,
     "Kill a worker whose process outlives its script's end by S seconds (off: never).",
     (_progress("script_exit_timeout_s"),),

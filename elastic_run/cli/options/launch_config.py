@@ -69,7 +69,7 @@ class ParsedRun:
     config: LaunchConfig
     chosen: tuple[tuple[str, object, str], ...]
     notices: tuple[str, ...]
-    print_config: bool = False
+    print_config: bool
 
 
 class _Effective:
