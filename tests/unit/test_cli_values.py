@@ -472,8 +472,8 @@ def test_a_bad_flag_variable_is_one_line() -> None:
 @pytest.mark.parametrize(
     ("name", "text", "words"),
     [
-        ("start_method", "thread", "is not one of spawn, fork, forkserver"),
-        ("numa_binding", "all", "is not one of node, socket, exclusive, core-complex"),
+        ("start_method", "thread", "is not one of 'spawn', 'fork', 'forkserver'"),
+        ("numa_binding", "all", "is not one of 'node', 'socket', 'exclusive', 'core-complex'"),
         ("signals_to_handle", "SIGNOPE", "unknown signal"),
         ("redirects", "7", "expected 0..3"),
         ("local_ranks_filter", "a", "expected local ranks"),

@@ -134,8 +134,11 @@ def Choice(*choices: str) -> Kind[str]:  # noqa: N802
     """One of ``choices`` (as written)."""
 
     def parse(text: str, what: str) -> str:
-        if text not in choices:
-            raise ConfigurationError(f"{what} {shown(text)} is not one of {', '.join(choices)}")
+        if text not in choices:  # click's wording for its choices, kept
+            raise ConfigurationError(
+                f"Invalid value for {what!r}: {shown(text)} is not one of "
+                f"{', '.join(map(repr, choices))}."
+            )
         return text
 
     return Kind(parse, " | ".join(choices))

@@ -612,7 +612,7 @@ WATCHDOG: Setting[bool] = Setting(
     "--watchdog",
     Switch(),
     False,
-    "File-timer watchdog (TORCHELASTIC_ENABLE_FILE_TIMER).",
+    "File-timer watchdog.",
     (_options("watchdog"),),
     form="switch",
     torch_env=TORCHELASTIC_ENABLE_FILE_TIMER,

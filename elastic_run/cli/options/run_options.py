@@ -3,8 +3,8 @@
 One concept: how click reads ``elastic-run run``'s flags. Each row of
 :data:`~elastic_run.agent.settings.table.SETTINGS` that has a flag becomes one click option,
 accepted with dashes and with underscores (``--nproc-per-node``, ``--nproc_per_node``) and its
-short alias (``-r``); an on/off setting also as ``--no-<flag>``. Help, placeholder and the
-default shown come from the row. click reads only the command line and hands on the text as
+short alias (``-r``); an on/off setting also as ``--no-<flag>``. Help, placeholder, the
+variables read (``PET_<NAME>``, torch's) and the default shown come from the row. click reads only the command line and hands on the text as
 given (True for a bare flag): it reads no variable and converts no value, so that every value,
 from the command line, its ``PET_<NAME>`` variable, torch's variable or the Slurm allocation,
 is read once by the row's parser in :mod:`elastic_run.cli.options.sources`, with one wording.
@@ -29,12 +29,15 @@ def _underscored(flag: str) -> str:
 
 
 def _help(setting: Setting[Any]) -> str:
-    """The row's help, with torch's variable when torch reads one, and the default."""
-    text = setting.help
-    if setting.torch_env is not None:
-        text = f"{text} Also {setting.torch_env}."
+    """The row's help, then its variables and its default, as click shows them."""
+    extras = []
+    variables = [v for v in (setting.pet_env, setting.torch_env) if v is not None]
+    if variables:
+        extras.append(f"env var: {', '.join(variables)}")
     shown = _default_shown(setting)
-    return f"{text}  [default: {shown}]" if shown else text
+    if shown:
+        extras.append(f"default: {shown}")
+    return f"{setting.help}  [{'; '.join(extras)}]" if extras else setting.help
 
 
 def _default_shown(setting: Setting[Any]) -> str:

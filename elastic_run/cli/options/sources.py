@@ -6,7 +6,8 @@ alike, highest first:
 
 1. the command line (``given``: click hands on the text as typed);
 2. the row's ``PET_<NAME>`` variable (torchrun reads every flag from one; empty is unset);
-3. torch's own variable for it, where torch reads one (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``...);
+3. torch's own variable for it, where torch reads one (``TORCH_ELASTIC_SHUTDOWN_TIMEOUT``...;
+   blank is unset);
 4. the Slurm allocation the command runs in, for the gaps the first two left (``rdzv_id``,
    ``nnodes``, ``rdzv_backend``, ``rdzv_endpoint``, ``nproc_per_node``; see
    :func:`elastic_run.cli.slurm.allocation.slurm_defaults`);
@@ -25,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from elastic_run.agent.settings.setting import Setting
-from elastic_run.agent.settings.table import ELASTIC_MIN, SETTINGS
+from elastic_run.agent.settings.table import ELASTIC_MIN, SETTINGS, by_name
 
 __all__ = ["DEFAULT", "GIVEN", "Readings", "read_settings"]
 
@@ -73,9 +74,11 @@ def _text(
     value = params.get(setting.name)
     if setting.flag is not None and setting.name in given and value is not None:
         return _Text(value if isinstance(value, bool) else str(value), GIVEN, setting.flag)
-    for variable, torch in ((setting.pet_env, False), (setting.torch_env, True)):
-        if variable is not None and environ.get(variable):
-            return _Text(environ[variable], f"from {variable}", variable, torch)
+    if setting.pet_env is not None and environ.get(setting.pet_env):  # empty: unset, as click
+        return _Text(environ[setting.pet_env], f"from {setting.pet_env}", setting.pet_env)
+    torch_env = setting.torch_env
+    if torch_env is not None and environ.get(torch_env, "").strip():  # blank: unset
+        return _Text(environ[torch_env], f"from {torch_env}", torch_env, torch_env=True)
     return None
 
 
@@ -115,8 +118,7 @@ def read_settings(
     notices: list[str] = []
     elastic_min = values.get(ELASTIC_MIN.name)
     for default in slurm_defaults(environ, given=user, elastic_min=elastic_min):
-        setting = next(s for s in SETTINGS if s.name == default.name)
-        texts[default.name] = _Text(default.value, default.reason, str(setting.flag))
+        texts[default.name] = _Text(default.value, default.reason, str(by_name(default.name).flag))
         if default.notice:
             notices.append(default.notice)
     for setting in SETTINGS:
