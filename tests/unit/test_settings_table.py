@@ -453,3 +453,23 @@ def test_the_scan_finds_a_planted_duplicate(planted: str) -> None:
 )
 def test_the_scan_lets_references_and_absence_pass(clean: str) -> None:
     assert not literal_defaults(clean, _setting_names()), clean
+
+
+def test_print_config_lists_every_setting_its_value_and_where_it_came_from(tmp_path: Path) -> None:
+    from elastic_run.cli.slurm.allocation import format_print_config
+
+    script = tmp_path / "train.py"
+    script.write_text("import json\n")
+    parsed = _parse(
+        ["--max-restarts", "2", "--rdzv-backend", "c10d", "--rdzv-endpoint", "h:1", str(script)],
+        {"PET_MONITOR_INTERVAL": "0.5", "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"},
+    )
+    rows = {name: (value, source) for name, value, source in parsed.chosen}
+    assert set(rows) == {s.name for s in SETTINGS}
+    assert rows["max_restarts"] == ("2", "given")
+    assert rows["monitor_interval"] == ("0.5", "from PET_MONITOR_INTERVAL")
+    assert rows["shutdown_timeout"] == ("7", "from TORCH_ELASTIC_SHUTDOWN_TIMEOUT")
+    assert rows["exit_barrier_timeout"] == ("300", "default")
+    assert rows["warm_start"][1].startswith("default: off")
+    text = format_print_config(parsed.chosen)
+    assert all(f"  {s.name} " in text for s in SETTINGS), text
