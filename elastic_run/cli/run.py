@@ -83,8 +83,9 @@ def run_job(config: LaunchConfig) -> int:
     from elastic_run.agent.api import WorkerSpec
     from elastic_run.agent.local import LocalElasticAgent
     from elastic_run.cli.launcher_error import write_launcher_error_file
+    from elastic_run.cli.live_feed import LiveFeed
     from elastic_run.cli.options.torchrun_flags import check_event_log_handler, torch_event_sink
-    from elastic_run.cli.views.lines import LiveView, make_view
+    from elastic_run.cli.views.lines import LiveView, make_view, wants_live
     from elastic_run.rendezvous.api import AgentRendezvous, RendezvousParameters
     from elastic_run.rendezvous.registry import rendezvous_handler_registry
 
@@ -123,17 +124,24 @@ def run_job(config: LaunchConfig) -> int:
     except (ElasticRunError, ValueError):
         _close_backend(handler)
         raise
+    feed = (
+        LiveFeed(agent.snapshot, handler.snapshot if isinstance(handler, AgentRendezvous) else None)
+        if wants_live(config)
+        else None
+    )
     view = make_view(
         config=config,
         run_id=config.run_id,
         agent=agent,
-        rendezvous=handler.snapshot if isinstance(handler, AgentRendezvous) else None,
+        feed=feed.picture if feed is not None else None,
     )
     agent.add_event_sink(view)
     agent.count_goodput_from(_process_start())
     torch_sink = torch_event_sink(config.event_log_handler)
     if torch_sink is not None:
         agent.add_event_sink(torch_sink)
+    if feed is not None:
+        feed.start()
     if isinstance(view, LiveView):
         view.start()
     # What the agent gives back when it returns: a late signal must not kill the process
@@ -145,6 +153,8 @@ def run_job(config: LaunchConfig) -> int:
     finally:
         if isinstance(view, LiveView):
             view.stop()
+        if feed is not None:
+            feed.stop()
         _close_backend(handler)
     from elastic_run.agent.loop.goodput import summary_line
 

@@ -126,7 +126,7 @@ def _read(job: Any, target: Any, sample_s: float) -> tuple[Any, dict[str, Any], 
 
 def _progress(job: Any, snap: Any) -> dict[str, Any] | None:
     """The members' published progress (one batch read), or None when none was published."""
-    from elastic_run.cli.views.progress_view import progress_picture
+    from elastic_run.cli.status_pictures import progress_picture
 
     records, summary, _ = job.progress([m.node_id for m in snap.members])
     return progress_picture(records, summary, snap.round) if records else None
@@ -134,7 +134,7 @@ def _progress(job: Any, snap: Any) -> dict[str, Any] | None:
 
 def _goodput(job: Any, snap: Any) -> dict[str, Any] | None:
     """The nodes' published goodput accounts, merged (one batch read), or None when none was."""
-    from elastic_run.cli.views.goodput_view import goodput_picture
+    from elastic_run.cli.status_pictures import goodput_picture
 
     ids = [m.node_id for m in (*snap.members, *snap.waiting)]
     records, problems = job.goodput(ids)

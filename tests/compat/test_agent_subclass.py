@@ -219,12 +219,10 @@ def test_an_unhealthy_group_is_restarted_as_torch_does(tmp_path: Path) -> None:
     assert result.state == WorkerState.SUCCEEDED
     assert result.return_values == {0: "0", 1: "1"}
     after = agent.calls[agent.calls.index("unhealthy") :]
-    # The loop stops the group, then restarts it through torch's _restart_workers (which
-    # stops again, a no-op, and initializes: rendezvous, start).
-    assert after[:9] == [
+    # As torch's loop: the group is restarted through _restart_workers, which stops it once
+    # and initializes it again (rendezvous, start).
+    assert after[:7] == [
         "unhealthy",
-        "stop",
-        "shutdown:SIGTERM",
         "restart",
         "stop",
         "shutdown:SIGTERM",

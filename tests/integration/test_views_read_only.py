@@ -3,7 +3,8 @@
 A real agent runs real workers on a real c10d store with the watchdog on: rank 0 hangs inside a
 timer, so the watchdog's thread kills it and the loop restarts the workers (the attempt that
 carries most events, one of them born on another thread). Meanwhile a view thread draws the real
-live panel (``LiveView.render``: the agent's snapshot and the rendezvous picture) and an HTTP
+live panel (``LiveView.render``: the agent's snapshot and the live feed's picture, whose own
+thread reads the rendezvous: the drawing thread never reads the store) and an HTTP
 client reads ``/status``, ``/metrics`` and ``/healthz`` as a prober does. Every event must be
 emitted on the loop's own thread; every write to the rendezvous (events, state, progress,
 closing, leaving) must come from the loop or the progress publisher, never from a view's thread
@@ -28,6 +29,7 @@ from elastic_run.agent.api import WorkerSpec
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.local import LocalElasticAgent
 from elastic_run.agent.workers.logs_specs import DefaultLogsSpecs
+from elastic_run.cli.live_feed import LiveFeed
 from elastic_run.cli.views.live_panel import LiveView
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.registry import get_rendezvous_handler
@@ -125,11 +127,19 @@ def test_every_event_is_emitted_on_the_loop_thread_while_views_read(tmp_path: Pa
     )
     emitted_on: list[tuple[str, str]] = []
     agent.add_event_sink(lambda e: emitted_on.append((e.kind, threading.current_thread().name)))
+    read_on: list[str] = []
+    read_picture = handler.snapshot
+
+    def recorded_read() -> object:
+        read_on.append(threading.current_thread().name)
+        return read_picture()
+
+    feed = LiveFeed(agent.snapshot, recorded_read, interval_s=0.05)  # type: ignore[arg-type]
     panel = LiveView(
         agent,
         params.run_id,
         console=Console(file=io.StringIO(), width=120, height=40),
-        rendezvous=handler.snapshot,
+        feed=feed.picture,
     )
     agent.add_event_sink(panel)
     written_on: list[tuple[str, str]] = []
@@ -167,11 +177,13 @@ def test_every_event_is_emitted_on_the_loop_thread_while_views_read(tmp_path: Pa
 
     viewer = threading.Thread(target=read_like_views, name="view")
     viewer.start()
+    feed.start()
     try:
         result = agent.run()
     finally:
         done.set()
         viewer.join(30)
+        feed.stop()
     loop_thread = threading.current_thread().name
 
     assert not view_errors, view_errors
@@ -184,6 +196,8 @@ def test_every_event_is_emitted_on_the_loop_thread_while_views_read(tmp_path: Pa
     assert any(name == "publish_state" for name, _ in written_on), written_on
     stray = [(c, t) for c, t in written_on if t != loop_thread and not t.startswith(WRITER_THREADS)]
     assert not stray, f"rendezvous writes off the loop and the publisher: {stray}"
+    # The store is read for the panel by the feed's thread, never by the drawing one.
+    assert read_on and set(read_on) == {"live-feed"}, read_on
     # What the views read are the loop's published pictures: many reads, few distinct objects.
     assert len(seen) > 10
     assert len({id(s) for s in seen}) < len(seen)

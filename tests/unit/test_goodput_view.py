@@ -5,7 +5,8 @@ from __future__ import annotations
 import pytest
 
 from elastic_run.agent.loop import goodput as gp
-from elastic_run.cli.views.goodput_view import goodput_picture, render_goodput
+from elastic_run.cli.status_pictures import goodput_picture
+from elastic_run.cli.views.goodput_view import render_goodput
 
 
 def _account(restart_at: float | None, now: float) -> gp.GoodputAccount:

@@ -219,6 +219,8 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.events",
         "elastic_run.agent.rules",
         "elastic_run.agent.settings.table",  # the keyword defaults of SimpleElasticAgent
+        "elastic_run.metrics",  # torch's agent metrics (put_metric, @prof)
+        "elastic_run.torch_events",  # torch's agent events (get_event_succeeded...)
         "elastic_run.agent.workers.failures",
         "elastic_run.errors",
         "elastic_run.rendezvous.api",
@@ -750,3 +752,31 @@ def test_declared_hooks_are_methods_of_their_class() -> None:
             n.name for n in cls.node.body if isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef))
         }
         assert hooks <= methods, (name, hooks - methods)
+
+
+# What a view (cli/views/) may import: rich, the snapshots and events it draws, the failure
+# records and console plumbing, the rendezvous API's types and the live feed's picture. Never
+# a store, a backend, psutil, a process or socket API, nor the agent's judging parts.
+_VIEW_FORBIDDEN = (
+    "psutil",
+    "socket",
+    "subprocess",
+    "elastic_run.agent.progress",
+    "elastic_run.agent.rules",
+    "elastic_run.agent.loop.simple",
+    "elastic_run.agent.local",
+    "elastic_run.rendezvous.c10d",
+    "elastic_run.rendezvous.etcd",
+    "elastic_run.rendezvous.dynamic",
+    "elastic_run.rendezvous.embedded",
+    "elastic_run.rendezvous.job",
+    "elastic_run.cli.status",
+    "elastic_run.cli.status_pictures",
+)
+VIEWS = sorted((PACKAGE / "cli" / "views").glob("*.py"))
+
+
+@pytest.mark.parametrize("path", VIEWS, ids=_name)
+def test_views_import_nothing_that_reads_or_judges(path: Path) -> None:
+    bad = sorted(m for m in _imports(path) if _under(m, _VIEW_FORBIDDEN))
+    assert not bad, f"{_name(path)} imports {bad}: views read published snapshots only"

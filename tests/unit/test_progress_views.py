@@ -16,9 +16,10 @@ from elastic_run.agent.loop.snapshot import (
     WorkerProgress,
     WorkerSnapshot,
 )
+from elastic_run.cli.status_pictures import progress_picture
 from elastic_run.cli.views.lines import status_to_json
 from elastic_run.cli.views.live_panel import LiveView, narrow_text
-from elastic_run.cli.views.progress_view import progress_picture, render_progress
+from elastic_run.cli.views.progress_view import render_progress
 from elastic_run.rendezvous.api import RendezvousSnapshot
 
 

@@ -21,10 +21,11 @@ import socket
 from collections.abc import Callable, Iterable
 from typing import Any, Protocol
 
-from elastic_run.agent.api import RunResult, WorkerGroup
+from elastic_run.agent.api import RunResult, WorkerGroup, WorkerState
 from elastic_run.agent.rules.actions import ProgressEffect
 from elastic_run.agent.rules.observation import GroupView, ProgressView, WorkerView
 from elastic_run.agent.workers.failures import FailureRecord
+from elastic_run.errors import AgentError
 
 __all__ = ["Emit", "MonitoredWorkers", "NoProgressWatch", "ProgressPart", "WorkerPart"]
 
@@ -103,6 +104,8 @@ class MonitoredWorkers:
     def observe(self, group: WorkerGroup) -> GroupView:
         """Ask ``_monitor_workers`` once; each worker's state is the group's."""
         result = self._monitor(group)
+        if result.state is WorkerState.UNKNOWN:  # torch's loop raises: it cannot go on
+            raise AgentError(f"[{self._role}] Worker group in {result.state.name} state")
         records = []
         for rank, failure in result.failures.items():
             if isinstance(failure, FailureRecord):

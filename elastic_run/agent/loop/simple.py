@@ -23,11 +23,13 @@ progress parts instead of the defaults.
 
 from __future__ import annotations
 
+import json
 import logging
 import signal
 import socket
 import threading
 import time
+import traceback
 from abc import abstractmethod
 from collections import deque
 from collections.abc import Iterable
@@ -55,12 +57,14 @@ from elastic_run.agent.rules.observation import GroupView, ProgressView, RoundVi
 from elastic_run.agent.rules.registry import published_events
 from elastic_run.agent.settings import table as settings
 from elastic_run.errors import AgentError
-from elastic_run.rendezvous.api import AgentRendezvous, InterruptibleRendezvous
+from elastic_run.metrics import prof, put_metric
+from elastic_run.rendezvous.api import AgentRendezvous, Assignment, InterruptibleRendezvous
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
     RendezvousInterruptedError,
 )
+from elastic_run.torch_events import Event, EventMetadataValue, EventSource
 
 __all__ = ["DEFAULT_SIGNALS", "SimpleElasticAgent", "wait_keys"]
 
@@ -132,6 +136,9 @@ class SimpleElasticAgent(ElasticAgent):
         if isinstance(handler, InterruptibleRendezvous):
             handler.set_interrupt(lambda: self._signal_log.pending_stop() is not None)
         self._in_rendezvous = False
+        self._pending: tuple[sm.Restart | sm.Rejoin, str] | None = None  # stopped, not said
+        self._shut_down = False  # the workers were shut down for a signal
+        self._started_at: float | None = None
         self._last_loop = time.monotonic()
         self._workers_store: Any = None
         self._group_view = GroupView()  # this turn's records: the loop's alone
@@ -160,6 +167,61 @@ class SimpleElasticAgent(ElasticAgent):
     def attempt(self) -> int:
         """The number of the current attempt on this node (0 for the first start)."""
         return self._attempt
+
+    @property
+    def _remaining_restarts(self) -> int:
+        """torch's count: the restarts this job may still spend."""
+        return max(0, self._spec.max_restarts - self._restarts)
+
+    def get_event_failed(self) -> Event:
+        """torch's agent event of a failed run (its state, this node's facts, the traceback of
+        the exception being handled, if any)."""
+        return self._construct_event("FAILED", raw_error=traceback.format_exc())
+
+    def get_event_succeeded(self) -> Event:
+        """torch's agent event of a succeeded run."""
+        return self._construct_event("SUCCEEDED")
+
+    def _construct_event(self, state: str, raw_error: str | None = None) -> Event:
+        group, spec = self._worker_group, self._spec
+        metadata: dict[str, EventMetadataValue] = {
+            "run_id": spec.rdzv_handler.get_run_id(),
+            "global_rank": None,
+            "group_rank": group.group_rank,
+            "worker_id": None,
+            "role": spec.role,
+            "hostname": socket.getfqdn(),
+            "state": state,
+            "total_run_time": int(self._run_time_s),
+            "rdzv_backend": spec.rdzv_handler.get_backend(),
+            "raw_error": raw_error,
+            "metadata": json.dumps(
+                {
+                    "group_world_size": group.group_world_size,
+                    "entry_point": spec.get_entrypoint_name(),
+                }
+            ),
+            "agent_restarts": self._restarts,
+            "duration_ms": None,
+        }
+        return Event(f"torchelastic.worker.status.{state}", EventSource.AGENT, metadata=metadata)
+
+    def _record_metrics(self, result: RunResult) -> None:
+        """torch's run metrics (``put_metric``): the run, its success or failure with or
+        without restarts, and the flakiness (100: failed; else the share of restarts spent)."""
+        role, spent = self._spec.role, self._restarts > 0
+        failed = result.is_failed()
+        most = self._spec.max_restarts
+        flakiness = 100.0 if failed else 100.0 - 100.0 * (self._remaining_restarts + 1) / (most + 1)
+        put_metric(f"workers.{role}.flakiness", int(flakiness))
+        put_metric(f"workers.{role}.run_total", 1)
+        for name, holds in (
+            ("run_success_with_retries", not failed and spent),
+            ("run_success_no_retries", not failed and not spent),
+            ("run_failed_with_retries", failed and spent),
+            ("run_failed_no_retries", failed and not spent),
+        ):
+            put_metric(f"workers.{role}.{name}", 1 if holds else 0)
 
     def add_event_sink(self, sink: EventSink) -> None:
         """Send every event to ``sink`` as well."""
@@ -288,6 +350,12 @@ class SimpleElasticAgent(ElasticAgent):
         account = self.snapshot().goodput
         return account if account is not None else gp.account(self._goodput, time.monotonic())
 
+    @property
+    def _run_time_s(self) -> float:
+        """Seconds since ``run`` was called (0 before)."""
+        started = self._started_at
+        return time.monotonic() - started if started is not None else 0.0
+
     def loop_alive_since(self) -> float:
         """Monotonic time of the loop's last turn (a rendezvous in progress counts as now)."""
         return time.monotonic() if self._in_rendezvous else self._last_loop
@@ -310,6 +378,7 @@ class SimpleElasticAgent(ElasticAgent):
     def _shutdown(self, death_sig: signal.Signals = signal.SIGTERM, timeout: int = 30) -> None:
         """Stop the workers with ``death_sig``, SIGKILL after ``timeout`` s. Idempotent."""
 
+    @prof
     def _rendezvous(self, worker_group: WorkerGroup) -> None:
         """Join the next round; set the group's ranks, store and master address."""
         spec, handler, rdzv = self._spec, self._spec.rdzv_handler, self._round.agent
@@ -335,7 +404,7 @@ class SimpleElasticAgent(ElasticAgent):
         assignment = rdzv.assignment if rdzv is not None else None
         if assignment is not None:
             self._restarts = assignment.restart_count
-        assign_ranks(group, assignment, lambda: self._signal_log.pending_stop() is not None)
+        self._assign_worker_ranks(group, assignment)
         self._workers_store = None  # the previous round's workers' store goes away here
         if info.bootstrap_store_info is not None:
             addr, port = (
@@ -365,14 +434,27 @@ class SimpleElasticAgent(ElasticAgent):
             restart_count=self._restarts,
         )
 
+    @prof
+    def _assign_worker_ranks(
+        self, worker_group: WorkerGroup, assignment: Assignment | None
+    ) -> None:
+        """Give each worker its global and role ranks from the round (torch's profiled step;
+        its arguments are the group and our rendezvous's assignment, not torch's store)."""
+        assign_ranks(worker_group, assignment, lambda: self._signal_log.pending_stop() is not None)
+
+    @prof
     def _initialize_workers(self, worker_group: WorkerGroup) -> None:
         """Rendezvous, then start the workers (torch's)."""
         self._rendezvous(worker_group)
         self._start_attempt(worker_group)
 
+    @prof
     def _restart_workers(self, worker_group: WorkerGroup) -> None:
-        """Stop the workers, then rendezvous and start them again (torch's)."""
+        """Stop the workers, then rendezvous and start them again (torch's): the group is
+        STOPPED in between, and the loop says why it stopped them before it rejoins."""
         self._stop_workers(worker_group)
+        worker_group.state = WorkerState.STOPPED
+        self._after_stop()
         self._initialize_workers(worker_group)
 
     # -- services a subclass runs for the length of the run ------------------------------
@@ -449,6 +531,7 @@ class SimpleElasticAgent(ElasticAgent):
 
     # -- the loop ------------------------------------------------------------------------
 
+    @prof
     def run(self, role: str = "default") -> RunResult:
         """Run this node's part of the job until it succeeds, fails, closes or is signalled.
 
@@ -456,11 +539,13 @@ class SimpleElasticAgent(ElasticAgent):
             The result; ``exit_code`` is what the CLI exits with.
         """
         now = time.monotonic()
+        self._started_at = now
         self._goodput = gp.begin(min(now, self._goodput_from if self._goodput_from else now))
         self._loop_thread = threading.current_thread()
         previous = self._install_signal_handlers()
         try:
             result = self._run_to_end()
+            self._record_metrics(result)
             self.flush_events()
             self._goodput = gp.close(self._goodput, time.monotonic())
             self._publish_snapshot()
@@ -468,7 +553,8 @@ class SimpleElasticAgent(ElasticAgent):
             self._emit("goodput", gp.summary_line(final), publish=False, **final.to_json())
         finally:
             try:
-                self._shutdown(signal.SIGKILL, 0)
+                if not self._shut_down:  # torch's: the signal's shutdown, else this one
+                    self._shutdown(timeout=int(self._shutdown_timeout))
                 self._teardown()
                 try:
                     self._spec.rdzv_handler.shutdown()
@@ -570,6 +656,10 @@ class SimpleElasticAgent(ElasticAgent):
         """Ask every part for this turn's record; publish the snapshot built from them."""
         now_ns = time.monotonic_ns()
         group = self._workers.observe(self._worker_group)
+        self._worker_group.state = group.state  # torch's loop: the monitor's answer
+        role = self._spec.role
+        put_metric(f"workers.{role}.remaining_restarts", self._remaining_restarts)
+        put_metric(f"workers.{role}.{group.state.name.lower()}", 1)
         progress = self._progress.observe(group, now_ns)
         self._group_view, self._progress_view = group, progress
         for notice in progress.notices:
@@ -601,6 +691,8 @@ class SimpleElasticAgent(ElasticAgent):
     def _start_attempt(self, group: WorkerGroup) -> None:
         self._attempt += 1
         pids = self._start_workers(group)
+        for local_rank, worker_id in pids.items():  # torch's: each worker's id from the start
+            group.workers[local_rank].id = worker_id
         self._workers_up = True
         self._group_view = GroupView(
             workers=tuple(
@@ -670,10 +762,21 @@ class SimpleElasticAgent(ElasticAgent):
             text += _REJOIN_SUFFIX
             fields.update(reason=action.reason, waiting=waiting)
             self._emit("membership.changed", text, publish=not cut_off, **fields)
-        self._set_state(action.state)
+        self._publish_snapshot()
         if isinstance(action, sm.Restart):
             self._progress.before_failed_stop(self._group_view.running)
-        self._stop_workers(self._worker_group)
+        # The group's state stays the monitor's until torch's _restart_workers sets STOPPED.
+        # The stop itself is torch's ``_restart_workers`` (the loop's next join), which hands
+        # back to ``_after_stop`` to say why once the workers are down.
+        self._pending = (action, text)
+
+    def _after_stop(self) -> None:
+        """The workers of the attempt that ended are stopped: say why, count the attempt, and
+        (for a node that ends the round) record why in the rendezvous."""
+        pending, self._pending = self._pending, None
+        if pending is None:
+            return
+        action, text = pending
         if isinstance(action, sm.Restart):
             self._say_stopped("failure", *_first_failure(self._group_view))
         else:
@@ -708,6 +811,7 @@ class SimpleElasticAgent(ElasticAgent):
             name = signal.Signals(action.signal).name
             self._emit("signal", f"received {name}: stopping the workers", signal=name)
             self._shutdown(signal.Signals(action.signal), int(self._shutdown_timeout))
+            self._shut_down = True
             self._say_stopped("signal", f"received {name}", signal=name)
             self._set_state(action.state)
             self._publish_state("STOPPED", f"received {name}")

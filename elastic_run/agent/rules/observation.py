@@ -97,6 +97,9 @@ class GroupView:
             program), once every worker succeeded.
         stopped_by_agent: the agent stopped these workers (their exits are its signal's).
         watchdog_expiries: workers of this attempt the file-timer watchdog killed.
+        state: the group's state as torch's ``_monitor_workers`` names it (HEALTHY, UNHEALTHY,
+            FAILED, SUCCEEDED): the loop sets the worker group's state to it each turn, as
+            torch's loop does.
     """
 
     status: WorkersStatus = WorkersStatus.RUNNING
@@ -105,6 +108,7 @@ class GroupView:
     return_values: Mapping[int, Any] = field(default_factory=dict)
     stopped_by_agent: bool = False
     watchdog_expiries: int = 0
+    state: WorkerState = WorkerState.HEALTHY
 
     @property
     def running(self) -> tuple[int, ...]:
@@ -124,7 +128,7 @@ class GroupView:
             WorkerState.UNHEALTHY: WorkersStatus.FAILED,  # torch restarts an unhealthy group
             WorkerState.SUCCEEDED: WorkersStatus.SUCCEEDED,
         }.get(state, WorkersStatus.RUNNING)
-        return cls(status=status, **fields)
+        return cls(status=status, state=state, **fields)
 
 
 @dataclass(frozen=True)

@@ -256,8 +256,12 @@ class LocalWorkerGroup:
             }
         else:
             records, status, values = [], WorkersStatus.RUNNING, {}
+        state = {
+            WorkersStatus.FAILED: WorkerState.FAILED,
+            WorkersStatus.SUCCEEDED: WorkerState.SUCCEEDED,
+        }.get(status, WorkerState.HEALTHY)
         self._last = GroupView(
-            status, tuple(views), tuple(records), values, stopped, len(self._expiries)
+            status, tuple(views), tuple(records), values, stopped, len(self._expiries), state
         )
         return self._last
 

@@ -30,6 +30,7 @@ from elastic_run.agent.events import AgentEvent
 from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.workers.failures import FailureRecord, failure_facts, ordered_failures
 from elastic_run.agent.workers.output import StreamName, write_console
+from elastic_run.cli.live_feed import FeedPicture
 from elastic_run.cli.views.goodput_view import GoodputPicture, render_goodput
 from elastic_run.cli.views.live_panel import LiveView
 from elastic_run.cli.views.progress_view import (
@@ -46,6 +47,7 @@ __all__ = [
     "render_failure_summary",
     "render_status",
     "status_to_json",
+    "wants_live",
 ]
 
 STATUS_SCHEMA_VERSION = 1
@@ -103,8 +105,8 @@ def render_status(
         snap: what :func:`elastic_run.rendezvous.dynamic.handler.read_snapshot` read.
         ages: seconds since each node's heartbeat was last seen moving (None: not seen moving).
         closed_reason: why the job was closed, when it is.
-        progress: the ranks' progress (:func:`~elastic_run.cli.views.progress_view.progress_picture`).
-        goodput: the job's goodput (:func:`~elastic_run.cli.views.goodput_view.goodput_picture`).
+        progress: the ranks' progress (:func:`~elastic_run.cli.status_pictures.progress_picture`).
+        goodput: the job's goodput (:func:`~elastic_run.cli.status_pictures.goodput_picture`).
     """
     ages = ages or {}
     nnodes = f"{snap.min_nodes}:{snap.max_nodes}" if snap.min_nodes or snap.max_nodes else "unknown"
@@ -183,9 +185,9 @@ def status_to_json(
     sampled)), ``lost`` (node ids lost from the round), ``problems`` (each key whose value could not
     be decoded, with why; the rest is shown), ``events`` (the last events, oldest first, each
     ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``) and ``progress`` (the
-    ranks' steps, step times and verdicts: see :func:`~elastic_run.cli.views.progress_view.
+    ranks' steps, step times and verdicts: see :func:`~elastic_run.cli.status_pictures.
     progress_picture`; null when no agent published any) and ``goodput`` (the job's account of its
-    wall time, merged from the nodes': see :func:`~elastic_run.cli.views.goodput_view.
+    wall time, merged from the nodes': see :func:`~elastic_run.cli.status_pictures.
     goodput_picture`; null when no agent published one).
     """
     ages = ages or {}
@@ -219,17 +221,21 @@ def make_view(
     config: LaunchConfig,
     run_id: str,
     agent: _SnapshotSource,
-    rendezvous: Callable[[], RendezvousSnapshot | None] | None = None,
+    feed: Callable[[], FeedPicture] | None = None,
 ) -> LiveView | PlainLines:
     """The live panel when ``--live`` (or, by default, when stderr is a terminal), else plain lines.
 
     Args:
-        rendezvous: reads the rendezvous picture for the panel (None: not shown).
+        feed: the live feed's last picture, for the panel (None: no rendezvous nor usage shown).
     """
-    live = config.live if config.live is not None else sys.stderr.isatty()
-    if live:
-        return LiveView(agent, run_id, rendezvous=rendezvous)
+    if wants_live(config):
+        return LiveView(agent, run_id, feed=feed)
     return PlainLines(run_id)
+
+
+def wants_live(config: LaunchConfig) -> bool:
+    """Whether the run shows the live panel: ``--live``, or by default when stderr is a terminal."""
+    return config.live if config.live is not None else sys.stderr.isatty()
 
 
 # -- the failure summary ------------------------------------------------------------------------

@@ -13,7 +13,9 @@ Invariants (each fixes a defect seen in a terminal):
   ellipsis), and text from the outside (events, paths, where a rank is stuck) is reduced to
   characters of width one, since a character whose width the terminal counts differently from
   rich would shift every row after it.
-- The frame is built from immutable snapshots on rich's refresh thread; the panel owns nothing.
+- The frame is built from immutable snapshots on rich's refresh thread (the agent's, and the
+  live feed's: ``cli/live_feed.py`` reads the store and ``/proc``): the panel owns nothing and
+  does no I/O but drawing.
 """
 
 from __future__ import annotations
@@ -25,7 +27,7 @@ import time
 import unicodedata
 from collections import deque
 from collections.abc import Callable
-from typing import IO, Any, Protocol
+from typing import IO, Protocol
 
 from rich import box
 from rich.console import Console, Group, RenderableType
@@ -37,8 +39,8 @@ from rich.text import Text
 from elastic_run.agent.events import AgentEvent
 from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.workers.output import set_console_sink
+from elastic_run.cli.live_feed import FeedPicture
 from elastic_run.cli.views.progress_view import worker_cells, worker_columns
-from elastic_run.errors import ElasticRunError
 from elastic_run.rendezvous.api import RendezvousSnapshot
 
 __all__ = ["LiveView", "narrow_text"]
@@ -148,7 +150,8 @@ class LiveView:
         agent: gives the agent's snapshot.
         run_id: the job's id (the panel's title).
         console: where to draw (default: the terminal behind stderr, taken over by ``start``).
-        rendezvous: reads the rendezvous picture (at most once a second; None: not shown).
+        feed: gives the rendezvous picture and the workers' usage as their reader last
+            published them (``cli/live_feed.py``; None: neither is shown).
     """
 
     def __init__(
@@ -156,11 +159,10 @@ class LiveView:
         agent: _SnapshotSource,
         run_id: str,
         console: Console | None = None,
-        rendezvous: Callable[[], RendezvousSnapshot | None] | None = None,
+        feed: Callable[[], FeedPicture] | None = None,
     ) -> None:
         self._agent = agent
-        self._read_rendezvous = rendezvous
-        self._rdzv_error = ""
+        self._feed = feed if feed is not None else FeedPicture
         self._run_id = run_id
         self._given_console = console
         self._console = console or Console(stderr=True)
@@ -169,9 +171,6 @@ class LiveView:
         self._live: Live | None = None
         self._capture: _Capture | None = None
         self._terminal: IO[str] | None = None
-        self._procs: dict[int, Any] = {}
-        self._rdzv: RendezvousSnapshot | None = None
-        self._rdzv_at = 0.0
 
     def __call__(self, event: AgentEvent) -> None:
         # Kept for the next frame only: rich's refresh thread draws it (twice a second). Drawing
@@ -219,35 +218,6 @@ class LiveView:
 
     # -- the frame ------------------------------------------------------------------------
 
-    def _rendezvous(self) -> RendezvousSnapshot | None:
-        now = time.monotonic()
-        if self._read_rendezvous is not None and now - self._rdzv_at >= 1.0:
-            self._rdzv_at = now
-            try:
-                self._rdzv = self._read_rendezvous()
-                self._rdzv_error = ""
-            except ElasticRunError as exc:
-                # Shown in the panel (the last picture stays); the agent acts on its own reads.
-                self._rdzv_error = str(exc)
-        return self._rdzv
-
-    def _usage(self, pid: int | None) -> tuple[str, str]:
-        if pid is None:
-            return "-", "-"
-        import psutil
-
-        try:
-            proc = self._procs.get(pid)
-            if proc is None:
-                proc = self._procs[pid] = psutil.Process(pid)
-                proc.cpu_percent(None)
-            cpu = proc.cpu_percent(None)
-            rss = proc.memory_info().rss
-        except (psutil.Error, OSError):
-            self._procs.pop(pid, None)
-            return "-", "-"
-        return f"{cpu:.0f}%", f"{rss / 2**20:.0f} MiB"
-
     def _height_budget(self) -> int:
         if self._terminal is not None:
             try:
@@ -274,14 +244,14 @@ class LiveView:
                     + (f"  slowest {slow}" if slow else "")
                 )
             )
-        rdzv = self._rendezvous()
-        if rdzv is not None:
-            rows.append(_line(_members_line(rdzv)))
-        if self._rdzv_error:
-            rows.append(_line(f"rendezvous unreadable: {self._rdzv_error}", "yellow"))
+        feed = self._feed()
+        if feed.rendezvous is not None:
+            rows.append(_line(_members_line(feed.rendezvous)))
+        if feed.rendezvous_error:
+            rows.append(_line(f"rendezvous unreadable: {feed.rendezvous_error}", "yellow"))
         room = budget - len(rows)
         stragglers = job.stragglers if job is not None else ()
-        table, used = self._workers_table(snap, stragglers, room)
+        table, used = self._workers_table(snap, stragglers, room, feed)
         if table is not None:
             rows.append(table)
             room -= used
@@ -307,7 +277,7 @@ class LiveView:
         )
 
     def _workers_table(
-        self, snap: AgentSnapshot, stragglers: tuple[int, ...], room: int
+        self, snap: AgentSnapshot, stragglers: tuple[int, ...], room: int, feed: FeedPicture
     ) -> tuple[Table | None, int]:
         if room < 3 or not snap.workers:
             return None, 0
@@ -319,7 +289,9 @@ class LiveView:
             return None, 0
         shown = snap.workers if fits else snap.workers[: room - 3]
         for w in shown:
-            cpu, mem = self._usage(w.pid)
+            usage = feed.usage.get(w.pid) if w.pid is not None else None
+            cpu = f"{usage.cpu_percent:.0f}%" if usage is not None else "-"
+            mem = f"{usage.rss_bytes / 2**20:.0f} MiB" if usage is not None else "-"
             cells = worker_cells(w, stragglers)
             table.add_row(
                 str(w.local_rank),

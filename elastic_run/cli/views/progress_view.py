@@ -1,11 +1,10 @@
 """The progress part of ``elastic-run status`` and of the live panel: steps, step times, verdicts.
 
-Reads what the agents published (``pg/<node id>`` per node, ``pg/job`` from the node of group
-rank 0; see ``rendezvous/dynamic/telemetry.py``) and shows, per rank: its last step, its step and work
-times, its ratio to the job's median, how long ago it beat, its hang timeout (learned or
-given) and its verdict (``silent``, ``hung``, ``straggler``) with where it was stuck; and for
-the job: the median step time and the slowest ranks. The median is computed here from the
-records of the shown round, so ``status`` does not depend on node 0 being alive.
+Shows a picture built elsewhere (``status``'s: :func:`elastic_run.cli.status_pictures.progress_picture`,
+from what the agents published; the panel's: the agent's snapshot), per rank: its last step, its
+step and work times, its ratio to the job's median, how long ago it beat, its hang timeout
+(learned or given) and its verdict (``silent``, ``hung``, ``straggler``) with where it was stuck;
+and for the job: the median step time and the slowest ranks. It computes nothing.
 """
 
 from __future__ import annotations
@@ -18,102 +17,20 @@ from rich.table import Table
 from rich.text import Text
 
 from elastic_run.agent.loop.snapshot import WorkerSnapshot
-from elastic_run.agent.progress.hang_picture import merge
-from elastic_run.agent.progress.publisher import rank_times, slowest_rows
-from elastic_run.agent.rules.progress.step_times import DEFAULT_FACTOR, summarize
 
 __all__ = [
     "ProgressPicture",
-    "progress_picture",
     "render_progress",
     "worker_cells",
     "worker_columns",
 ]
 
 ProgressPicture = dict[str, Any]
+"""``status --json``'s ``progress`` object."""
 
 
 def _num(value: Any) -> float | None:
     return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else None
-
-
-def progress_picture(
-    records: Mapping[str, Mapping[str, Any]],
-    job: Mapping[str, Any] | None,
-    round_: int,
-) -> ProgressPicture:
-    """The progress of a job as ``status --json`` shows it (the ``progress`` object).
-
-    Args:
-        records: node id -> its published record.
-        job: the published job summary (for the factor and who was reported a straggler).
-        round_: the round shown; records of another round are marked ``stale``.
-
-    Returns:
-        ``median_step_s``, ``ranks_reporting``, ``factor``, ``slowest`` (each ``rank``,
-        ``host``, ``node``, ``work_s``, ``ratio``, ``straggler``), ``ranks`` (each ``rank``,
-        ``local_rank``, ``node``, ``host``, ``step``, ``beats``, ``step_s``, ``work_s``,
-        ``ratio``, ``age_s``, ``timeout_s``, ``verdict``, ``where``, ``stale``) and ``nodes``
-        (node id -> ``hang_rule``, ``last_hang``, ``attempt``, ``round``), and ``hang``: the
-        job's silent ranks merged from every node's stacks (``summary``, ``stuck``, ``waiting``,
-        ``unknown``; see :mod:`elastic_run.agent.progress.hang_picture`), or None.
-    """
-    factor = _num((job or {}).get("factor")) or DEFAULT_FACTOR
-    reported = {
-        s.get("rank")
-        for s in (job or {}).get("slowest") or ()
-        if isinstance(s, Mapping) and s.get("straggler") and (job or {}).get("round") == round_
-    }
-    steps = summarize(rank_times(records, round_))
-    median = steps.median_s
-    ranks: list[dict[str, Any]] = []
-    nodes: dict[str, dict[str, Any]] = {}
-    for node_id, record in records.items():
-        stale = record.get("round") != round_
-        nodes[node_id] = {
-            "hang_rule": record.get("hang_rule"),
-            "last_hang": record.get("last_hang"),
-            "attempt": record.get("attempt"),
-            "round": record.get("round"),
-        }
-        for entry in record.get("ranks") or ():
-            if not isinstance(entry, Mapping):
-                continue
-            work = _num(entry.get("work_s"))
-            ratio = work / median if work and median and not stale else None
-            verdict = str(entry.get("verdict") or "")
-            if not verdict and ratio is not None and entry.get("rank") in reported:
-                verdict = "straggler"
-            ranks.append(
-                {
-                    "rank": entry.get("rank"),
-                    "local_rank": entry.get("local_rank"),
-                    "node": node_id,
-                    "host": record.get("host", ""),
-                    "step": entry.get("step"),
-                    "beats": entry.get("beats"),
-                    "step_s": _num(entry.get("step_s")),
-                    "work_s": work,
-                    "ratio": None if ratio is None else round(ratio, 3),
-                    "age_s": _num(entry.get("age_s")),
-                    # A rank that never beat is never judged: no timeout to show.
-                    "timeout_s": _num(entry.get("timeout_s")) if entry.get("beats") else None,
-                    "verdict": verdict,
-                    "where": str(entry.get("where") or ""),
-                    "stale": stale,
-                }
-            )
-    ranks.sort(key=lambda r: r["rank"] if isinstance(r["rank"], int) else 1 << 30)
-    hang = merge(records, round_)
-    return {
-        "hang": hang.as_json() if hang is not None else None,
-        "median_step_s": median,
-        "ranks_reporting": steps.ranks,
-        "factor": factor,
-        "slowest": slowest_rows(steps, lambda rank, ratio: rank in reported or ratio >= factor),
-        "ranks": ranks,
-        "nodes": nodes,
-    }
 
 
 def _s(value: Any, digits: int = 3) -> str:
