@@ -232,7 +232,7 @@ def test_the_cli_hands_every_value_on_by_the_rows(tmp_path: Path) -> None:
     assert progress.straggler_factor == 2.5 and progress.max_no_progress_restarts == 3
     assert not progress.auto_progress and progress.script_exit_timeout_s is None
     # The objects accept what they are handed (a WorkerSpec needs a handler: any object here).
-    WorkerSpec(rdzv_handler=object(), entrypoint="x", **config.arguments(Target.WORKER_SPEC))  # type: ignore[arg-type]
+    WorkerSpec(rdzv_handler=object(), entrypoint="x", **config.arguments(Target.WORKER_SPEC))
 
 
 def test_defaults_reach_the_objects_unchanged(tmp_path: Path) -> None:

@@ -1,4 +1,4 @@
-"""The values of the settings: text in (a flag's or an environment variable's), a checked value out.
+"""The values of the settings: a flag's or a variable's text in, a checked value out.
 
 One concept: each function here turns one setting's text into what the launcher uses, or raises
 :class:`ConfigurationError` with a one-line sentence that names where the text came from (the

@@ -4,8 +4,9 @@ One concept: how click reads ``elastic-run run``'s flags. Each row of
 :data:`~elastic_run.agent.settings.table.SETTINGS` that has a flag becomes one click option,
 accepted with dashes and with underscores (``--nproc-per-node``, ``--nproc_per_node``) and its
 short alias (``-r``); an on/off setting also as ``--no-<flag>``. Help, placeholder, the
-variables read (``PET_<NAME>``, torch's) and the default shown come from the row. click reads only the command line and hands on the text as
-given (True for a bare flag): it reads no variable and converts no value, so that every value,
+variables read (``PET_<NAME>``, torch's) and the default shown come from the row. click reads
+only the command line and hands on the text as given (True for a bare flag): it reads no
+variable and converts no value, so that every value,
 from the command line, its ``PET_<NAME>`` variable, torch's variable or the Slurm allocation,
 is read once by the row's parser in :mod:`elastic_run.cli.options.sources`, with one wording.
 No default is written here.
