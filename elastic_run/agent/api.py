@@ -22,6 +22,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
 
+from elastic_run.agent.settings import table as settings
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.rendezvous.api import RendezvousHandler
 
@@ -88,16 +89,16 @@ class WorkerSpec:
     fn: Callable[..., Any] | None = None
     entrypoint: Callable[..., Any] | str | None = None
     args: tuple[Any, ...] = ()
-    max_restarts: int = 3
-    monitor_interval: float = 0.1
+    max_restarts: int = 3  # torch's WorkerSpec default; torchrun's --max-restarts is 0
+    monitor_interval: float = settings.MONITOR_INTERVAL.default
     master_port: int | None = None
     master_addr: str | None = None
     local_addr: str | None = None
-    event_log_handler: str = "null"
+    event_log_handler: str = settings.EVENT_LOG_HANDLER.default
     numa_options: Any = None
     duplicate_stdout_filters: list[str] | None = None
     duplicate_stderr_filters: list[str] | None = None
-    virtual_local_rank: bool = False
+    virtual_local_rank: bool = settings.VIRTUAL_LOCAL_RANK.default
 
     def __post_init__(self) -> None:
         if self.local_world_size <= 0:
@@ -201,9 +202,9 @@ class ElasticAgent(ABC):
     """An agent that runs one node's workers of an elastic job."""
 
     @abstractmethod
-    def run(self, role: str = "default") -> RunResult:
+    def run(self, role: str = settings.ROLE.default) -> RunResult:
         """Run the job on this node until it succeeds, fails or is stopped."""
 
     @abstractmethod
-    def get_worker_group(self, role: str = "default") -> WorkerGroup:
+    def get_worker_group(self, role: str = settings.ROLE.default) -> WorkerGroup:
         """Return this node's worker group."""

@@ -1,13 +1,32 @@
-"""The launch configuration: parsed once at the edge (CLI, SLURM), frozen, passed down."""
+"""The launch configuration: parsed once at the edge (CLI, SLURM), frozen, passed down.
+
+Two frozen objects, both shaped by the settings table (:mod:`elastic_run.agent.settings.table`):
+:class:`AgentOptions`, what elastic-run's agent does beyond torch's ``LocalElasticAgent`` (each
+field's default is its row's), and :class:`LaunchConfig`, every setting's effective value for one
+node of a job, one attribute per row (the row's ``attribute``), plus what the CLI works out from
+them (the node counts, the run id, the rendezvous config). :meth:`LaunchConfig.arguments` hands
+the values to ``WorkerSpec``, ``LocalElasticAgent``, ``AgentOptions`` and ``ProgressOptions`` by a
+loop over the rows.
+"""
 
 from __future__ import annotations
 
-import enum
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from elastic_run.agent.progress.config import ProgressOptions
+from elastic_run.agent.rules.progress.beats import HangRule
+from elastic_run.agent.settings import table as settings
+from elastic_run.agent.settings.setting import Target
+from elastic_run.agent.settings.streams import Std, StdSpec
+from elastic_run.agent.settings.table import (
+    DEFAULT_SIGNALS,
+    TORCHELASTIC_ENABLE_FILE_TIMER,
+    TORCHELASTIC_HEALTH_CHECK_PORT,
+    TORCHELASTIC_TIMER_FILE,
+)
 
 __all__ = [
     "DEFAULT_SIGNALS",
@@ -19,66 +38,6 @@ __all__ = [
     "Std",
     "StdSpec",
 ]
-
-# The environment variables torchrun reads for the agent (the CLI reads them into LaunchConfig).
-TORCHELASTIC_ENABLE_FILE_TIMER = "TORCHELASTIC_ENABLE_FILE_TIMER"
-TORCHELASTIC_TIMER_FILE = "TORCHELASTIC_TIMER_FILE"
-TORCHELASTIC_HEALTH_CHECK_PORT = "TORCHELASTIC_HEALTH_CHECK_PORT"
-
-DEFAULT_SIGNALS: tuple[signal.Signals, ...] = (
-    signal.SIGTERM,
-    signal.SIGINT,
-    signal.SIGHUP,
-    signal.SIGQUIT,
-)
-
-
-class Std(enum.IntFlag):
-    """Which standard streams go to files (redirect) or to both files and console (tee)."""
-
-    NONE = 0
-    OUT = 1
-    ERR = 2
-    ALL = 3
-
-    @classmethod
-    def from_str(cls, vm: str) -> Std | dict[int, Std]:
-        """Parse torch's form: ``3`` for every rank, or ``0:1,1:2`` per local rank.
-
-        Raises:
-            ValueError: the text is neither.
-        """
-        text = vm.strip()
-        if not text:
-            _bad_std(vm)  # torch's: an empty text is not a value either
-        if ":" not in text:
-            return cls(int(text)) if text in ("0", "1", "2", "3") else _bad_std(vm)
-        out: dict[int, Std] = {}
-        for item in text.split(","):
-            rank, _, value = item.partition(":")
-            if not rank.strip().isdigit() or value.strip() not in ("0", "1", "2", "3"):
-                _bad_std(vm)
-            out[int(rank)] = cls(int(value))
-        return out
-
-
-def _bad_std(vm: str) -> Std:
-    raise ValueError(f"{vm!r} is not 0..3 or LOCAL_RANK:0..3 items separated by commas")
-
-
-@dataclass(frozen=True)
-class StdSpec:
-    """A --redirects/--tee value: one Std for all local ranks, or one per local rank."""
-
-    default: Std = Std.NONE
-    per_rank: tuple[tuple[int, Std], ...] = ()
-
-    def for_rank(self, local_rank: int) -> Std:
-        """Return the Std that applies to ``local_rank``."""
-        for rank, std in self.per_rank:
-            if rank == local_rank:
-                return std
-        return self.default
 
 
 @dataclass(frozen=True)
@@ -109,81 +68,114 @@ class AgentOptions:
             it (``--max-node-failures``).
     """
 
-    signals: tuple[signal.Signals, ...] = DEFAULT_SIGNALS
-    watchdog: bool = False
-    timer_file: str | None = None
-    health_check_port: int | None = None
-    health_check_addr: str = "127.0.0.1"
-    health_check_timeout_s: float = 60.0
+    signals: tuple[signal.Signals, ...] = settings.SIGNALS_TO_HANDLE.default
+    watchdog: bool = settings.WATCHDOG.default
+    timer_file: str | None = settings.TIMER_FILE.default
+    health_check_port: int | None = settings.HEALTH_CHECK_PORT.default
+    health_check_addr: str = settings.HEALTH_CHECK_ADDR.default
+    health_check_timeout_s: float = settings.HEALTH_CHECK_TIMEOUT.default
     extra_env: tuple[tuple[str, str], ...] = ()
     base_env: tuple[tuple[str, str], ...] | None = None
     progress: ProgressOptions = field(default_factory=ProgressOptions)
-    duplicate_stdout_filters: tuple[str, ...] = ()
-    duplicate_stderr_filters: tuple[str, ...] = ()
-    virtual_local_rank: bool = False
-    numa_binding: str | None = None
-    warm_start: bool = False
-    preload: tuple[str, ...] = ()
-    max_node_failures: int = 2
+    duplicate_stdout_filters: tuple[str, ...] = settings.DUPLICATE_STDOUT_FILTERS.default
+    duplicate_stderr_filters: tuple[str, ...] = settings.DUPLICATE_STDERR_FILTERS.default
+    virtual_local_rank: bool = settings.VIRTUAL_LOCAL_RANK.default
+    numa_binding: str | None = settings.NUMA_BINDING.default
+    warm_start: bool = settings.WARM_START.default
+    preload: tuple[str, ...] = settings.PRELOAD.default
+    max_node_failures: int = settings.MAX_NODE_FAILURES.default
 
 
 @dataclass(frozen=True)
 class LaunchConfig:
-    """Everything the agent needs to run one node of a job.
+    """Every setting's effective value for one node of a job (one attribute per row of the
+    settings table, named by the row's ``attribute``), and what the CLI works out from them.
 
-    Attributes mirror torchrun's flags; durations carry their unit.
+    No attribute has a default: the CLI builds the whole config from the table at once
+    (``cli/options/launch_config.py``), so a default lives in the table alone.
+
+    Attributes (beyond the rows'):
+        entrypoint: the SCRIPT argument.
+        args: the script's arguments.
+        min_nodes: the fewest nodes a round completes with (``--nnodes``, Slurm, --standalone).
+        max_nodes: the most nodes a round admits.
+        extra_env: variables set in every worker's environment.
+        base_env: the environment workers start from (None: the agent's, when they start).
+        python_exec: the workers' interpreter (None: ``$PYTHON_EXEC`` or this one).
     """
 
     entrypoint: str
-    args: tuple[str, ...] = ()
-    min_nodes: int = 1
-    max_nodes: int = 1
-    nproc_per_node: int = 1
-    run_id: str = "none"
-    role: str = "default"
-    rdzv_backend: str = "static"
-    rdzv_endpoint: str = ""
-    rdzv_configs: tuple[tuple[str, str], ...] = ()
-    standalone: bool = False
-    max_restarts: int = 0
-    monitor_interval_s: float = 0.1
-    module: bool = False
-    no_python: bool = False
-    run_path: bool = False
-    log_dir: Path | None = None
-    redirects: StdSpec = StdSpec()
-    tee: StdSpec = StdSpec()
-    local_ranks_filter: frozenset[int] | None = None
-    node_rank: int = 0
-    master_addr: str = "127.0.0.1"
-    master_port: int = 29500
-    local_addr: str | None = None
-    signals_to_handle: tuple[signal.Signals, ...] = (
-        signal.SIGTERM,
-        signal.SIGINT,
-        signal.SIGHUP,
-        signal.SIGQUIT,
-    )
-    shutdown_timeout_s: float = 30.0
-    watchdog: bool = False
-    timer_file: str | None = None
-    health_check_port: int | None = None
-    health_check_addr: str = "127.0.0.1"
-    health_check_timeout_s: float = 60.0
-    live: bool | None = None
-    exit_barrier_timeout_s: float = 300.0
-    python_exec: str | None = None
-    extra_env: tuple[tuple[str, str], ...] = field(default=())
+    args: tuple[str, ...]
+    min_nodes: int
+    max_nodes: int
+    nproc_per_node: int
+    rdzv_backend: str
+    rdzv_endpoint: str
+    run_id: str
+    rdzv_configs: tuple[tuple[str, str], ...]
+    standalone: bool
+    max_restarts: int
+    monitor_interval_s: float
+    start_method: str
+    role: str
+    module: bool
+    no_python: bool
+    run_path: bool
+    log_dir: Path | None
+    redirects: StdSpec
+    tee: StdSpec
+    local_ranks_filter: frozenset[int] | None
+    node_rank: int
+    master_addr: str
+    master_port: int
+    local_addr: str | None
+    signals_to_handle: tuple[signal.Signals, ...]
+    shutdown_timeout_s: float
+    logs_specs: str | None
+    event_log_handler: str
+    duplicate_stdout_filters: tuple[str, ...]
+    duplicate_stderr_filters: tuple[str, ...]
+    numa_binding: str | None
+    virtual_local_rank: bool
+    watchdog: bool
+    warm_start: bool
+    preload: tuple[str, ...]
+    health_check_port: int | None
+    health_check_addr: str
+    health_check_timeout_s: float
+    live: bool | None
+    exit_barrier_timeout_s: float
+    hang_timeout: HangRule
+    straggler_factor: float
+    max_no_progress_restarts: int
+    max_node_failures: int
+    auto_progress: bool
+    script_exit_timeout_s: float | None
+    timer_file: str | None
+    log_line_prefix_template: str | None
+    launcher_error_file: str | None
+    extra_env: tuple[tuple[str, str], ...] = ()
     base_env: tuple[tuple[str, str], ...] | None = None
-    progress: ProgressOptions = field(default_factory=ProgressOptions)
-    # torchrun 2.13's further flags (see AgentOptions for their meaning).
-    logs_specs: str | None = None
-    event_log_handler: str = "null"
-    log_line_prefix_template: str | None = None
-    duplicate_stdout_filters: tuple[str, ...] = ()
-    duplicate_stderr_filters: tuple[str, ...] = ()
-    virtual_local_rank: bool = False
-    numa_binding: str | None = None
-    launcher_error_file: str | None = None
-    warm_start: bool = False
-    preload: tuple[str, ...] = ()
+    python_exec: str | None = None
+
+    def arguments(self, target: Target) -> dict[str, Any]:
+        """The keyword arguments ``target`` takes from this config, by the table's rows.
+
+        Args:
+            target: ``WorkerSpec``, ``LocalElasticAgent``, ``AgentOptions`` or
+                ``ProgressOptions`` (see :class:`~elastic_run.agent.settings.setting.Target`).
+
+        Returns:
+            ``{field or keyword at the target: value}``, one per row that goes there.
+        """
+        return settings.arguments(target, self)
+
+    def agent_options(self) -> AgentOptions:
+        """The agent's options: every row that goes to ``AgentOptions`` or ``ProgressOptions``,
+        with the workers' environment."""
+        return AgentOptions(
+            **self.arguments(Target.AGENT_OPTIONS),
+            progress=ProgressOptions(**self.arguments(Target.PROGRESS)),
+            extra_env=self.extra_env,
+            base_env=self.base_env,
+        )

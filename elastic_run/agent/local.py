@@ -31,6 +31,7 @@ from elastic_run.agent.loop.parts import MonitoredWorkers, WorkerPart
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.progress.duties import ProgressDuties
+from elastic_run.agent.settings import table as settings
 from elastic_run.agent.warm.policy import WarmStarts
 from elastic_run.agent.watchdog.server import FileTimerServer, TimerExpiry
 from elastic_run.agent.workers.console import duplicate_filters, tee_prefix
@@ -80,10 +81,10 @@ class LocalElasticAgent(SimpleElasticAgent):
         self,
         spec: WorkerSpec,
         logs_specs: LogsSpecs | None = None,
-        start_method: str = "spawn",
-        exit_barrier_timeout: float = 300,
-        log_line_prefix_template: str | None = None,
-        shutdown_timeout: float = 30,
+        start_method: str = settings.START_METHOD.default,
+        exit_barrier_timeout: float = settings.EXIT_BARRIER_TIMEOUT.default,
+        log_line_prefix_template: str | None = settings.LOG_LINE_PREFIX_TEMPLATE.default,
+        shutdown_timeout: float = settings.SHUTDOWN_TIMEOUT.default,
         health_check_server: Any = None,
         uninterruptible_state_timeout: float | None = None,
         *,

@@ -3,7 +3,8 @@
 
 ``elastic-run [OPTIONS] SCRIPT [ARGS...]`` is ``elastic-run run ...``: torchrun's flags with
 torchrun's spelling and defaults (dashes or underscores), each also read from ``PET_<NAME>``
-(the table: :mod:`elastic_run.cli.options.run_options`). Everything the user typed is checked by
+(the table: :mod:`elastic_run.agent.settings.table`; its click options:
+:mod:`elastic_run.cli.options.run_options`). Everything the user typed is checked by
 :func:`~elastic_run.cli.options.launch_config.parse_launch_config` before any process starts; here,
 :func:`main` turns every expected error into one line ``Error: ...`` on stderr and its exit
 code (2 for bad usage). torch is imported only once a job really starts, so ``--help`` answers
@@ -120,14 +121,10 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
     explicit = {
         name
         for name in params
-        if ctx.get_parameter_source(name)
-        in (click.core.ParameterSource.COMMANDLINE, click.core.ParameterSource.ENVIRONMENT)
+        if ctx.get_parameter_source(name) is click.core.ParameterSource.COMMANDLINE
     }
-    if params["print_config"] and params["script"] is None:
-        params["script"] = sys.executable  # a placeholder: --print-config starts nothing
-        params["no_python"] = True
     parsed = parse_launch_config(params, explicit)
-    if params["print_config"]:
+    if parsed.print_config:
         click.echo(format_print_config(parsed.chosen), nl=False)
         sys.exit(0)
     for line in parsed.notices:

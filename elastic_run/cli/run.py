@@ -3,7 +3,9 @@
 The one place where the CLI's frozen ``LaunchConfig`` becomes the library's objects, built
 through the same public entry points a user's Python code would use: the rendezvous registry,
 torch's ``WorkerSpec`` (``entrypoint`` the interpreter, ``args`` ``-u script ...``, as torchrun
-builds it), ``DefaultLogsSpecs`` and ``LocalElasticAgent``.
+builds it), ``DefaultLogsSpecs`` and ``LocalElasticAgent``. ``WorkerSpec``, the agent's keyword
+arguments, ``AgentOptions`` and ``ProgressOptions`` take their values by the settings table's
+rows (:meth:`LaunchConfig.arguments`): no field is copied by hand here.
 """
 
 from __future__ import annotations
@@ -13,7 +15,9 @@ import signal
 import sys
 from collections.abc import Iterable
 
-from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
+from elastic_run.agent.config import LaunchConfig, Std, StdSpec
+from elastic_run.agent.settings.setting import Target
+from elastic_run.agent.settings.table import EVENT_LOG_HANDLER
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.agent.workers.logs_specs import LogsSpecs
 from elastic_run.errors import ElasticRunError
@@ -101,44 +105,21 @@ def run_job(config: LaunchConfig) -> int:
     entrypoint, args = _argv(config)
     try:
         _check_reachable(handler)
+        # Each object takes its values from the config by the settings table's rows.
         spec = WorkerSpec(
-            role=config.role,
-            local_world_size=config.nproc_per_node,
             rdzv_handler=handler,
             entrypoint=entrypoint,
             args=args,
-            max_restarts=config.max_restarts,
-            monitor_interval=config.monitor_interval_s,
-            local_addr=config.local_addr,
-            master_addr=config.master_addr,
-            master_port=config.master_port,
+            **config.arguments(Target.WORKER_SPEC),
         )
         logs_specs = _logs_specs(config)
-        if config.event_log_handler != "null":
+        if config.event_log_handler != EVENT_LOG_HANDLER.default:
             check_event_log_handler(config.event_log_handler)
         agent = LocalElasticAgent(
             spec,
             logs_specs,
-            exit_barrier_timeout=config.exit_barrier_timeout_s,
-            log_line_prefix_template=config.log_line_prefix_template,
-            shutdown_timeout=config.shutdown_timeout_s,
-            options=AgentOptions(
-                signals=config.signals_to_handle,
-                watchdog=config.watchdog,
-                timer_file=config.timer_file,
-                health_check_port=config.health_check_port,
-                health_check_addr=config.health_check_addr,
-                health_check_timeout_s=config.health_check_timeout_s,
-                extra_env=config.extra_env,
-                base_env=config.base_env,
-                progress=config.progress,
-                duplicate_stdout_filters=config.duplicate_stdout_filters,
-                duplicate_stderr_filters=config.duplicate_stderr_filters,
-                virtual_local_rank=config.virtual_local_rank,
-                numa_binding=config.numa_binding,
-                warm_start=config.warm_start,
-                preload=config.preload,
-            ),
+            options=config.agent_options(),
+            **config.arguments(Target.AGENT),
         )
     except (ElasticRunError, ValueError):
         _close_backend(handler)

@@ -86,6 +86,18 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT nan": ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "nan"}),
     "TORCH_ELASTIC_SHUTDOWN_TIMEOUT text": ([], {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "soon"}),
     "PET_MONITOR_INTERVAL nan": ([], {"PET_MONITOR_INTERVAL": "nan"}),
+    # every setting's variable is read by the same parser as its flag
+    "PET_MAX_RESTARTS text": ([], {"PET_MAX_RESTARTS": "many"}),
+    "PET_NNODES huge": ([], {"PET_NNODES": HUGE}),
+    "PET_NPROC_PER_NODE 0": ([], {"PET_NPROC_PER_NODE": "0"}),
+    "PET_STANDALONE maybe": ([], {"PET_STANDALONE": "maybe"}),
+    "PET_EXIT_BARRIER_TIMEOUT -1": ([], {"PET_EXIT_BARRIER_TIMEOUT": "-1"}),
+    "PET_HEALTH_CHECK_PORT 65536": ([], {"PET_HEALTH_CHECK_PORT": "65536"}),
+    "TORCHELASTIC_HEALTH_CHECK_PORT text": ([], {"TORCHELASTIC_HEALTH_CHECK_PORT": "http"}),
+    "hang-timeout 1e300": (["--hang-timeout", "1e300"], {}),
+    "straggler-factor inf": (["--straggler-factor", "inf"], {}),
+    "straggler-factor huge": (["--straggler-factor", HUGE], {}),
+    "start-method thread": (["--start-method", "thread"], {}),
     # integer flags
     "max-restarts huge": (["--max-restarts", HUGE], {}),
     "max-restarts 10001": (["--max-restarts", "10001"], {}),

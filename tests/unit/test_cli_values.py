@@ -12,8 +12,8 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from elastic_run.agent.config import Std, StdSpec
-from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
-from elastic_run.cli.options.values import (
+from elastic_run.agent.settings.table import SETTINGS, by_name
+from elastic_run.agent.settings.values import (
     MAX_NPROC_PER_NODE,
     MAX_RUN_ID_CHARS,
     MAX_SECONDS,
@@ -30,6 +30,8 @@ from elastic_run.cli.options.values import (
     safe_run_id,
     shown,
 )
+from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
+from elastic_run.cli.options.sources import Readings, read_settings
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.settings import MAX_NODES, parse_bool, parse_nnodes
 
@@ -356,3 +358,131 @@ def test_any_rdzv_conf_text_is_pairs_or_a_configuration_error(text: str) -> None
         validate_rdzv_conf(parse_rdzv_conf(text))
     except ConfigurationError as exc:
         assert "\n" not in str(exc)
+
+
+# ---- every setting read from any source: one parser, one wording ------------------------------
+
+NUMERIC = {
+    # name: whether 0 is a value (every setting refuses abc, inf, nan, -1, huge)
+    "nnodes": False,
+    "nproc_per_node": False,
+    "max_restarts": True,
+    "monitor_interval": False,
+    "node_rank": True,
+    "master_port": True,
+    "shutdown_timeout": True,
+    "health_check_port": True,
+    "health_check_timeout": False,
+    "exit_barrier_timeout": True,
+    "elastic_min": False,
+    "hang_timeout": True,  # 0: off
+    "straggler_factor": False,
+    "max_no_progress_restarts": True,
+    "script_exit_timeout": True,  # 0: off
+}
+BAD = ["abc", "inf", "-inf", "nan", "-1", "9" * 40, "1e300", "", "1.5.2"]
+
+
+def _read(params: dict[str, object], environ: dict[str, str]) -> Readings:
+    return read_settings(params, set(params), environ)
+
+
+def _error(params: dict[str, object], environ: dict[str, str]) -> str:
+    with pytest.raises(ConfigurationError) as caught:
+        _read(params, environ)
+    message = str(caught.value)
+    assert "\n" not in message and message, message
+    return message
+
+
+def test_every_numeric_setting_is_a_row() -> None:
+    assert {s.name for s in SETTINGS if s.name in NUMERIC} == set(NUMERIC)
+
+
+@pytest.mark.parametrize("name", list(NUMERIC))
+@pytest.mark.parametrize("text", BAD + ["0"])
+def test_a_bad_number_is_one_line_naming_its_source_whatever_the_source(
+    name: str, text: str
+) -> None:
+    setting = by_name(name)
+    if text == "0" and NUMERIC[name]:
+        _read({name: text}, {})
+        return
+    if text == "":  # an empty variable is unset, as click reads one; empty on the command line
+        assert _read({}, {str(setting.pet_env): ""}).sources[name] == "default"
+        if name in ("hang_timeout", "script_exit_timeout"):
+            return  # "" is not "off": refused below like any other text
+    from_flag = _error({name: text}, {})
+    assert from_flag.startswith(str(setting.flag)), from_flag
+    if text == "":
+        return
+    from_pet = _error({}, {str(setting.pet_env): text})
+    assert from_pet == from_flag.replace(str(setting.flag), str(setting.pet_env), 1)
+    if setting.torch_env is not None:
+        from_torch = _error({}, {setting.torch_env: text})
+        assert from_torch == from_flag.replace(str(setting.flag), setting.torch_env, 1)
+
+
+def test_the_command_line_wins_then_pet_then_torchs_variable_then_slurm_then_the_default() -> None:
+    environ = {
+        "PET_SHUTDOWN_TIMEOUT": "5",
+        "TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7",
+        "PET_HEALTH_CHECK_PORT": "",  # empty: unset
+        "TORCHELASTIC_HEALTH_CHECK_PORT": "8080",
+        "TORCHELASTIC_ENABLE_FILE_TIMER": "yes",
+        "SLURM_JOB_ID": "42",
+        "SLURM_JOB_NUM_NODES": "2",
+        "SLURM_JOB_NODELIST": "n[1-2]",
+        "PET_RDZV_BACKEND": "etcd",
+    }
+    readings = read_settings({"shutdown_timeout": "3"}, {"shutdown_timeout"}, environ)
+    assert (readings.values["shutdown_timeout"], readings.sources["shutdown_timeout"]) == (
+        3.0,
+        "given",
+    )
+    readings = read_settings({}, set(), environ)
+    assert readings.values["shutdown_timeout"] == 5.0
+    assert readings.sources["shutdown_timeout"] == "from PET_SHUTDOWN_TIMEOUT"
+    assert readings.values["health_check_port"] == 8080
+    assert readings.sources["health_check_port"] == "from TORCHELASTIC_HEALTH_CHECK_PORT"
+    assert readings.values["watchdog"] is True
+    assert readings.values["rdzv_backend"] == "etcd"  # PET_ beats the allocation's c10d
+    assert readings.values["rdzv_endpoint"] == "n1:2379"
+    assert "SLURM_JOB_NODELIST" in readings.sources["rdzv_endpoint"]
+    assert readings.values["nnodes"] == (2, 2)
+    assert readings.sources["max_restarts"] == "default"
+    assert readings.given == {"shutdown_timeout", "health_check_port", "watchdog", "rdzv_backend"}
+    without = read_settings({}, set(), {"TORCH_ELASTIC_SHUTDOWN_TIMEOUT": "7"})
+    assert without.values["shutdown_timeout"] == 7.0
+
+
+@pytest.mark.parametrize("text", ["1", "true", "YES", "on", "t", "y"])
+def test_a_flags_variable_reads_as_click_read_it(text: str) -> None:
+    readings = _read({}, {"PET_STANDALONE": text, "PET_WARM_START": text.swapcase()})
+    assert readings.values["standalone"] is True and readings.values["warm_start"] is True
+    assert _read({}, {"PET_STANDALONE": "0"}).values["standalone"] is False
+
+
+def test_a_bad_flag_variable_is_one_line() -> None:
+    assert _error({}, {"PET_STANDALONE": "maybe"}).startswith("PET_STANDALONE 'maybe'")
+    # torch reads TORCHELASTIC_ENABLE_FILE_TIMER leniently: anything but 1/true/... is off.
+    assert _read({}, {"TORCHELASTIC_ENABLE_FILE_TIMER": "maybe"}).values["watchdog"] is False
+
+
+@pytest.mark.parametrize(
+    ("name", "text", "words"),
+    [
+        ("start_method", "thread", "is not one of 'spawn', 'fork', 'forkserver'"),
+        ("numa_binding", "all", "is not one of 'node', 'socket', 'exclusive', 'core-complex'"),
+        ("signals_to_handle", "SIGNOPE", "unknown signal"),
+        ("redirects", "7", "expected 0..3"),
+        ("local_ranks_filter", "a", "expected local ranks"),
+        ("rdzv_endpoint", "host:99999", "not in 0..65535"),
+        ("preload", "a-b", "is not a module name"),
+    ],
+)
+def test_the_other_kinds_name_their_source_too(name: str, text: str, words: str) -> None:
+    setting = by_name(name)
+    from_flag, from_pet = _error({name: text}, {}), _error({}, {str(setting.pet_env): text})
+    assert words in from_flag and str(setting.flag) in from_flag
+    assert from_pet == from_flag.replace(str(setting.flag), str(setting.pet_env), 1)

@@ -218,6 +218,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.config",
         "elastic_run.agent.events",
         "elastic_run.agent.rules",
+        "elastic_run.agent.settings.table",  # the keyword defaults of SimpleElasticAgent
         "elastic_run.metrics",  # torch's agent metrics (put_metric, @prof)
         "elastic_run.rendezvous.dynamic.telemetry",  # the fault records (node_ledger.py)
         "elastic_run.torch_events",  # torch's agent events (get_event_succeeded...)
@@ -253,6 +254,13 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.rules",
         "elastic_run.agent.loop.snapshot",
         "elastic_run.agent.progress.stack_report",
+    },
+    "elastic_run.agent.settings": {
+        "elastic_run.agent.progress.config",  # the progress settings' defaults and parsers
+        "elastic_run.agent.rules.progress.beats",
+        "elastic_run.agent.rules.progress.script_end",
+        "elastic_run.errors",
+        "elastic_run.rendezvous.settings",
     },
     "elastic_run.agent.warm": {
         "elastic_run.agent.workers.env",

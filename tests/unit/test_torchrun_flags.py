@@ -4,8 +4,9 @@ from __future__ import annotations
 
 import pytest
 
+from elastic_run.agent.settings.values import parse_filters
 from elastic_run.agent.workers.console import tee_prefix
-from elastic_run.cli.options.torchrun_flags import expand_prefixes, parse_filters
+from elastic_run.cli.options.torchrun_flags import expand_prefixes
 from elastic_run.errors import ConfigurationError
 
 FLAGS = ["--nnodes", "--nproc-per-node", "--nproc_per_node", "--redirects", "--rdzv-id",

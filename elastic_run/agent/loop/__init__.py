@@ -9,7 +9,8 @@ of a completed round (``ranks.py``), how signals reach the loop (``signals.py``)
 snapshot the loop publishes for views (``snapshot.py``) and the pure goodput account the loop
 folds its events and beats into (``goodput.py``).
 
-May import: ``elastic_run.agent`` (api, config, events), ``agent.rules`` (the observation
+May import: ``elastic_run.agent`` (api, config, events, the settings table for the keyword
+defaults), ``agent.rules`` (the observation
 records, the actions, the registry), ``agent.workers.failures``, the rendezvous's API and errors
 (``rendezvous.api``, ``rendezvous.errors``), the telemetry seam (``rendezvous.dynamic.telemetry``:
 the fault records) and the top-level ``errors``, ``metrics`` and

@@ -54,10 +54,10 @@ from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait
 from elastic_run.agent.loop.rendezvous_part import RendezvousPart, closed_reason
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
-from elastic_run.agent.rules.nodes.excluded import DEFAULT_MAX_NODE_FAILURES
 from elastic_run.agent.rules.nodes.history import Fault, follows_rank
 from elastic_run.agent.rules.observation import GroupView, ProgressView, RoundView, WorkerView
 from elastic_run.agent.rules.registry import published_events
+from elastic_run.agent.settings import table as settings
 from elastic_run.errors import AgentError
 from elastic_run.metrics import prof, put_metric
 from elastic_run.rendezvous.api import AgentRendezvous, Assignment, InterruptibleRendezvous
@@ -113,14 +113,14 @@ class SimpleElasticAgent(ElasticAgent):
     def __init__(
         self,
         spec: WorkerSpec,
-        exit_barrier_timeout: float = 300,
-        shutdown_timeout: float = 30,
+        exit_barrier_timeout: float = settings.EXIT_BARRIER_TIMEOUT.default,
+        shutdown_timeout: float = settings.SHUTDOWN_TIMEOUT.default,
         *,
         signals: Iterable[int] = DEFAULT_SIGNALS,
         on_event: EventSink | None = None,
         workers: WorkerPart | None = None,
         progress: ProgressPart | None = None,
-        max_node_failures: int = DEFAULT_MAX_NODE_FAILURES,
+        max_node_failures: int = settings.MAX_NODE_FAILURES.default,
     ) -> None:
         self._spec = spec
         self._worker_group = WorkerGroup(spec)

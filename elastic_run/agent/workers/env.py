@@ -113,7 +113,7 @@ def build_worker_env(
     use_agent_store: bool,
     timer_file: str | None,
     extra: Mapping[str, str] = {},
-    virtual_local_rank: bool = False,
+    virtual_local_rank: bool,
 ) -> dict[str, str]:
     """The environment of one worker (TORCHELASTIC_ERROR_FILE is added once the logs are placed).
 

@@ -31,7 +31,7 @@ from contextlib import contextmanager, redirect_stderr, redirect_stdout
 from importlib.machinery import ModuleSpec
 from pathlib import Path
 
-from elastic_run.cli.options.values import shown
+from elastic_run.agent.settings.values import shown
 from elastic_run.errors import ConfigurationError
 
 __all__ = ["check_entrypoint", "find_module"]

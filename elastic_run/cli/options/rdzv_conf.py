@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from elastic_run.cli.options.values import shown
+from elastic_run.agent.settings.values import shown
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.settings import check_conf_values
 

@@ -6,11 +6,11 @@ allocation's variables into one frozen :class:`RendezvousTarget`: which job's re
 which backend. Every flag takes its dash and its underscore spelling (``--rdzv-id`` and
 ``--rdzv_id``), and each also reads ``PET_<NAME>`` (``PET_RDZV_ID``...).
 
-The values are read by the same parsers as the run command's (the rendezvous's
-:func:`~elastic_run.rendezvous.settings.parse_nnodes`, :func:`parse_rdzv_conf` and
-:func:`validate_rdzv_conf`), and the run id is made safe for a
-path the same way (:func:`safe_run_id`), so ``status`` finds the job an agent started with the
-same ``--rdzv-id``.
+The flags' spellings and ``PET_*`` variables are the settings table's rows
+(:mod:`elastic_run.agent.settings.table`), and the values are read by the same parsers as the run
+command's (``--nnodes`` by its row's, :func:`parse_rdzv_conf` and :func:`validate_rdzv_conf`);
+the run id is made safe for a path the same way (:func:`safe_run_id`), so ``status`` finds the
+job an agent started with the same ``--rdzv-id``.
 
 Precedence, highest first: a flag on the command line, its ``PET_*`` variable, ``--slurm-job``
 (asks ``scontrol``/``squeue``), the Slurm allocation the command runs in (``SLURM_JOB_ID``...),
@@ -25,11 +25,11 @@ from typing import Any, TypeVar
 
 import click
 
+from elastic_run.agent.settings.table import NNODES, by_name
+from elastic_run.agent.settings.values import safe_run_id
 from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
-from elastic_run.cli.options.values import safe_run_id
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
-from elastic_run.rendezvous.settings import parse_nnodes
 
 __all__ = [
     "RDZV_OPTION_NAMES",
@@ -45,13 +45,17 @@ RDZV_OPTION_NAMES = ("rdzv_backend", "rdzv_endpoint", "rdzv_id", "rdzv_conf", "n
 _READABLE_BACKENDS = ("c10d", "etcd", "etcd-v2", "embedded-etcd")
 
 
-def _option(flag: str, **kwargs: Any) -> Callable[[F], F]:
-    """A click option with the dash and underscore spellings and its ``PET_*`` variable."""
-    under = "--" + flag[2:].replace("-", "_")
-    names = [flag] + ([under] if under != flag else [])
-    kwargs.setdefault("envvar", "PET_" + flag[2:].replace("-", "_").upper())
+# `status` and `close` read a running job, which no static rendezvous can serve.
+_STATUS_BACKEND = "c10d"
+
+
+def _option(name: str, **kwargs: Any) -> Callable[[F], F]:
+    """The click option of the run command's setting ``name``: its spellings and its ``PET_*``
+    variable (from the settings table), with this command's help."""
+    setting = by_name(name)
+    kwargs.setdefault("envvar", setting.pet_env)
     kwargs.setdefault("show_envvar", True)
-    return click.option(*names, **kwargs)
+    return click.option(*setting.spellings, name, **kwargs)
 
 
 def rdzv_options(fn: F) -> F:
@@ -69,25 +73,25 @@ def rdzv_options(fn: F) -> F:
     """
     options = [
         _option(
-            "--rdzv-backend",
+            "rdzv_backend",
             type=click.Choice(_READABLE_BACKENDS),
-            default="c10d",
+            default=_STATUS_BACKEND,
             show_default=True,
             help="The job's rendezvous backend.",
         ),
         _option(
-            "--rdzv-endpoint",
+            "rdzv_endpoint",
             default=None,
             help="host[:port] of the backend (c10d port 29400, etcd 2379, embedded-etcd 29410; a,b,c).",
         ),
-        _option("--rdzv-id", default=None, help="The job id (the run command's --rdzv-id)."),
+        _option("rdzv_id", default=None, help="The job id (the run command's --rdzv-id)."),
         _option(
-            "--rdzv-conf",
-            default="",
+            "rdzv_conf",
+            default=None,
             help="Backend config k1=v1,k2=v2 (read_timeout, TLS files, keep_alive_interval...).",
         ),
         _option(
-            "--nnodes",
+            "nnodes",
             default=None,
             help="The job's N or MIN:MAX, for the state label (waiting / last call).",
         ),
@@ -199,7 +203,7 @@ def resolve_target(
     chosen_id = chosen.get("rdzv_id")
     if not chosen_id:
         raise ConfigurationError("which job? give --rdzv-id (or PET_RDZV_ID, or --slurm-job JOBID)")
-    backend = str(chosen.get("rdzv_backend") or "c10d")
+    backend = str(chosen.get("rdzv_backend") or _STATUS_BACKEND)
     endpoint = str(chosen.get("rdzv_endpoint") or "")
     if not endpoint:
         raise ConfigurationError(
@@ -210,7 +214,7 @@ def resolve_target(
     max_nodes: int | None = None
     nnodes = chosen.get("nnodes")
     if nnodes:
-        min_nodes, max_nodes = parse_nnodes(str(nnodes))
+        min_nodes, max_nodes = NNODES.parse(str(nnodes), "--nnodes")
     conf = parse_rdzv_conf(str(chosen.get("rdzv_conf") or ""))
     # A check before any connection: the backend parses the text again by the same parser over
     # the same table (RendezvousSettings.from_params), so the two parses cannot disagree.

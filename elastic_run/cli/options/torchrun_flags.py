@@ -10,7 +10,8 @@ flags of :mod:`elastic_run.cli.options.run_options`:
   (``--nproc``: ``--nproc-per-node`` and ``--nproc_per_node``) names that flag. Only the
   launcher's own flags are read: everything from SCRIPT on belongs to the script.
 - ``--duplicate-stdout-filters`` / ``--duplicate-stderr-filters``: comma separated, ``,,`` is
-  a comma in a string (torchrun's ``comma_separated_list``).
+  a comma in a string (torchrun's ``comma_separated_list``; read by the settings table's
+  :func:`~elastic_run.agent.settings.values.parse_filters`).
 - ``--logs-specs NAME``: the class registered under NAME in the entry point group
   ``torchrun.logs_specs`` (torch's plugin group), built with torch's keyword arguments.
 - ``--event-log-handler NAME``: a handler of torch's event logging (``null``, ``console``,
@@ -24,7 +25,7 @@ from importlib import metadata
 from typing import Any
 
 from elastic_run.agent.events import AgentEvent
-from elastic_run.cli.options.values import shown
+from elastic_run.agent.settings.values import shown
 from elastic_run.errors import ConfigurationError
 
 __all__ = [
@@ -32,7 +33,6 @@ __all__ = [
     "check_event_log_handler",
     "expand_prefixes",
     "load_logs_specs_class",
-    "parse_filters",
     "torch_event_sink",
 ]
 
@@ -85,15 +85,6 @@ def expand_prefixes(
             out.append(args[index])
             index += 1
     return out
-
-
-def parse_filters(text: str) -> tuple[str, ...]:
-    """``a,b,,c`` -> ``("a", "b,c")``; empty: no filter (torchrun's comma_separated_list)."""
-    if not text:
-        return ()
-    placeholder = "\x00"
-    items = text.replace(",,", placeholder).split(",")
-    return tuple(item.replace(placeholder, ",") for item in items if item)
 
 
 def load_logs_specs_class(name: str) -> type[Any]:

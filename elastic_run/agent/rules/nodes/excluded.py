@@ -19,9 +19,7 @@ from elastic_run.agent.rules.actions import Action, Exclude
 from elastic_run.agent.rules.nodes.history import Fault, FaultHistory, follows_rank
 from elastic_run.agent.rules.observation import Observation, WorkersStatus
 
-__all__ = ["DEFAULT_MAX_NODE_FAILURES", "evidence", "judge", "reason"]
-
-DEFAULT_MAX_NODE_FAILURES = 2
+__all__ = ["evidence", "judge", "reason"]
 
 
 def evidence(own: FaultHistory, others: tuple[FaultHistory, ...]) -> tuple[Fault, ...]:

@@ -1,9 +1,11 @@
-"""The values of the command-line flags: text (or click's int/float) in, a checked value out.
+"""The values of the settings: a flag's or a variable's text in, a checked value out.
 
-One concept: each function here turns one flag's value into what the launcher uses, or raises
-:class:`ConfigurationError` with a one-line sentence that names the flag and the value. They
-are pure functions of their arguments (no environment, no files, no torch), so the CLI's
-checks are tested without starting anything.
+One concept: each function here turns one setting's text into what the launcher uses, or raises
+:class:`ConfigurationError` with a one-line sentence that names where the text came from (the
+flag, its ``PET_`` variable or torch's variable: the ``what`` argument) and the value. They are
+pure functions of their arguments (no environment, no files; torch only to count devices for
+``--nproc-per-node gpu``), so the CLI's checks are tested without starting anything. The
+settings table (:mod:`elastic_run.agent.settings.table`) names one of them for each setting.
 
 Bounds, and why:
 - workers per node 1..:data:`MAX_NPROC_PER_NODE`: beyond it a typo, not a job, is more likely,
@@ -24,7 +26,7 @@ import re
 import signal
 from collections.abc import Callable
 
-from elastic_run.agent.config import Std, StdSpec
+from elastic_run.agent.settings.streams import Std, StdSpec
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.settings import MAX_DURATION_S, check_seconds, parse_int, shown
 
@@ -37,12 +39,18 @@ __all__ = [
     "check_endpoint_ports",
     "check_port",
     "check_seconds",
+    "count_cuda_devices",
+    "count_xpu_devices",
+    "parse_filters",
     "parse_int",
     "parse_local_ranks",
+    "parse_modules",
     "parse_nproc",
     "parse_seconds",
     "parse_signals",
     "parse_std",
+    "parse_switch",
+    "parse_truthy",
     "safe_run_id",
     "shown",
 ]
@@ -85,6 +93,7 @@ def parse_nproc(
     cpu_count: int,
     cuda_device_count: Callable[[], int],
     xpu_device_count: Callable[[], int] = lambda: 0,
+    what: str = "--nproc-per-node",
 ) -> int:
     """Parse ``--nproc-per-node``: ``N``, ``cpu``, ``gpu``, ``xpu`` or ``auto``.
 
@@ -94,6 +103,7 @@ def parse_nproc(
         cuda_device_count: returns the CUDA devices available (0 if none); called only for
             ``gpu`` and ``auto``.
         xpu_device_count: returns the Intel XPU devices available; called only for ``xpu``.
+        what: where the text came from, for the message.
 
     Returns:
         The number of workers on this node.
@@ -109,24 +119,22 @@ def parse_nproc(
         devices = xpu_device_count()
         if devices > 0:
             return devices
-        raise ConfigurationError("--nproc-per-node xpu: no XPU device is available")
+        raise ConfigurationError(f"{what} xpu: no XPU device is available")
     if value in ("gpu", "auto"):
         devices = cuda_device_count()
         if devices > 0:
             return devices
         if value == "gpu":
-            raise ConfigurationError("--nproc-per-node gpu: no CUDA device is available")
+            raise ConfigurationError(f"{what} gpu: no CUDA device is available")
         return max(1, cpu_count)
     if not value.lstrip("+-").isascii() or not value.lstrip("+-").isdigit():
-        raise ConfigurationError(
-            f"--nproc-per-node {shown(text)} is not a number, cpu, gpu, xpu or auto"
-        )
-    count = parse_int(value, "--nproc-per-node")
+        raise ConfigurationError(f"{what} {shown(text)} is not a number, cpu, gpu, xpu or auto")
+    count = parse_int(value, what)
     if count < 1:
-        raise ConfigurationError(f"--nproc-per-node {shown(text)} must be at least 1")
+        raise ConfigurationError(f"{what} {shown(text)} must be at least 1")
     return check_count(
         count,
-        "--nproc-per-node",
+        what,
         1,
         MAX_NPROC_PER_NODE,
         "more workers per node than any machine runs",
@@ -169,11 +177,12 @@ def parse_std(text: str, flag: str) -> StdSpec:
     return StdSpec(per_rank=tuple(per_rank))
 
 
-def parse_local_ranks(text: str) -> frozenset[int] | None:
+def parse_local_ranks(text: str, what: str = "--local-ranks-filter") -> frozenset[int] | None:
     """Parse ``--local-ranks-filter``: local ranks separated by commas.
 
     Args:
         text: the value; empty means every rank.
+        what: where the text came from, for the message.
 
     Returns:
         The ranks, or None for every rank.
@@ -189,17 +198,18 @@ def parse_local_ranks(text: str) -> frozenset[int] | None:
         item = item.strip()
         if not (item.isascii() and item.isdigit()) or len(item) > 6:
             raise ConfigurationError(
-                f"--local-ranks-filter {shown(text)}: expected local ranks separated by commas"
+                f"{what} {shown(text)}: expected local ranks separated by commas"
             )
-        ranks.add(check_count(int(item), "--local-ranks-filter", 0, MAX_NPROC_PER_NODE - 1))
+        ranks.add(check_count(int(item), what, 0, MAX_NPROC_PER_NODE - 1))
     return frozenset(ranks)
 
 
-def parse_signals(text: str) -> tuple[signal.Signals, ...]:
+def parse_signals(text: str, what: str = "--signals-to-handle") -> tuple[signal.Signals, ...]:
     """Parse ``--signals-to-handle``: names such as ``SIGTERM,SIGINT`` (``TERM`` too).
 
     Args:
         text: the value.
+        what: where the text came from, for the message.
 
     Returns:
         The signals, in order.
@@ -216,9 +226,9 @@ def parse_signals(text: str) -> tuple[signal.Signals, ...]:
             name = "SIG" + name
         sig = signal.Signals.__members__.get(name)
         if sig is None:
-            raise ConfigurationError(f"--signals-to-handle: unknown signal {shown(item.strip())}")
+            raise ConfigurationError(f"{what}: unknown signal {shown(item.strip())}")
         if sig in (signal.SIGKILL, signal.SIGSTOP, signal.SIGCHLD):
-            raise ConfigurationError(f"--signals-to-handle: {name} cannot be handled")
+            raise ConfigurationError(f"{what}: {name} cannot be handled")
         out.append(sig)
     return tuple(out)
 
@@ -241,13 +251,14 @@ def check_port(value: int | None, what: str) -> int | None:
     return check_count(value, what, 0, 65535)
 
 
-def check_endpoint_ports(endpoint: str) -> tuple[int, ...]:
+def check_endpoint_ports(endpoint: str, what: str = "--rdzv-endpoint") -> tuple[int, ...]:
     """Check the ports of ``--rdzv-endpoint`` (``host[:port][,host[:port]...]``).
 
     A bare IPv6 address (several colons, no brackets) has no port to check.
 
     Args:
         endpoint: the value.
+        what: where the text came from, for the message.
 
     Returns:
         The ports given, in order; a host without a port adds none.
@@ -263,7 +274,7 @@ def check_endpoint_ports(endpoint: str) -> tuple[int, ...]:
             continue
         if not (port.isascii() and port.isdigit()) or len(port) > 5 or int(port) > 65535:
             raise ConfigurationError(
-                f"--rdzv-endpoint {shown(endpoint)}: port {shown(port)} is not in 0..65535"
+                f"{what} {shown(endpoint)}: port {shown(port)} is not in 0..65535"
             )
         ports.append(int(port))
     return tuple(ports)
@@ -290,7 +301,7 @@ def parse_seconds(text: str, what: str, *, allow_zero: bool = False) -> float:
     return check_seconds(value, what, allow_zero=allow_zero)
 
 
-def safe_run_id(run_id: str) -> str:
+def safe_run_id(run_id: str, what: str = "--rdzv-id") -> str:
     """Make a run id safe as a directory name, the same way on every node.
 
     Keeps ``[A-Za-z0-9._-]`` and replaces every other character with ``_``; an id of dots
@@ -299,6 +310,7 @@ def safe_run_id(run_id: str) -> str:
 
     Args:
         run_id: the ``--rdzv-id`` value.
+        what: where the text came from, for the message.
 
     Returns:
         The id to use everywhere (log directory, rendezvous keys, TORCHELASTIC_RUN_ID); equal
@@ -308,7 +320,7 @@ def safe_run_id(run_id: str) -> str:
         ConfigurationError: the id is empty or only white space.
     """
     if not run_id.strip():
-        raise ConfigurationError("--rdzv-id must not be empty")
+        raise ConfigurationError(f"{what} must not be empty")
     safe = _RUN_ID_UNSAFE.sub("_", run_id)
     if not safe.strip("."):
         safe = "_" * len(safe)
@@ -316,3 +328,85 @@ def safe_run_id(run_id: str) -> str:
         digest = hashlib.sha256(run_id.encode("utf-8", "surrogatepass")).hexdigest()[:8]
         safe = f"{safe[: MAX_RUN_ID_CHARS - 9]}-{digest}"
     return safe
+
+
+def parse_filters(text: str, what: str = "--duplicate-stdout-filters") -> tuple[str, ...]:
+    """``a,b,,c`` -> ``("a", "b,c")``; empty: no filter (torchrun's comma_separated_list).
+
+    Args:
+        text: the value.
+        what: where the text came from (every text is a list of filters: never an error).
+    """
+    if not text:
+        return ()
+    placeholder = "\x00"
+    items = text.replace(",,", placeholder).split(",")
+    return tuple(item.replace(placeholder, ",") for item in items if item)
+
+
+def parse_modules(text: str, what: str = "--preload") -> tuple[str, ...]:
+    """Parse module names separated by commas (``--preload a,b.c``).
+
+    Raises:
+        ConfigurationError: an item is not a dotted module name.
+    """
+    names = tuple(name.strip() for name in text.split(",") if name.strip())
+    for name in names:
+        if not all(part.isidentifier() for part in name.split(".")):
+            raise ConfigurationError(f"{what}: {shown(name)} is not a module name")
+    return names
+
+
+# click's spellings of a boolean in an environment variable (``PET_STANDALONE=1``), kept so
+# that every value click read before still reads the same.
+_SWITCH_STATES = {
+    "1": True,
+    "0": False,
+    "yes": True,
+    "no": False,
+    "true": True,
+    "false": False,
+    "on": True,
+    "off": False,
+    "t": True,
+    "f": False,
+    "y": True,
+    "n": False,
+}
+
+
+def parse_switch(text: str, what: str) -> bool:
+    """Parse an on/off setting's text (a ``PET_`` variable of a flag): 1/0, true/false, yes/no,
+    on/off, t/f, y/n in any case.
+
+    Raises:
+        ConfigurationError: anything else.
+    """
+    value = _SWITCH_STATES.get(text.strip().lower())
+    if value is None:
+        raise ConfigurationError(
+            f"{what} {shown(text)} is not on or off (1/0, true/false, yes/no, on/off, t/f, y/n)"
+        )
+    return value
+
+
+def parse_truthy(text: str, what: str) -> bool:
+    """Read a torch variable that turns something on (``TORCHELASTIC_ENABLE_FILE_TIMER``): 1,
+    true, yes, y, t or on in any case is on, anything else off (never an error, as torch reads
+    it)."""
+    return text.strip().lower() in ("1", "true", "yes", "y", "t", "on")
+
+
+def count_cuda_devices() -> int:
+    """The CUDA devices this machine has (imports torch: only for ``gpu`` and ``auto``)."""
+    import torch
+
+    return int(torch.cuda.device_count()) if torch.cuda.is_available() else 0
+
+
+def count_xpu_devices() -> int:
+    """The Intel XPU devices this machine has (imports torch: only for ``xpu``)."""
+    import torch
+
+    xpu = getattr(torch, "xpu", None)
+    return int(xpu.device_count()) if xpu is not None and xpu.is_available() else 0
