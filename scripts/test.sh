@@ -2,10 +2,21 @@
 # The whole check: set-up, lint, format, types, then the tests. Arguments go to pytest
 # (e.g. `scripts/test.sh -x tests/unit`). Every step runs; the exit status is non-zero when any
 # step failed.
+#
+# `scripts/test.sh --fast` is the edit-test loop: set-up, ruff, then the pure and unit tier
+# (tests/unit: no agent, store or worker process), in well under two minutes. The whole check
+# (no --fast) is the CI command.
 set -euo pipefail
 
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 scripts/setup.sh
+
+if [[ "${1:-}" == "--fast" ]]; then
+    shift
+    .venv/bin/ruff check .
+    .venv/bin/ruff format --check .
+    exec .venv/bin/pytest -q -n 2 tests/unit "$@"
+fi
 
 failed=()
 step() {
