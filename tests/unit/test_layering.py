@@ -279,6 +279,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.settings",
     },
     "elastic_run.rendezvous.dynamic": {
+        "elastic_run.clock",
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",
         "elastic_run.rendezvous.errors",
@@ -305,6 +306,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.settings",
     },
     "elastic_run.rendezvous.liveness": {
+        "elastic_run.clock",
         "elastic_run.descriptors",
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",
