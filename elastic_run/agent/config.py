@@ -6,8 +6,12 @@ import enum
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from elastic_run.agent.progress.config import ProgressOptions
+
+if TYPE_CHECKING:
+    from elastic_run.rendezvous.settings import RendezvousConf
 
 __all__ = [
     "DEFAULT_SIGNALS",
@@ -141,6 +145,7 @@ class LaunchConfig:
     rdzv_backend: str = "static"
     rdzv_endpoint: str = ""
     rdzv_configs: tuple[tuple[str, str], ...] = ()
+    rdzv_conf: RendezvousConf | None = None  # rdzv_configs parsed once, by the CLI
     standalone: bool = False
     max_restarts: int = 0
     monitor_interval_s: float = 0.1

@@ -65,8 +65,7 @@ def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[RendezvousTarget,
     from elastic_run.rendezvous.settings import STATUS_READ_TIMEOUT_S
 
     target = resolve_target(values, explicit_options(ctx), os.environ)
-    params = target.parameters()
-    params.config.setdefault("read_timeout", STATUS_READ_TIMEOUT_S)
+    params = target.parameters(read_timeout_s=STATUS_READ_TIMEOUT_S)
     try:
         job = open_job(params)
     except RendezvousConnectionError as exc:

@@ -42,8 +42,8 @@ from elastic_run.cli.options.values import (
 )
 from elastic_run.cli.options.warm_default import default_warm_start
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.settings import MAX_NODES, parse_nnodes
-from elastic_run.rendezvous.static import check_static_nodes
+from elastic_run.rendezvous.settings import MAX_NODES, RendezvousConf, parse_nnodes
+from elastic_run.rendezvous.static import TORCHRUN_STATIC_TIMEOUT_S, check_static_nodes
 
 __all__ = [
     "Chosen",
@@ -74,7 +74,7 @@ class _Rendezvous:
     endpoint: str
     run_id: str
     local_addr: str | None
-    conf: tuple[tuple[str, str], ...]
+    conf: RendezvousConf
     min_nodes: int
     max_nodes: int
 
@@ -229,11 +229,7 @@ def _rendezvous(
 ) -> _Rendezvous:
     """Backend, endpoint, run id and config after --standalone and the static backend."""
     min_nodes, max_nodes = nodes
-    conf = parse_rdzv_conf(params["rdzv_conf"])
-    # A check before anything starts: LaunchConfig.rdzv_configs keeps the text, as torch's keeps
-    # its raw values, and the rendezvous parses it again by the same parser over the same table
-    # (RendezvousSettings.from_params), so the two parses cannot disagree.
-    validate_rdzv_conf(conf)
+    pairs = parse_rdzv_conf(params["rdzv_conf"])
     backend, endpoint = params["rdzv_backend"], params["rdzv_endpoint"]
     local_addr = params["local_addr"]
     check_endpoint_ports(endpoint)
@@ -251,11 +247,16 @@ def _rendezvous(
     if backend == "static":
         check_static_nodes(min_nodes, max_nodes, node_rank)
         endpoint = f"{params['master_addr']}:{master_port}"
-        conf = (*conf, ("rank", str(node_rank)))
+        pairs = (*pairs, ("rank", str(node_rank)))
+        if not {"timeout", "join_timeout"} & {key for key, _ in pairs}:
+            # torchrun's launcher gives its static rendezvous 900 s, torch's handler alone 600.
+            pairs = (*pairs, ("timeout", f"{TORCHRUN_STATIC_TIMEOUT_S:g}"))
     elif backend == "embedded-etcd":
         _embedded_members(endpoint, run_id, local_addr, chosen)
     elif backend in _ELASTIC_BACKENDS and not endpoint:
         raise ConfigurationError(f"--rdzv-backend {backend} needs --rdzv-endpoint host:port")
+    # The one parse, before anything starts; the rendezvous gets it (LaunchConfig.rdzv_conf).
+    conf = validate_rdzv_conf(pairs, backend)
     return _Rendezvous(backend, endpoint, run_id, local_addr, conf, min_nodes, max_nodes)
 
 
@@ -411,7 +412,8 @@ def parse_launch_config(
         role=params["role"],
         rdzv_backend=rdzv.backend,
         rdzv_endpoint=rdzv.endpoint,
-        rdzv_configs=rdzv.conf,
+        rdzv_configs=rdzv.conf.given,
+        rdzv_conf=rdzv.conf,
         standalone=params["standalone"],
         max_restarts=max_restarts,
         monitor_interval_s=durations.monitor_interval_s,

@@ -460,7 +460,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: ``reason`` is none of those.
             RendezvousConnectionError: the backend cannot be reached.
         """
-        outcome = close_job(self._backend, reason, self.node_id)
+        outcome = close_job(
+            self._backend, reason, self.node_id, self._settings.close_timeout_s, self._clock
+        )
         if outcome.replaced is not None:
             log.warning(
                 "rendezvous '%s': closed (%s), replacing what the closed key held: %s",
@@ -571,8 +573,12 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._shut_down = True
         with self._changed:
             self._changed.notify_all()
-        if not self._liveness.stop():
-            log.warning("the rendezvous liveness thread did not end in time")
+        # torch's close_timeout: the time within which shutdown() completes.
+        if not self._liveness.stop(self._settings.close_timeout_s):
+            log.warning(
+                "the rendezvous liveness turn did not end within close_timeout (%g s)",
+                self._settings.close_timeout_s,
+            )
         self._notices.close()
         try:
             self._backend.forget_node(self.node_id)
@@ -674,7 +680,13 @@ def _holds(store: Store, wanted: list[str]) -> bool:
         ) from exc
 
 
-def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> CloseOutcome:
+def close_job(
+    backend: RendezvousBackend,
+    reason: ClosedReason,
+    closed_by: str,
+    timeout_s: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> CloseOutcome:
     """Close the job's rendezvous on ``backend``: no round forms any more, every node sees it.
 
     What ``set_closed`` and ``elastic-run close`` do; the first valid close wins. Whatever the
@@ -687,6 +699,9 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
         backend: the job's backend.
         reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
         closed_by: who closes it (a node id, or ``elastic-run close@host``).
+        timeout_s: torch's close_timeout: no compare-and-set is tried after it (None: no
+            bound but the attempts').
+        clock: what ``timeout_s`` is measured on.
 
     Returns:
         What the close did.
@@ -699,7 +714,10 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
     encoded = encode(ClosedRecord(reason, closed_by))
     decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
     (raw,) = backend.get_unwaited([keys.CLOSED])
-    for _ in range(_CLOSE_ATTEMPTS):
+    deadline = None if timeout_s is None else clock.now() + timeout_s
+    for attempt in range(_CLOSE_ATTEMPTS):
+        if attempt and deadline is not None and clock.now() >= deadline:
+            break
         record, problem = read_closed(raw)
         if record is not None:
             epoch = bump_epoch(backend)  # a member that missed the close reads it now
@@ -713,8 +731,9 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
         (raw,) = backend.get_unwaited([keys.CLOSED])
     raise RendezvousStateError(
         f"could not close rendezvous on {backend.name} {backend.endpoint}: the key "
-        f"'{keys.CLOSED}' changed under each of {_CLOSE_ATTEMPTS} attempts (something else "
-        "keeps writing it)"
+        f"'{keys.CLOSED}' changed under each attempt"
+        + (f" within close_timeout ({timeout_s:g} s)" if timeout_s is not None else "")
+        + " (something else keeps writing it)"
     )
 
 
