@@ -14,7 +14,7 @@ from __future__ import annotations
 import signal
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from elastic_run.agent.progress.config import ProgressOptions
 from elastic_run.agent.rules.progress.beats import HangRule
@@ -27,6 +27,9 @@ from elastic_run.agent.settings.table import (
     TORCHELASTIC_HEALTH_CHECK_PORT,
     TORCHELASTIC_TIMER_FILE,
 )
+
+if TYPE_CHECKING:
+    from elastic_run.rendezvous.settings import RendezvousConf
 
 __all__ = [
     "DEFAULT_SIGNALS",
@@ -155,6 +158,7 @@ class LaunchConfig:
     log_line_prefix_template: str | None
     launcher_error_file: str | None
     extra_env: tuple[tuple[str, str], ...] = ()
+    rdzv_conf: RendezvousConf | None = None  # rdzv_configs parsed once, by the CLI
     base_env: tuple[tuple[str, str], ...] | None = None
     python_exec: str | None = None
 

@@ -88,18 +88,19 @@ def run_job(config: LaunchConfig) -> int:
     from elastic_run.cli.views.lines import LiveView, make_view, wants_live
     from elastic_run.rendezvous.api import AgentRendezvous, RendezvousParameters
     from elastic_run.rendezvous.registry import rendezvous_handler_registry
+    from elastic_run.rendezvous.settings import RendezvousConf
 
     logging.basicConfig(
         level=logging.WARNING, format="elastic-run: %(levelname)s: %(message)s", stream=sys.stderr
     )
-    params = RendezvousParameters(
-        backend=config.rdzv_backend,
-        endpoint=config.rdzv_endpoint,
-        run_id=config.run_id,
-        min_nodes=config.min_nodes,
-        max_nodes=config.max_nodes,
-        local_addr=config.local_addr,
-        **dict(config.rdzv_configs),
+    params = RendezvousParameters.from_conf(
+        config.rdzv_backend,
+        config.rdzv_endpoint,
+        config.run_id,
+        config.min_nodes,
+        config.max_nodes,
+        config.local_addr,
+        config.rdzv_conf or RendezvousConf.parse(config.rdzv_configs, config.rdzv_backend),
     )
     handler = rendezvous_handler_registry.create_handler(params)
     entrypoint, args = _argv(config)

@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 import click
 
+from elastic_run import clock
 from elastic_run.cli.options.rdzv_options import (
     RendezvousTarget,
     explicit_options,
@@ -64,8 +65,7 @@ def _open(ctx: click.Context, values: dict[str, Any]) -> tuple[RendezvousTarget,
     from elastic_run.rendezvous.settings import STATUS_READ_TIMEOUT_S
 
     target = resolve_target(values, explicit_options(ctx), os.environ)
-    params = target.parameters()
-    params.config.setdefault("read_timeout", STATUS_READ_TIMEOUT_S)
+    params = target.parameters(read_timeout_s=STATUS_READ_TIMEOUT_S)
     try:
         job = open_job(params)
     except RendezvousConnectionError as exc:
@@ -85,7 +85,7 @@ def _sample_ages(job: Any, node_ids: Sequence[str], sample_s: float) -> dict[str
         now = time.monotonic()
         if now - start >= sample_s:
             break
-        time.sleep(min(0.1, sample_s - (now - start)))
+        clock.sleep(min(0.1, sample_s - (now - start)))  # sampling: a pause is the point
         beats = job.heartbeats(node_ids)
         seen = time.monotonic()
         for node_id, old, new in zip(node_ids, last, beats, strict=True):

@@ -5,7 +5,8 @@ Read the layout as the design:
 - ``api.py`` (the handler interface, parameters, what a round hands out), ``errors.py``,
   ``registry.py`` (backend name -> handler), ``settings.py`` (``--rdzv-conf`` parsed once),
   ``endpoints.py``, ``backend.py`` (the key-value seam every backend implements),
-  ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun);
+  ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun),
+  ``memory.py`` (the in-memory backend: the supported fake at the seam, for logic tests);
 - ``protocol/``: the pure O(N) protocol, its records and keys;
 - ``dynamic/``: the dynamic handler and its rounds, the status reader, telemetry;
 - ``liveness/``: heartbeats, death notices, the ring;
@@ -50,6 +51,8 @@ _LAZY = {
     "EtcdRendezvousBackend": "elastic_run.rendezvous.etcd.backend",
     "EtcdStore": "elastic_run.rendezvous.etcd.store",
     "EtcdServer": "elastic_run.rendezvous.etcd.server",
+    "InMemoryRendezvousBackend": "elastic_run.rendezvous.memory",
+    "InMemoryStore": "elastic_run.rendezvous.memory",
     "StaticRendezvousHandler": "elastic_run.rendezvous.static",
 }
 
@@ -59,6 +62,8 @@ __all__ = [
     "EtcdRendezvousBackend",
     "EtcdServer",
     "EtcdStore",
+    "InMemoryRendezvousBackend",
+    "InMemoryStore",
     "RendezvousBackend",
     "RendezvousClosedError",
     "RendezvousConnectionError",

@@ -12,7 +12,12 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, runtime_checkable
 
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.settings import check_nnodes, parse_bool
+from elastic_run.rendezvous.settings import (
+    RendezvousConf,
+    RendezvousSettings,
+    check_nnodes,
+    parse_bool,
+)
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -45,7 +50,8 @@ class RendezvousParameters:
         min_nodes: the fewest nodes a round may complete with.
         max_nodes: the most nodes a round admits.
         local_addr: the address this node advertises (default: its FQDN).
-        **kwargs: backend configuration (``--rdzv-conf``), kept as given.
+        **kwargs: backend configuration (``--rdzv-conf``), kept as given in :attr:`config`
+            and parsed once, on first use (:attr:`settings`).
 
     Raises:
         ConfigurationError: when the backend name is empty or the node counts are not
@@ -72,6 +78,46 @@ class RendezvousParameters:
         self.max_nodes = max_nodes
         self.local_addr = local_addr
         self.config: dict[str, Any] = dict(kwargs)
+        self._parsed: tuple[dict[str, Any], RendezvousSettings] | None = None
+
+    @classmethod
+    def from_conf(
+        cls,
+        backend: str,
+        endpoint: str,
+        run_id: str,
+        min_nodes: int,
+        max_nodes: int,
+        local_addr: str | None,
+        conf: RendezvousConf,
+    ) -> RendezvousParameters:
+        """Parameters whose config was parsed already at the edge (the CLI's ``--rdzv-conf``):
+        :attr:`config` holds the pairs as given, :attr:`settings` the parse, not parsed again.
+
+        Raises:
+            ConfigurationError: as the constructor.
+        """
+        params = cls(
+            backend, endpoint, run_id, min_nodes, max_nodes, local_addr, **dict(conf.given)
+        )
+        params._parsed = (dict(params.config), conf.settings)
+        return params
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        """The config's one parse (``RendezvousSettings.parse``), made on first use and kept.
+
+        The handler, the registry's early check and every backend read this object. A config
+        changed after it was parsed (torch's ``config`` is a plain dict) is parsed again.
+
+        Raises:
+            ConfigurationError: a known key has a bad value (a ``ValueError``).
+        """
+        parsed = self._parsed
+        if parsed is None or parsed[0] != self.config:
+            parsed = (dict(self.config), RendezvousSettings.parse(self.config, self.backend))
+            self._parsed = parsed
+        return parsed[1]
 
     def get(self, key: str, default: Any = None) -> Any:
         """Return the config value of ``key``, or ``default``."""

@@ -88,9 +88,9 @@ def _dynamic(params: RendezvousParameters) -> RendezvousHandler:
 
 
 def _static(params: RendezvousParameters) -> RendezvousHandler:
-    from elastic_run.rendezvous.static import create_static_handler
+    from elastic_run.rendezvous.static import create_rdzv_handler
 
-    return create_static_handler(params)
+    return create_rdzv_handler(params)
 
 
 class RendezvousHandlerRegistry:

@@ -1,13 +1,20 @@
 """Rendezvous settings: ``--rdzv-conf`` and the node counts parsed once, at the edge, into one
 frozen object, by one set of checks.
 
-Every key is read here and nowhere else, by one parser (:func:`parse_conf_value`) over one table
-of kinds, bounds and defaults (:data:`CONF_TABLE`); the handler, the coordinator, the heartbeat
-thread and the backends get the parsed numbers of one :class:`RendezvousSettings`, parsed once
-per ``RendezvousParameters`` (:meth:`RendezvousSettings.from_params` keeps what it parsed while
-the parameters' config is unchanged). The CLI checks ``--rdzv-conf`` with the same parser before
-anything starts, and ``from_backend`` takes the same defaults. Each backend declares the keys it
-reads (``CONF_KEYS`` in its module); the handler's own keys are :data:`HANDLER_KEYS`.
+Every key whose meaning is known has one row in :data:`CONF_TABLE` (kind, bounds, default,
+torch's older names, help); one parser reads them (:func:`parse_conf_value`), and one parse of a
+whole conf (:meth:`RendezvousConf.parse`) gives the :class:`RendezvousSettings` that the
+handler, the coordinator, the heartbeat thread and the backends read (the etcd TLS files,
+credentials and key prefix included: no backend reads a raw key). Where the conf is parsed:
+
+- the CLI parses ``--rdzv-conf`` once, before anything starts, and hands the result on
+  (``RendezvousParameters.from_conf``): nothing parses it again;
+- a ``RendezvousParameters`` built from Python with raw strings, as torch users build one,
+  is parsed on first use (``RendezvousParameters.settings``) and keeps the result; the
+  registry asks for it before touching the network, so a bad value fails there once.
+
+Each backend declares the keys it reads (``CONF_KEYS`` in its module); the handler's own keys
+are :data:`HANDLER_KEYS`.
 
 One set of bounds, whatever the path: text from the command line (:func:`parse_conf_value`),
 typed values from Python (:class:`RendezvousSettings`, :class:`RendezvousTimeout`,
@@ -18,6 +25,11 @@ at most a year; ``keep_alive_max_attempt`` an integer (not a bool) in 1..1000; n
 ``1 <= min <= max <=`` :data:`MAX_NODES`. A bad value is a ``ConfigurationError`` (also a
 ``ValueError``); a value of the wrong type from Python is a :class:`ConfigurationTypeError`
 (also a ``TypeError``, as torch raises for it).
+
+torch's timeouts keep torch's meaning: ``join_timeout`` bounds ``next_rendezvous``,
+``last_call_timeout`` the wait for more nodes at min, ``close_timeout`` the time within which
+``set_closed()`` and ``shutdown()`` complete, ``heartbeat_timeout`` the time within which one
+heartbeat completes (see :class:`RendezvousSettings` for where each is used).
 
 A key that torch knows but neither the handler nor this backend uses (``etcd_prefix`` in a
 c10d job, ``read_timeout`` in a static one) is ignored with one warning line saying so, as
@@ -31,9 +43,8 @@ import logging
 import math
 import numbers
 import re
-import weakref
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from datetime import timedelta
 from typing import Any, Literal, Protocol, TypeGuard
 
@@ -44,16 +55,20 @@ __all__ = [
     "DEFAULT_JOIN_TIMEOUT_S",
     "DEFAULT_KEEP_ALIVE_INTERVAL_S",
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
+    "DEFAULT_KEY_PREFIX",
     "DEFAULT_READ_TIMEOUT_S",
+    "BACKEND_KEYS",
     "HANDLER_KEYS",
     "MAX_DURATION_S",
     "MAX_KEEP_ALIVE_ATTEMPTS",
     "MAX_NODES",
+    "STATIC_KEYS",
     "STATUS_READ_TIMEOUT_S",
     "TORCH_KEYS",
     "ConfKey",
     "ConfSource",
     "ConfigurationTypeError",
+    "RendezvousConf",
     "RendezvousSettings",
     "RendezvousTimeout",
     "check_conf_keys",
@@ -61,7 +76,8 @@ __all__ = [
     "check_nnodes",
     "check_seconds",
     "check_setting",
-    "conf_seconds",
+    "conf_reference",
+    "keys_read_by",
     "parse_bool",
     "parse_conf_value",
     "parse_int",
@@ -85,6 +101,7 @@ DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's, for join_timeout and its older name t
 DEFAULT_KEEP_ALIVE_INTERVAL_S = 1.0
 DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 5
 DEFAULT_READ_TIMEOUT_S = 60.0  # one store call of an agent (c10d's TCPStore timeout, etcd's)
+DEFAULT_KEY_PREFIX = "/elastic-run/"  # where every job's keys live on etcd
 STATUS_READ_TIMEOUT_S = 5.0
 """The ``read_timeout`` of ``elastic-run status`` and ``close`` when ``--rdzv-conf`` gives none.
 
@@ -96,7 +113,6 @@ so in seconds, not hang for a minute.
 HANDLER_KEYS = frozenset(
     {
         "join_timeout",
-        "timeout",  # torch's older name of join_timeout (etcd-v2, static)
         "last_call_timeout",
         "close_timeout",
         "heartbeat_timeout",
@@ -104,10 +120,78 @@ HANDLER_KEYS = frozenset(
         "keep_alive_max_attempt",
     }
 )
+"""The keys the dynamic handler reads, whatever its backend."""
+
+_ETCD_KEYS = frozenset(
+    {
+        "read_timeout",
+        "protocol",
+        "ca_cert",
+        "cacert",
+        "ssl_cert",
+        "cert",
+        "ssl_cert_key",
+        "key",
+        "user",
+        "password",
+        "key_prefix",
+        "local_addr",
+    }
+)
+BACKEND_KEYS: Mapping[str, frozenset[str]] = {
+    "c10d": frozenset({"read_timeout", "is_host", "store_type", "use_libuv", "local_addr"}),
+    # torch's "etcd" (its legacy handler) reads `timeout` as the join timeout; its "etcd-v2"
+    # (the dynamic handler) and c10d never read it.
+    "etcd": _ETCD_KEYS | {"timeout"},
+    "etcd-v2": _ETCD_KEYS,
+    "embedded-etcd": _ETCD_KEYS | {"timeout"},
+    "memory": frozenset(),
+}
+"""The keys each built-in backend of the dynamic handler reads itself, beside HANDLER_KEYS."""
+STATIC_KEYS = frozenset({"rank", "timeout", "join_timeout", "local_addr"})
+"""The keys the static rendezvous reads (it reads none of the dynamic handler's)."""
+
+
+def conf_reference() -> str:
+    """The docs' table of the ``--rdzv-conf`` keys, made from :data:`CONF_TABLE` (markdown).
+
+    One row a key: its name (and torch's older names), kind, default, the built-in backends
+    that read it, and its help. ``docs/backends.md`` holds it verbatim (a test keeps it so).
+    """
+    rows = ["| key | kind | default | read by | what |", "|---|---|---|---|---|"]
+    backends = ("c10d", "etcd", "etcd-v2", "embedded-etcd", "static")
+    for key, spec in CONF_TABLE.items():
+        name = f"`{key}`" + "".join(f" (`{a}`)" for a in spec.aliases)
+        kind = "/".join(spec.choices) if spec.kind == "choice" else spec.kind
+        default = (
+            ""
+            if spec.default is None
+            else f"{spec.default:g}"
+            if isinstance(spec.default, float)
+            else str(spec.default)
+        )
+        readers = [b for b in backends if key in (keys_read_by(b) or ())]
+        read_by = "all" if len(readers) == len(backends) else ", ".join(readers)
+        rows.append(f"| {name} | {kind} | {default} | {read_by} | {spec.help} |")
+    return "\n".join(rows) + "\n"
+
+
+def keys_read_by(backend: str) -> frozenset[str] | None:
+    """The ``--rdzv-conf`` keys the built-in backend ``backend`` reads; None for another one.
+
+    Only these are parsed for it: a key its backend never reads is never refused (torchrun's
+    rule: each backend reads the keys it knows), only named in one warning line.
+    """
+    if backend == "static":
+        return STATIC_KEYS
+    own = BACKEND_KEYS.get(backend)
+    return None if own is None else HANDLER_KEYS | own
+
 
 # Every key some torch rendezvous backend reads: passed by scripts written for torchrun.
 TORCH_KEYS = HANDLER_KEYS | frozenset(
     {
+        "timeout",
         "read_timeout",
         "is_host",
         "store_type",
@@ -144,39 +228,90 @@ class ConfigurationTypeError(ConfigurationError, TypeError):
 
 @dataclass(frozen=True)
 class ConfKey:
-    """What a ``--rdzv-conf`` key holds: its kind, its default and (for a choice) its values.
+    """What a ``--rdzv-conf`` key holds: its kind, its default, its help and its other names.
 
     Kinds: ``seconds`` (finite, > 0, at most a year), ``attempts`` (a whole number 1..1000),
-    ``bool`` (torch's spellings), ``choice``.
+    ``bool`` (torch's spellings), ``choice``, ``text`` (a file path, a name: taken as given,
+    white space around it stripped; empty reads as not given), ``rank`` (a whole number
+    ``0..MAX_NODES-1``).
+
+    Attributes:
+        aliases: torch's older names of the key (``cacert`` for ``ca_cert``); the key's own
+            name wins when both are given.
+        secret: never shown (a password).
     """
 
-    kind: Literal["seconds", "attempts", "bool", "choice"]
+    kind: Literal["seconds", "attempts", "bool", "choice", "text", "rank"]
     default: float | int | bool | str | None
+    help: str = ""
     choices: tuple[str, ...] = ()
+    aliases: tuple[str, ...] = ()
+    secret: bool = False
 
 
-# The one table of the keys whose meaning is known: kinds, bounds and defaults.
+# The one table of the keys whose meaning is known: kinds, bounds, defaults, help, other names.
 CONF_TABLE: Mapping[str, ConfKey] = {
-    "join_timeout": ConfKey("seconds", DEFAULT_JOIN_TIMEOUT_S),
-    "timeout": ConfKey("seconds", DEFAULT_JOIN_TIMEOUT_S),  # torch's older name of join_timeout
-    "last_call_timeout": ConfKey("seconds", 30.0),
-    "close_timeout": ConfKey("seconds", 30.0),
-    "heartbeat_timeout": ConfKey("seconds", 5.0),
-    "keep_alive_interval": ConfKey("seconds", DEFAULT_KEEP_ALIVE_INTERVAL_S),
-    "keep_alive_max_attempt": ConfKey("attempts", DEFAULT_KEEP_ALIVE_MAX_ATTEMPT),
-    "read_timeout": ConfKey("seconds", DEFAULT_READ_TIMEOUT_S),
-    "is_host": ConfKey("bool", None),
-    "use_libuv": ConfKey("bool", None),
-    "store_type": ConfKey("choice", "tcp", ("tcp", "file")),
-    "protocol": ConfKey("choice", "http", ("http", "https")),
+    "join_timeout": ConfKey(
+        "seconds", DEFAULT_JOIN_TIMEOUT_S, "how long next_rendezvous may take (s)"
+    ),
+    "timeout": ConfKey(
+        "seconds",
+        DEFAULT_JOIN_TIMEOUT_S,
+        "torch's older name of join_timeout, read where torch reads it (its etcd, static)",
+    ),
+    "last_call_timeout": ConfKey(
+        "seconds", 30.0, "how long a round at min nodes waits for more (s)"
+    ),
+    "close_timeout": ConfKey(
+        "seconds", 30.0, "the time within which set_closed() and shutdown() complete (s)"
+    ),
+    "heartbeat_timeout": ConfKey(
+        "seconds", 5.0, "the time within which one heartbeat completes (s)"
+    ),
+    "keep_alive_interval": ConfKey(
+        "seconds", DEFAULT_KEEP_ALIVE_INTERVAL_S, "the time between two heartbeats (s)"
+    ),
+    "keep_alive_max_attempt": ConfKey(
+        "attempts",
+        DEFAULT_KEEP_ALIVE_MAX_ATTEMPT,
+        "heartbeat intervals without a beat after which a node is gone",
+    ),
+    "read_timeout": ConfKey(
+        "seconds", DEFAULT_READ_TIMEOUT_S, "how long one store call may take (s)"
+    ),
+    "is_host": ConfKey("bool", None, "c10d: host the store here (unset: when it is this host)"),
+    "use_libuv": ConfKey("bool", None, "c10d: the TCPStore server's libuv loop (torch's default)"),
+    "store_type": ConfKey(
+        "choice", "tcp", "c10d: a TCPStore, or a FileStore at the endpoint path", ("tcp", "file")
+    ),
+    "protocol": ConfKey("choice", "http", "etcd: the client URLs' scheme", ("http", "https")),
+    "ca_cert": ConfKey(
+        "text", None, "etcd: the CA certificate file to verify the servers", aliases=("cacert",)
+    ),
+    "ssl_cert": ConfKey("text", None, "etcd: this client's certificate file", aliases=("cert",)),
+    "ssl_cert_key": ConfKey("text", None, "etcd: this client's private key file", aliases=("key",)),
+    "user": ConfKey("text", None, "etcd: the user name of etcd's authentication"),
+    "password": ConfKey("text", None, "etcd: the user's password", secret=True),
+    "key_prefix": ConfKey(
+        "text", DEFAULT_KEY_PREFIX, "etcd: the prefix every job's keys live under"
+    ),
+    "rank": ConfKey("rank", None, "static: this node's rank (--node-rank)"),
+}
+_ALIASES: Mapping[str, str] = {
+    alias: key for key, spec in CONF_TABLE.items() for alias in spec.aliases
 }
 
 
 class ConfSource(Protocol):
-    """What the settings read of a ``RendezvousParameters``: its backend name and its config."""
+    """What the settings read of a ``RendezvousParameters``: its backend, config and parse."""
 
     backend: str
     config: dict[str, Any]
+
+    @property
+    def settings(self) -> RendezvousSettings:
+        """The config's one parse."""
+        ...
 
 
 def shown(raw: object) -> str:
@@ -298,9 +433,25 @@ def check_setting(key: str, value: object, what: str | None = None) -> object:
         if value is not None and not isinstance(value, bool):
             raise ConfigurationTypeError(f"{name} {shown(value)} is not a bool")
         return value
+    if kind == "rank":
+        if value is None:
+            return None
+        if not _is_whole(value):
+            raise ConfigurationTypeError(f"{name} {shown(value)} is not a whole number")
+        return _check_rank(int(value), name)
+    if kind == "text":
+        if value is not None and not isinstance(value, str):
+            raise ConfigurationTypeError(f"{name} {shown(value)} is not a str")
+        return value
     if not isinstance(value, str):
         raise ConfigurationTypeError(f"{name} {shown(value)} is not a str")
     return _check_choice(key, value.strip().lower(), name)
+
+
+def _check_rank(rank: int, what: str) -> int:
+    if not 0 <= rank < MAX_NODES:
+        raise ConfigurationError(f"{what} {rank} is out of range (0..{MAX_NODES - 1})")
+    return rank
 
 
 def parse_bool(raw: object, what: str) -> bool:
@@ -340,7 +491,8 @@ def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
         raw: the value as given (text from the command line, or a number or bool from Python).
 
     Returns:
-        The value: seconds as a float, attempts as an int, a bool, or a choice in lower case.
+        The value: seconds as a float, attempts and ranks as ints, a bool, a choice in lower
+        case, text stripped.
 
     Raises:
         ConfigurationError: the value is not of the key's kind or out of its bounds (NaN,
@@ -349,6 +501,12 @@ def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
     spec = CONF_TABLE[key]
     what = f"--rdzv-conf {key}"
     text = str(raw).strip()
+    if spec.kind == "text":
+        return text
+    if spec.kind == "rank":
+        if isinstance(raw, bool):
+            raise ConfigurationError(f"{what} {shown(raw)} is not a whole number")
+        return _check_rank(parse_int(text, what), what)
     if spec.kind == "seconds":
         try:
             value = float(text)
@@ -366,31 +524,38 @@ def parse_conf_value(key: str, raw: object) -> float | int | bool | str:
     return _check_choice(key, text.lower(), what)
 
 
-def check_conf_values(config: Mapping[str, object]) -> dict[str, float | int | bool | str]:
+def check_conf_values(
+    config: Mapping[str, object], read: Iterable[str] | None = None
+) -> dict[str, float | int | bool | str]:
     """Parse every key of ``config`` whose meaning is known; other keys pass untouched.
 
+    torch's older name of a key (``cacert``) is read as the key (``ca_cert``); when both are
+    given, the key's own name wins. A text value that is empty reads as not given.
+
+    Args:
+        config: the keys and values as given.
+        read: the keys the backend reads (:func:`keys_read_by`): only those are parsed; None
+            parses every key of the table (a backend of a plugin).
+
     Returns:
-        The parsed values of the known keys given.
+        The parsed values of the known keys given, under their own names.
 
     Raises:
         ConfigurationError: a known key has a bad value (see :func:`parse_conf_value`).
     """
-    return {
-        key: parse_conf_value(key, raw)
-        for key, raw in config.items()
-        if key in CONF_TABLE and raw is not None
-    }
-
-
-def conf_seconds(params: ConfSource, key: str) -> float:
-    """Read ``key`` (a seconds key of :data:`CONF_TABLE`), the table's default when absent.
-
-    Raises:
-        ConfigurationError: the value is not such a number.
-    """
-    raw = params.config.get(key)
-    value = CONF_TABLE[key].default if raw is None else parse_conf_value(key, raw)
-    return float(value)  # type: ignore[arg-type]  # a seconds key: a float, checked above
+    wanted = None if read is None else frozenset(read)
+    values: dict[str, float | int | bool | str] = {}
+    for given, raw in config.items():
+        key = _ALIASES.get(given, given)
+        if key not in CONF_TABLE or raw is None or (key != given and key in config):
+            continue
+        if wanted is not None and given not in wanted:
+            continue
+        value = parse_conf_value(key, raw)
+        if CONF_TABLE[key].kind == "text" and value == "":
+            continue
+        values[key] = value
+    return values
 
 
 def check_conf_keys(
@@ -403,7 +568,7 @@ def check_conf_keys(
         backend_keys: the keys the backend reads (beside :data:`HANDLER_KEYS`).
         backend: the backend's name, for the message.
     """
-    used = HANDLER_KEYS | frozenset(backend_keys)
+    used = keys_read_by(backend) or (HANDLER_KEYS | frozenset(backend_keys))
     given = set(params.config)
     foreign = sorted((given - used) & TORCH_KEYS)
     unknown = sorted(given - used - TORCH_KEYS)
@@ -582,28 +747,44 @@ _FIELD_KEYS: Mapping[str, str] = {
     "use_libuv": "use_libuv",
     "store_type": "store_type",
     "protocol": "protocol",
+    "ca_cert": "ca_cert",
+    "ssl_cert": "ssl_cert",
+    "ssl_cert_key": "ssl_cert_key",
+    "user": "user",
+    "password": "password",
+    "key_prefix": "key_prefix",
+    "rank": "rank",
 }
 
 
 @dataclass(frozen=True)
 class RendezvousSettings:
-    """The timing of the dynamic rendezvous (torch's names, ``_s`` for seconds).
+    """``--rdzv-conf`` as the rendezvous reads it (torch's names, ``_s`` for seconds).
 
     Every default is :data:`CONF_TABLE`'s, and every value is checked by :func:`check_setting`.
 
     Attributes:
         join_timeout_s: how long ``next_rendezvous`` may take.
         last_call_timeout_s: how long a round at min nodes waits for more.
-        close_timeout_s: torch's bound on leaving and closing; parsed and kept, not read (our
-            leave and close are one write each, bounded by ``read_timeout_s``).
-        heartbeat_timeout_s: torch's deadline of one heartbeat write; parsed and kept, not read
-            (a heartbeat is one store call, bounded by ``read_timeout_s``).
+        close_timeout_s: torch's "time within which the rendezvous is expected to close after a
+            call to set_closed() or shutdown()": ``set_closed`` tries its compare-and-set until
+            then, and ``shutdown`` waits that long at most for the liveness turn to end.
+        heartbeat_timeout_s: torch's "time within which a keep-alive heartbeat is expected to
+            complete": a heartbeat's store calls give up after it (etcd: the calls' deadline;
+            c10d: a link whose data stays unacknowledged that long is reset), bounded by
+            ``read_timeout_s`` and the heartbeat budget (:attr:`heartbeat_deadline_s`); a
+            heartbeat that failed is reported (``LivenessReport``) and the next one is tried an
+            interval later.
         keep_alive_interval_s: how often a node bumps its heartbeat.
         keep_alive_max_attempt: how many intervals without a move make a node gone; a reader
             also needs as many reads that found the counter unchanged (``protocol.Heartbeats``),
             so its own stall never convicts another node.
         read_timeout_s: how long one store call may take (the backends').
         is_host, use_libuv, store_type, protocol: the backends' switches (None: their default).
+        ca_cert, ssl_cert, ssl_cert_key: etcd's TLS files (None: none given).
+        user, password: etcd's authentication (the password is never shown).
+        key_prefix: where every job's keys live on etcd.
+        rank: the static rendezvous's node rank (None: not given).
 
     Raises:
         ConfigurationTypeError: a value of the wrong type.
@@ -621,6 +802,13 @@ class RendezvousSettings:
     use_libuv: bool | None = _default("use_libuv")
     store_type: str = _default("store_type")
     protocol: str = _default("protocol")
+    ca_cert: str | None = None
+    ssl_cert: str | None = None
+    ssl_cert_key: str | None = None
+    user: str | None = None
+    password: str | None = field(default=None, repr=False)
+    key_prefix: str = _default("key_prefix")
+    rank: int | None = None
 
     def __post_init__(self) -> None:
         for name, key in _FIELD_KEYS.items():
@@ -630,6 +818,35 @@ class RendezvousSettings:
     def stale_after_s(self) -> float:
         """How long a heartbeat may stand still before its node is judged gone."""
         return self.keep_alive_interval_s * self.keep_alive_max_attempt
+
+    @property
+    def heartbeat_deadline_s(self) -> float:
+        """How long one heartbeat's store calls may take: ``heartbeat_timeout``, at most the
+        read timeout and the heartbeat budget, at least a second."""
+        return max(1.0, min(self.heartbeat_timeout_s, self.read_timeout_s, self.stale_after_s))
+
+    @classmethod
+    def parse(cls, config: Mapping[str, object], backend: str | None = None) -> RendezvousSettings:
+        """The settings of ``config`` (``--rdzv-conf`` as given): the one parse of it.
+
+        ``join_timeout`` wins over torch's older ``timeout``; a key not given takes
+        :data:`CONF_TABLE`'s default; keys the table does not know, and keys ``backend`` does
+        not read (:func:`keys_read_by`), are left to whoever reads them.
+
+        Args:
+            config: the keys and values as given.
+            backend: the backend's name (None, or one not built in: every known key).
+
+        Raises:
+            ConfigurationError: a key the backend reads has a bad value.
+        """
+        values = check_conf_values(config, keys_read_by(backend) if backend else None)
+        fields: dict[str, Any] = {
+            name: values[key] for name, key in _FIELD_KEYS.items() if key in values
+        }
+        if "join_timeout" not in values and "timeout" in values:
+            fields["join_timeout_s"] = values["timeout"]
+        return cls(**fields)
 
     @classmethod
     def from_timeout(
@@ -659,15 +876,12 @@ class RendezvousSettings:
     def from_params(
         cls, params: ConfSource, backend_keys: Iterable[str] | None = None
     ) -> RendezvousSettings:
-        """The settings of ``params.config``, parsed once; warn about keys nobody reads.
-
-        The parse is kept with ``params`` while its config is unchanged: the registry's early
-        check, the handler and the backends all get the same object. ``join_timeout`` wins over
-        torch's older ``timeout``; a key not given takes :data:`CONF_TABLE`'s default.
+        """The settings of ``params`` (its one parse, ``params.settings``); warn about keys
+        nobody reads.
 
         Args:
             params: the rendezvous parameters.
-            backend_keys: the keys the backend reads itself; None to parse without warning
+            backend_keys: the keys the backend reads itself; None to read without warning
                 about keys.
 
         Raises:
@@ -675,21 +889,56 @@ class RendezvousSettings:
         """
         if backend_keys is not None:
             check_conf_keys(params, backend_keys, params.backend)
-        given = tuple(sorted((k, repr(v)) for k, v in params.config.items()))
-        kept = _PARSED.get(params)
-        if kept is not None and kept[0] == given:
-            return kept[1]
-        values = check_conf_values(params.config)
-        fields: dict[str, Any] = {
-            name: values[key] for name, key in _FIELD_KEYS.items() if key in values
-        }
-        if "join_timeout" not in values and "timeout" in values:
-            fields["join_timeout_s"] = values["timeout"]
-        settings = cls(**fields)
-        _PARSED[params] = (given, settings)
-        return settings
+        return params.settings
 
 
-_PARSED: weakref.WeakKeyDictionary[
-    ConfSource, tuple[tuple[tuple[str, str], ...], RendezvousSettings]
-] = weakref.WeakKeyDictionary()
+@dataclass(frozen=True)
+class RendezvousConf:
+    """``--rdzv-conf`` as the user gave it and as it was parsed, once, at the edge.
+
+    Attributes:
+        given: the pairs as given, every key (a plugin or a backend reads keys of its own), in
+            the order first given.
+        values: the parsed values of the keys :data:`CONF_TABLE` knows (what
+            :func:`check_conf_values` returned).
+        settings: the settings those values make.
+    """
+
+    given: tuple[tuple[str, str], ...] = ()
+    values: Mapping[str, float | int | bool | str] = field(default_factory=dict)
+    settings: RendezvousSettings = field(default_factory=lambda: RendezvousSettings())
+
+    @classmethod
+    def parse(cls, given: Iterable[tuple[str, str]], backend: str | None = None) -> RendezvousConf:
+        """Parse ``given`` (``k=v`` pairs already split): the one parse of a conf.
+
+        Args:
+            given: the pairs.
+            backend: the backend's name: only the keys it reads are parsed (see
+                :meth:`RendezvousSettings.parse`).
+
+        Raises:
+            ConfigurationError: a key the backend reads has a bad value.
+        """
+        pairs = tuple(given)
+        read = keys_read_by(backend) if backend else None
+        values = check_conf_values(dict(pairs), read)
+        return cls(pairs, values, RendezvousSettings.parse(dict(pairs), backend))
+
+    def with_default(self, key: str, value: float | int | bool | str) -> RendezvousConf:
+        """This conf with ``key`` set to ``value`` unless given (``status``'s shorter read
+        timeout); the value is checked as a typed one (:func:`check_setting`).
+
+        Raises:
+            ConfigurationError: the value is out of the key's bounds.
+        """
+        if key in dict(self.given) or key in self.values:
+            return self
+        checked: Any = check_setting(key, value)
+        name = next(n for n, k in _FIELD_KEYS.items() if k == key)
+        text = f"{checked:g}" if isinstance(checked, float) else str(checked)
+        return RendezvousConf(
+            (*self.given, (key, text)),
+            {**self.values, key: checked},
+            replace(self.settings, **{name: checked}),
+        )

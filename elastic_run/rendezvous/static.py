@@ -32,14 +32,14 @@ from elastic_run.rendezvous.api import (
     RendezvousParameters,
     RendezvousStoreInfo,
 )
-from elastic_run.rendezvous.endpoints import parse_endpoint, parse_rendezvous_endpoint
+from elastic_run.rendezvous.endpoints import parse_rendezvous_endpoint
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousConnectionError,
     RendezvousInterruptedError,
     RendezvousTimeoutError,
 )
-from elastic_run.rendezvous.settings import RendezvousSettings, check_conf_keys, conf_seconds
+from elastic_run.rendezvous.settings import STATIC_KEYS, RendezvousSettings, check_conf_keys
 
 if TYPE_CHECKING:
     from torch.distributed import Store
@@ -52,10 +52,9 @@ __all__ = [
     "TORCHRUN_STATIC_TIMEOUT_S",
     "check_static_nodes",
     "create_rdzv_handler",
-    "create_static_handler",
 ]
 
-CONF_KEYS = frozenset({"rank", "timeout", "join_timeout", "local_addr"})
+CONF_KEYS = STATIC_KEYS
 TORCHRUN_STATIC_TIMEOUT_S = 900.0
 """What torchrun's static rendezvous waits when no timeout is given: its ``LaunchConfig`` puts
 ``timeout=900`` in the rendezvous config (``--rdzv-conf``'s keys win), where torch's static
@@ -86,10 +85,7 @@ class StaticRendezvousHandler(RendezvousHandler):
     def __init__(
         self, run_id: str, host: str, port: int, node_rank: int, world_size: int, timeout_s: float
     ) -> None:
-        if not 0 <= node_rank < world_size:
-            raise ConfigurationError(
-                f"--node-rank {node_rank} is out of range for --nnodes {world_size}"
-            )
+        check_static_nodes(world_size, world_size, node_rank)
         self._run_id = run_id
         self._host = host
         self._port = port
@@ -211,7 +207,7 @@ def _conforms(handler: StaticRendezvousHandler) -> InterruptibleRendezvous:
 
 
 def check_static_nodes(min_nodes: int, max_nodes: int, node_rank: int) -> None:
-    """The static rendezvous's rules, in one place (the CLI checks them with this too).
+    """The static rendezvous's node rules, in one place (the CLI checks them with this too).
 
     Raises:
         ConfigurationError: ``--nnodes`` is MIN:MAX, or the node rank is not in 0..N-1.
@@ -224,28 +220,6 @@ def check_static_nodes(min_nodes: int, max_nodes: int, node_rank: int) -> None:
         raise ConfigurationError(
             f"--node-rank {node_rank} is out of range for --nnodes {max_nodes}"
         )
-
-
-def create_static_handler(params: RendezvousParameters) -> StaticRendezvousHandler:
-    """Build the static handler from the parameters the CLI gives it.
-
-    The CLI passes ``rank`` (--node-rank) in the config, and the master address as the
-    endpoint; ``join_timeout`` (or torch's older ``timeout``) bounds the wait for the other
-    nodes, parsed as every rendezvous parses it (``RendezvousSettings.from_params``); without
-    either, torchrun's :data:`TORCHRUN_STATIC_TIMEOUT_S`.
-
-    Raises:
-        ConfigurationError: a bad node count, rank or timeout.
-    """
-    rank = params.get_as_int("rank", 0)
-    assert rank is not None
-    check_static_nodes(params.min_nodes, params.max_nodes, rank)
-    check_conf_keys(params, CONF_KEYS, "static")
-    host, port = parse_endpoint(params.endpoint or "127.0.0.1:29500", default_port=29500)
-    given = params.get("join_timeout") is not None or params.get("timeout") is not None
-    settings = RendezvousSettings.from_params(params)
-    timeout_s = settings.join_timeout_s if given else TORCHRUN_STATIC_TIMEOUT_S
-    return StaticRendezvousHandler(params.run_id, host, port, rank, params.max_nodes, timeout_s)
 
 
 class StaticTCPRendezvous(StaticRendezvousHandler):
@@ -282,11 +256,14 @@ class StaticTCPRendezvous(StaticRendezvousHandler):
 
 
 def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
-    """Build the static handler as torch's ``create_rdzv_handler`` does, with its checks.
+    """Build the static handler (torch's ``create_rdzv_handler``): the one set of its rules.
 
-    Unlike :func:`create_static_handler` (the CLI's, which fills in torchrun's defaults), this
-    one wants what torch wants: ``rank`` in the config and an endpoint with a port. ``timeout``
-    (s, fractions kept) defaults to ``CONF_TABLE``'s, 600, torch's.
+    What torch wants: ``rank`` in the config (``--node-rank``) and an endpoint with a port
+    (``--master-addr:--master-port``); and the node rules of :func:`check_static_nodes`. The wait
+    for the other nodes is ``join_timeout`` (or torch's older ``timeout``, fractions kept),
+    parsed as every rendezvous parses it; without either, torch's 600 s. The CLI gives what
+    torchrun's launcher gives: the rank, the endpoint, and ``timeout=``
+    :data:`TORCHRUN_STATIC_TIMEOUT_S` unless ``--rdzv-conf`` names one.
 
     Args:
         params: the rendezvous parameters.
@@ -295,10 +272,12 @@ def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
         The handler.
 
     Raises:
-        ConfigurationError: no ``rank``, no endpoint, an endpoint without a port, or a bad
-            value (a ``ValueError``, as torch raises).
+        ConfigurationError: no ``rank``, no endpoint, an endpoint without a port, a node rule
+            broken, or a bad value (a ``ValueError``, as torch raises).
     """
-    if "rank" not in params.config:
+    settings = RendezvousSettings.from_params(params)
+    check_conf_keys(params, CONF_KEYS, "static")
+    if settings.rank is None:
         raise ConfigurationError("the static rendezvous needs 'rank' in its config (--node-rank)")
     if not params.endpoint.strip():
         raise ConfigurationError(
@@ -309,7 +288,7 @@ def create_rdzv_handler(params: RendezvousParameters) -> StaticTCPRendezvous:
         raise ConfigurationError(
             f"the static rendezvous endpoint '{params.endpoint}' names no port (--master-port)"
         )
-    rank = params.get_as_int("rank")
-    assert rank is not None  # present, checked above
-    timeout_s = conf_seconds(params, "timeout")
-    return StaticTCPRendezvous(host, port, rank, params.max_nodes, params.run_id, timeout_s)
+    check_static_nodes(params.min_nodes, params.max_nodes, settings.rank)
+    return StaticTCPRendezvous(
+        host, port, settings.rank, params.max_nodes, params.run_id, settings.join_timeout_s
+    )

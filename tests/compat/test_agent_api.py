@@ -319,7 +319,9 @@ def test_std_and_the_deprecated_fn_field_are_torchs() -> None:
     assert Std.from_str("0:1,1:2") == {0: Std.OUT, 1: Std.ERR} and Theirs.from_str("3") == 3
     assert Std.from_str("3") == Std.ALL
 
-    handler = get_rendezvous_handler(RendezvousParameters("static", "", "x", 1, 1))
+    # torch's static rules: a rank and an endpoint with a port (nothing connects here).
+    static = RendezvousParameters("static", "127.0.0.1:29500", "x", 1, 1, rank="0")
+    handler = get_rendezvous_handler(static)
     spec = WorkerSpec("trainer", 1, handler, fn=agent_targets.report)
     assert spec.entrypoint is agent_targets.report
     assert spec.get_entrypoint_name() == "report"

@@ -46,7 +46,9 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "keep_alive_interval inf": (["--standalone", "--rdzv-conf", "keep_alive_interval=inf"], {}),
     "join_timeout -inf": (["--standalone", "--rdzv-conf", "join_timeout=-inf"], {}),
     "read_timeout 1e300": (["--standalone", "--rdzv-conf", "read_timeout=1e300"], {}),
-    "timeout past a year": (["--standalone", "--rdzv-conf", "timeout=31536001"], {}),
+    # `timeout` itself is not read by c10d (torch's rule): its older name is tested on static.
+    "join_timeout past a year": (["--standalone", "--rdzv-conf", "join_timeout=31536001"], {}),
+    "static timeout past a year": (["--rdzv-conf", "timeout=31536001"], {}),
     "heartbeat_timeout 0": (["--standalone", "--rdzv-conf", "heartbeat_timeout=0"], {}),
     "close_timeout text": (["--standalone", "--rdzv-conf", "close_timeout=soon"], {}),
     "last_call_timeout -1": (["--standalone", "--rdzv-conf", "last_call_timeout=-1"], {}),

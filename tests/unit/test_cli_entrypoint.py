@@ -190,7 +190,17 @@ def test_the_environment_is_read_and_checked(tree: Path) -> None:
         (["--node-rank", "-1"], "--node-rank -1 is out of range"),
         (["--elastic-min", "0"], "--elastic-min 0"),
         (["--rdzv-id", ""], "--rdzv-id must not be empty"),
-        (["--rdzv-conf", "read_timeout=1e300"], "read_timeout 1e+300"),
+        (
+            [
+                "--rdzv-backend",
+                "c10d",
+                "--rdzv-endpoint",
+                "h:1",
+                "--rdzv-conf",
+                "read_timeout=1e300",
+            ],
+            "read_timeout 1e+300",
+        ),
         (["--nnodes", "1:2"], "needs an elastic backend"),
         (["--rdzv-backend", "etcd"], "needs --rdzv-endpoint"),
     ],
@@ -205,3 +215,35 @@ def test_bad_values_are_one_configuration_error(tree: Path, args: list[str], wor
 def test_standalone_ignores_the_run_id(tree: Path) -> None:
     parsed = _parse(["--standalone", "--rdzv-id", "", str(tree / "train.py")])
     assert parsed.config.rdzv_backend == "c10d" and len(parsed.config.run_id) == 36
+
+
+def test_the_rendezvous_conf_is_parsed_once_and_the_parse_is_what_the_rendezvous_gets(
+    tree: Path,
+) -> None:
+    from elastic_run.rendezvous.api import RendezvousParameters
+
+    script = str(tree / "train.py")
+    # Static, as torchrun's launcher: the rank and 900 s unless --rdzv-conf names a timeout.
+    config = _parse(["--node-rank", "0", script]).config
+    assert config.rdzv_conf is not None
+    assert dict(config.rdzv_configs) == {"rank": "0", "timeout": "900"}
+    assert (config.rdzv_conf.settings.rank, config.rdzv_conf.settings.join_timeout_s) == (0, 900)
+    given = _parse(["--rdzv-conf", "join_timeout=7,timeout=42", script]).config.rdzv_conf
+    assert given is not None and given.settings.join_timeout_s == 7  # join_timeout wins
+    # What run_job builds the handler from: the CLI's parse itself, not a second one.
+    params = RendezvousParameters.from_conf(
+        config.rdzv_backend,
+        config.rdzv_endpoint,
+        config.run_id,
+        config.min_nodes,
+        config.max_nodes,
+        config.local_addr,
+        config.rdzv_conf,
+    )
+    assert params.settings is config.rdzv_conf.settings
+    # torchrun accepts --rdzv-conf timeout=5' for c10d, whose handler never reads `timeout`.
+    c10d = ["--rdzv-backend", "c10d", "--rdzv-endpoint", "127.0.0.1:0"]
+    quoted = _parse([*c10d, "--rdzv-conf", "timeout=5'", script]).config
+    assert quoted.rdzv_conf is not None and quoted.rdzv_conf.settings.join_timeout_s == 600
+    with pytest.raises(ConfigurationError, match="--rdzv-conf timeout"):
+        _parse(["--rdzv-conf", "timeout=5'", script])  # static reads it: refused, as torch

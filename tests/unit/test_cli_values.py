@@ -315,12 +315,17 @@ def test_parse_rdzv_conf() -> None:
             "is_host=TRUE,use_libuv=n,store_type=File,protocol=HTTPS",
             {"is_host": True, "use_libuv": False, "store_type": "file", "protocol": "https"},
         ),
-        ("no_such_key=nan,rank=3,ca_cert=/x", {}),  # unknown keys: not this check's to read
+        # Unknown keys: not this check's to read; the etcd TLS files and the static rank are
+        # rows of the table.
+        ("no_such_key=nan,rank=3,ca_cert=/x", {"rank": 3, "ca_cert": "/x"}),
+        ("cacert=/old,ca_cert=/new,cert= ", {"ca_cert": "/new"}),  # the key's own name wins
     ],
 )
 def test_validate_rdzv_conf_accepts(text: str, parsed: dict[str, object]) -> None:
-    values = validate_rdzv_conf(parse_rdzv_conf(text))
+    conf = validate_rdzv_conf(parse_rdzv_conf(text))
+    values = conf.values
     assert values == parsed
+    assert conf.given == parse_rdzv_conf(text)  # every pair as given, for torch and plugins
     # Each value has the kind the rendezvous reads (2 == 2.0 would hide an int for a float).
     assert {k: type(v) for k, v in values.items()} == {k: type(v) for k, v in parsed.items()}
 

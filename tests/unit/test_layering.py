@@ -292,6 +292,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.settings",
     },
     "elastic_run.rendezvous.dynamic": {
+        "elastic_run.clock",
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",
         "elastic_run.rendezvous.errors",
@@ -318,6 +319,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.settings",
     },
     "elastic_run.rendezvous.liveness": {
+        "elastic_run.clock",
         "elastic_run.descriptors",
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",

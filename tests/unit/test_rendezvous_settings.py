@@ -12,6 +12,7 @@ import pytest
 from elastic_run.cli.slurm.allocation import node_count, slurm_defaults
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.registry import rendezvous_handler_registry
 from elastic_run.rendezvous.settings import (
     CONF_TABLE,
     MAX_NODES,
@@ -24,11 +25,7 @@ from elastic_run.rendezvous.settings import (
     parse_conf_value,
     parse_nnodes,
 )
-from elastic_run.rendezvous.static import (
-    TORCHRUN_STATIC_TIMEOUT_S,
-    create_rdzv_handler,
-    create_static_handler,
-)
+from elastic_run.rendezvous.static import create_rdzv_handler
 
 ALLOC = {"SLURM_JOB_ID": "77", "SLURM_JOB_NUM_NODES": "4", "SLURM_JOB_NODELIST": "n[1-4]"}
 
@@ -73,13 +70,21 @@ def test_the_defaults_are_torchs_and_ours_on_every_path() -> None:
     assert RendezvousSettings.from_timeout(None, *defaults) == settings
 
 
-def test_the_cli_static_handler_waits_torchruns_timeout_unless_given_one() -> None:
-    # torchrun's LaunchConfig puts timeout=900 in the config; torch's handler alone waits 600.
-    handler = create_static_handler(params("static", rank="0"))
-    assert handler.timeout_s == TORCHRUN_STATIC_TIMEOUT_S == 900
-    assert create_static_handler(params("static", rank="0", timeout="42")).timeout_s == 42
-    both = params("static", rank="0", timeout="42", join_timeout="7")
-    assert create_static_handler(both).timeout_s == 7  # join_timeout wins, as everywhere
+def test_the_static_handler_has_one_set_of_rules_torchs_on_every_path() -> None:
+    # The registry builds what torch's create_rdzv_handler builds: 600 s unless given (the CLI
+    # gives torchrun's 900, as torchrun's LaunchConfig does: test_cli_entrypoint).
+    for create in (rendezvous_handler_registry.create_handler, create_rdzv_handler):
+        handler: Any = create(params("static", rank="0"))
+        assert handler.timeout_s == CONF_TABLE["timeout"].default == 600
+        assert create(params("static", rank="0", timeout="42")).timeout_s == 42  # type: ignore[attr-defined]
+        both = params("static", rank="0", timeout="42", join_timeout="7")
+        assert create(both).timeout_s == 7  # type: ignore[attr-defined]  # join_timeout wins
+        with pytest.raises(ConfigurationError, match="needs 'rank'"):
+            create(params("static"))
+        with pytest.raises(ConfigurationError, match="needs an elastic backend"):
+            create(params("static", 1, 2, rank="0"))
+        with pytest.raises(ConfigurationError, match="--node-rank 1 is out of range"):
+            create(params("static", rank="1"))
 
 
 def test_torchs_static_handler_keeps_a_fraction_of_a_second() -> None:
@@ -223,3 +228,98 @@ def test_numpy_integers_count_as_whole_numbers_as_in_torch() -> None:
 
 def test_a_choice_given_from_python_is_read_as_the_text_one() -> None:
     assert check_setting("protocol", "HTTPS") == parse_conf_value("protocol", "HTTPS") == "https"
+
+
+# ---- parsed once, at the edge; every key of the table -----------------------------------------
+
+
+def test_parameters_are_parsed_once_and_again_only_when_their_config_changed() -> None:
+    given = params(join_timeout="5")
+    first = given.settings
+    assert given.settings is first  # kept: the registry, the handler, the backends share it
+    given.config["join_timeout"] = "6"  # torch's config is a plain dict
+    assert given.settings.join_timeout_s == 6
+
+
+def test_parameters_from_a_conf_parsed_at_the_edge_are_not_parsed_again() -> None:
+    from elastic_run.rendezvous.settings import RendezvousConf
+
+    conf = RendezvousConf.parse((("join_timeout", "5"), ("custom", "x")), "c10d")
+    built = RendezvousParameters.from_conf("c10d", "h:1", "job", 1, 2, None, conf)
+    assert built.settings is conf.settings
+    assert built.config == {"join_timeout": "5", "custom": "x"}  # torch's view: as given
+
+
+def test_the_etcd_keys_are_rows_of_the_table_with_torchs_older_names() -> None:
+    settings = params(
+        "etcd",
+        cacert="/ca",
+        cert="/old-cert",
+        ssl_cert="/cert",
+        key="/key",
+        user="u",
+        password="secret",
+        key_prefix="/mine/",
+    ).settings
+    assert (settings.ca_cert, settings.ssl_cert, settings.ssl_cert_key) == ("/ca", "/cert", "/key")
+    assert (settings.user, settings.password, settings.key_prefix) == ("u", "secret", "/mine/")
+    assert "secret" not in repr(settings)
+    assert RendezvousSettings().key_prefix == CONF_TABLE["key_prefix"].default == "/elastic-run/"
+
+
+def test_no_backend_reads_a_raw_conf_key() -> None:
+    # Every key is read through the one parse (RendezvousSettings): no `params.get("...")` of a
+    # conf key in the rendezvous but the address (a parameter torch passes both ways).
+    import re
+    from pathlib import Path
+
+    import elastic_run.rendezvous as rendezvous
+
+    root = Path(rendezvous.__file__).parent
+    reads = {
+        (str(path.relative_to(root)), key)
+        for path in root.rglob("*.py")
+        for key in re.findall(r"params\.(?:get|get_as_\w+)\(\s*\"(\w+)\"", path.read_text())
+    }
+    assert {key for _, key in reads} <= {"local_addr"}, sorted(reads)
+
+
+def test_a_heartbeat_completes_within_heartbeat_timeout_torchs_meaning() -> None:
+    from elastic_run.rendezvous.etcd.backend import create_etcd_backend
+
+    assert RendezvousSettings().heartbeat_deadline_s == 5.0  # torch's heartbeat_timeout
+    assert RendezvousSettings(heartbeat_timeout_s=2.0).heartbeat_deadline_s == 2.0
+    # Never past the heartbeat budget or a store call's read timeout; at least a second.
+    budget = RendezvousSettings(keep_alive_interval_s=0.25, keep_alive_max_attempt=4)
+    assert budget.heartbeat_deadline_s == 1.0
+    assert RendezvousSettings(heartbeat_timeout_s=9, read_timeout_s=3).heartbeat_deadline_s == 3
+    backend = create_etcd_backend(params("etcd", heartbeat_timeout="2"))  # connects lazily
+    try:
+        assert backend.heartbeat_timeout_s == 2.0
+    finally:
+        backend.close()
+
+
+def test_a_key_the_backend_never_reads_is_never_refused_as_torchrun() -> None:
+    # torch's c10d and etcd-v2 handlers never read `timeout`: torchrun accepts timeout=5' there.
+    for backend in ("c10d", "etcd-v2"):
+        settings = params(backend, timeout="5'").settings
+        assert settings.join_timeout_s == 600  # not read, as torch's
+    # The static backend and torch's "etcd" read it: 5' is refused there, as torch refuses it.
+    for backend in ("static", "etcd"):
+        with pytest.raises(ConfigurationError, match="timeout"):
+            params(backend, timeout="5'").settings  # noqa: B018
+    assert params("c10d", protocol="ftp").settings.protocol == "http"  # an etcd key: unread
+
+
+def test_the_docs_table_of_the_conf_keys_is_made_from_the_one_table() -> None:
+    from pathlib import Path
+
+    from elastic_run.rendezvous.settings import conf_reference
+
+    page = (Path(__file__).resolve().parents[2] / "docs" / "backends.md").read_text()
+    start = page.index("<!-- conf-table: generated from CONF_TABLE -->\n")
+    end = page.index("<!-- /conf-table -->")
+    assert page[page.index("\n", start) + 1 : end] == conf_reference(), (
+        "docs/backends.md's --rdzv-conf table differs from CONF_TABLE: paste conf_reference()"
+    )

@@ -152,7 +152,15 @@ def test_each_place_a_row_names_exists_with_the_rows_default(target: Target) -> 
 def test_the_launch_config_holds_one_attribute_per_row() -> None:
     fields = {f.name for f in dataclasses.fields(LaunchConfig)}
     attributes = {s.attribute for s in SETTINGS if s.attribute is not None}
-    worked_out = {"entrypoint", "args", "min_nodes", "max_nodes", "extra_env", "base_env"}
+    worked_out = {
+        "entrypoint",
+        "args",
+        "min_nodes",
+        "max_nodes",
+        "extra_env",
+        "base_env",
+        "rdzv_conf",  # --rdzv-conf parsed once, for the rendezvous
+    }
     assert fields == attributes | worked_out | {"python_exec"}
     for f in dataclasses.fields(LaunchConfig):
         if f.name in attributes:

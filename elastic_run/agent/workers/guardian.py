@@ -192,7 +192,34 @@ class _Watch:
                     pass
                 except PermissionError:
                     pass
-            time.sleep(_KILL_ROUND_PAUSE_S)
+            _wait_exited([info.pid for info in victims], _KILL_ROUND_PAUSE_S)
+
+
+def _wait_exited(pids: list[int], timeout_s: float) -> None:
+    """Wait until every process of ``pids`` has exited, at most ``timeout_s``, then rescan.
+
+    On the processes' pidfds (readable once a process ended), so the wait ends as soon as they
+    are gone; the guardian imports only the standard library, not the package's clock. A pid
+    already gone, or a kernel without pidfds, waits for nothing of it.
+    """
+    fds: list[int] = []
+    for pid in pids:
+        try:
+            fds.append(os.pidfd_open(pid))
+        except (OSError, AttributeError):  # gone already, or no pidfd (Linux < 5.3)
+            pass
+    try:
+        deadline = time.monotonic() + timeout_s
+        waiting = list(fds)
+        while waiting:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return
+            ready, _, _ = select.select(waiting, [], [], left)
+            waiting = [fd for fd in waiting if fd not in ready]
+    finally:
+        for fd in fds:
+            os.close(fd)
 
 
 def main(stdin_fd: int = 0, token: str = "") -> int:

@@ -41,7 +41,8 @@ from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_con
 from elastic_run.cli.options.sources import Readings, read_settings
 from elastic_run.cli.options.warm_default import default_warm_start
 from elastic_run.errors import ConfigurationError
-from elastic_run.rendezvous.static import check_static_nodes
+from elastic_run.rendezvous.settings import RendezvousConf
+from elastic_run.rendezvous.static import TORCHRUN_STATIC_TIMEOUT_S, check_static_nodes
 
 __all__ = [
     "Chosen",
@@ -160,15 +161,11 @@ def _auto_progress(eff: _Effective) -> None:
         eff.set("auto_progress", False, "--no-python: only Python workers beat by themselves")
 
 
-def _rendezvous(eff: _Effective, notices: list[str]) -> tuple[int, int]:
+def _rendezvous(eff: _Effective, notices: list[str]) -> tuple[int, int, RendezvousConf]:
     """Backend, endpoint, run id and config after --standalone and the static backend; return
-    the node counts."""
+    the node counts and the rendezvous conf, parsed once (the rendezvous gets that parse)."""
     min_nodes, max_nodes = eff["nnodes"]
     conf = parse_rdzv_conf(eff["rdzv_conf"])
-    # A check before anything starts: LaunchConfig.rdzv_configs keeps the text, as torch's keeps
-    # its raw values, and the rendezvous parses it again by the same parser over the same table
-    # (RendezvousSettings.from_params), so the two parses cannot disagree.
-    validate_rdzv_conf(conf)
     if eff["standalone"]:
         eff.set("rdzv_backend", "c10d", "--standalone")
         eff.set("rdzv_endpoint", "localhost:0", "--standalone", "localhost:<free port>")
@@ -187,16 +184,21 @@ def _rendezvous(eff: _Effective, notices: list[str]) -> tuple[int, int]:
         endpoint = f"{eff['master_addr']}:{eff['master_port']}"
         eff.set("rdzv_endpoint", endpoint, "static: --master-addr:--master-port")
         conf = (*conf, ("rank", str(eff["node_rank"])))
+        if not {"timeout", "join_timeout"} & {key for key, _ in conf}:
+            # torchrun's launcher gives its static rendezvous 900 s, torch's handler alone 600.
+            conf = (*conf, ("timeout", f"{TORCHRUN_STATIC_TIMEOUT_S:g}"))
     elif backend == "embedded-etcd":
         _embedded_members(eff)
     elif backend in _ELASTIC_BACKENDS and not eff["rdzv_endpoint"]:
         raise ConfigurationError(f"--rdzv-backend {backend} needs --rdzv-endpoint host:port")
+    # The one parse, before anything starts; the rendezvous gets it (LaunchConfig.rdzv_conf).
+    parsed = validate_rdzv_conf(conf, backend)
     shown_conf = ",".join(f"{key}={value}" for key, value in conf)
     source = eff.sources["rdzv_conf"]
     if backend == "static":
         source += "; rank from --node-rank (static)"
     eff.set("rdzv_conf", conf, source, shown_conf)
-    return min_nodes, max_nodes
+    return min_nodes, max_nodes, parsed
 
 
 def _run_id(eff: _Effective, notices: list[str]) -> None:
@@ -272,7 +274,7 @@ def parse_launch_config(
     script = _script(params, eff)
     cwd = _current_directory()
     check_entrypoint(script, module=eff["module"], no_python=eff["no_python"], cwd=cwd, environ=env)
-    min_nodes, max_nodes = _rendezvous(eff, notices)
+    min_nodes, max_nodes, rdzv_conf = _rendezvous(eff, notices)
     if not eff["master_port"]:  # torchrun's: port 0 means the default port for the workers
         eff.set("master_port", settings.MASTER_PORT.default, eff.sources["master_port"])
     _log_dir(eff["log_dir"])
@@ -291,6 +293,7 @@ def parse_launch_config(
         max_nodes=max_nodes,
         # torchrun puts the flag's text in its own environment, which the workers inherit.
         extra_env=(("TORCHELASTIC_SIGNALS_TO_HANDLE", eff.text("signals_to_handle")),),
+        rdzv_conf=rdzv_conf,
         **{s.attribute: eff[s.name] for s in SETTINGS if s.attribute is not None},
     )
     return ParsedRun(config, eff.chosen(), tuple(notices), bool(eff["print_config"]))

@@ -30,6 +30,7 @@ from elastic_run.agent.settings.values import safe_run_id
 from elastic_run.cli.options.rdzv_conf import parse_rdzv_conf, validate_rdzv_conf
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
+from elastic_run.rendezvous.settings import RendezvousConf
 
 __all__ = [
     "RDZV_OPTION_NAMES",
@@ -125,23 +126,31 @@ class RendezvousTarget:
     backend: str
     endpoint: str
     run_id: str
-    conf: tuple[tuple[str, str], ...] = ()
+    conf: RendezvousConf = RendezvousConf()
     min_nodes: int | None = None
     max_nodes: int | None = None
 
-    def parameters(self) -> RendezvousParameters:
+    def parameters(self, read_timeout_s: float | None = None) -> RendezvousParameters:
         """Return the RendezvousParameters to build a backend from (nnodes 1:1 when unknown).
+
+        Args:
+            read_timeout_s: the read timeout when ``--rdzv-conf`` names none (None: the
+                rendezvous's default).
 
         Raises:
             ConfigurationError: the parameters are inconsistent.
         """
-        return RendezvousParameters(
+        conf = self.conf
+        if read_timeout_s is not None:
+            conf = conf.with_default("read_timeout", read_timeout_s)
+        return RendezvousParameters.from_conf(
             self.backend,
             self.endpoint,
             self.run_id,
             self.min_nodes or 1,
             self.max_nodes or self.min_nodes or 1,
-            **dict(self.conf),
+            None,
+            conf,
         )
 
 
@@ -215,10 +224,8 @@ def resolve_target(
     nnodes = chosen.get("nnodes")
     if nnodes:
         min_nodes, max_nodes = NNODES.parse(str(nnodes), "--nnodes")
-    conf = parse_rdzv_conf(str(chosen.get("rdzv_conf") or ""))
-    # A check before any connection: the backend parses the text again by the same parser over
-    # the same table (RendezvousSettings.from_params), so the two parses cannot disagree.
-    validate_rdzv_conf(conf)
+    # The one parse, before any connection; the backend gets it (RendezvousTarget.parameters).
+    conf = validate_rdzv_conf(parse_rdzv_conf(str(chosen.get("rdzv_conf") or "")), backend)
     return RendezvousTarget(
         backend=backend,
         endpoint=endpoint,

@@ -69,7 +69,7 @@ from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_rendezvous
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import HEARTBEAT_GONE, decode_int
-from elastic_run.rendezvous.settings import DEFAULT_READ_TIMEOUT_S, RendezvousSettings
+from elastic_run.rendezvous.settings import BACKEND_KEYS, DEFAULT_READ_TIMEOUT_S, RendezvousSettings
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -84,7 +84,7 @@ __all__ = [
 ]
 
 DEFAULT_PORT = C10D_DEFAULT_PORT
-CONF_KEYS = frozenset({"read_timeout", "is_host", "store_type", "use_libuv", "local_addr"})
+CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
 
 
@@ -381,8 +381,9 @@ def create_c10d_backend(
                     f"cannot host the c10d rendezvous store on {host}:{port}: "
                     "the port is in use (is_host=true)"
                 ) from exc
-    # Data unacknowledged for the heartbeat budget resets a link (see c10d_link).
-    deadline_s = max(1.0, min(timeout_s, settings.stale_after_s))
+    # Data unacknowledged for heartbeat_timeout (at most the heartbeat budget and the read
+    # timeout) resets a link (see c10d_link): a heartbeat completes, or fails, within it.
+    deadline_s = settings.heartbeat_deadline_s
 
     def client_of(connect_s: float, probe: bool = False) -> TCPStore:
         if probe:

@@ -2,9 +2,9 @@
 
 Owns ``DynamicRendezvousHandler`` (``handler.py``), joining rounds on the store (``rounds.py``),
 a forming round's coordinator duties (``coordinator.py``), what a member knows of its round
-(``round_state.py``), and the read-only and best-effort sides used by ``status`` and the
+(``round_state.py``), the look before a job-ending failure counts (``failure_look.py``), and the read-only and best-effort sides used by ``status`` and the
 agent's telemetry (``status_reader.py``, ``telemetry.py``).
 
 May import: ``rendezvous.protocol``, ``rendezvous.liveness``, the seam (``rendezvous.backend``),
-the API, errors and settings. Never a concrete backend, never the agent.
+the API, errors and settings, and the top-level ``clock``. Never a concrete backend, never the agent.
 """

@@ -8,6 +8,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     settings.py       --rdzv-conf, parsed once
     decisions.py      every decision (barrier, seal, ring verdicts, ranks), pure
     rounds.py         the blocking joins: arrive, be admitted or wait at the door, end a round
+    failure_look.py   before a job-ending failure counts: is a member lost behind it?
     coordinator.py    the barrier duties of an arrival (reads, asks the protocol, seals)
     turns.py          the heartbeat and ring-watch thread (verdicts tagged with their round)
     peerwatch.py      death notices between agents, in milliseconds
@@ -22,17 +23,15 @@ from __future__ import annotations
 
 import logging
 import os
-import random
 import secrets
 import socket
 import threading
-import time
 from collections.abc import Callable, Mapping
-from concurrent.futures import ThreadPoolExecutor, wait
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, cast, get_args
 
+from elastic_run.clock import SYSTEM_CLOCK, Clock
 from elastic_run.rendezvous.api import (
     AgentRendezvous,
     Assignment,
@@ -47,6 +46,7 @@ from elastic_run.rendezvous.api import (
 )
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record, require_backend
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
+from elastic_run.rendezvous.dynamic.failure_look import FailureLook
 from elastic_run.rendezvous.dynamic.round_state import RoundState
 from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, bump_epoch, end_round
 from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
@@ -59,7 +59,6 @@ from elastic_run.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from elastic_run.rendezvous.liveness.notices import DeathNotices
-from elastic_run.rendezvous.liveness.peerwatch import answers
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -98,14 +97,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-# Before a job-ending worker failure counts (``_lost_behind_failure``): how long one member's
-# liveness port may take to greet, how many are asked at once, how long the asking may take in
-# all (those not asked by then count as silent), and the largest round whose members are asked.
-_ANSWER_TIMEOUT_S = 1.0
 _BOOTSTRAP_SLICE_S = 0.5  # one wait for rank 0's address, between two interrupt checks
-_PROBES = 16
-_PROBE_BUDGET_S = 2.0
-_PROBE_MAX = 64
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -118,7 +110,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
         max_nodes: the most nodes a round admits.
         local_addr: the address this node advertises (default: its FQDN).
         settings: the timing.
-        clock: the monotonic clock (seconds); injectable for tests.
+        clock: the clock every timed wait and decision is measured on (a test passes a
+            ``FakeClock``).
+        death_notices: whether this node listens for and watches death notices (sockets; see
+            ``liveness/notices.py``). False: heartbeats alone judge, and the node opens no
+            socket (a logic test on the in-memory backend).
     """
 
     def __init__(
@@ -129,7 +125,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         max_nodes: int,
         local_addr: str | None = None,
         settings: RendezvousSettings | None = None,
-        clock: Callable[[], float] = time.monotonic,
+        clock: Clock = SYSTEM_CLOCK,
+        *,
+        death_notices: bool = True,
     ) -> None:
         backend = require_backend(backend)  # a torch-style get_state/set_state one: TypeError
         check_nnodes(min_nodes, max_nodes, "min_nodes:max_nodes")  # ValueError, as torch's
@@ -163,6 +161,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
             max_nodes,
         )
         self._shut_down = False
+        self._death_notices = death_notices
+        self._changed = threading.Condition()  # notified on a round state change, at shutdown
         self._telemetry = Telemetry(backend, run_id, self.node_id, self._host)
         self._liveness = LivenessThread(
             backend,
@@ -188,6 +188,18 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._liveness.successor_beats,
             self._with_notices,
             lambda: self._is_interrupted is not None,
+        )
+        self._look = FailureLook(
+            backend,
+            run_id,
+            self.node_id,
+            self._settings,
+            clock,
+            self._state,
+            self._notices.apply,
+            lambda: self._is_interrupted is not None and self._is_interrupted(),
+            self._changed,
+            lambda: self._shut_down,
         )
 
     # -- construction, as torch's -------------------------------------------------
@@ -337,7 +349,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 are used up). Before counting it, the round's members are looked at: when one
                 of them is lost (its agent died: its workers' peers fail in their collectives
                 at once, often before any watcher has judged it), the round ends for that
-                member instead and the failure does not count. See ``_lost_behind_failure``.
+                member instead and the failure does not count. See ``failure_look.py``.
                 A store error while looking is logged and the failure counts, as before.
 
         Returns:
@@ -349,7 +361,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             return True
         if last_restart:
             try:
-                if self._lost_behind_failure(member):
+                if self._look.member_lost(member):
                     return False
             except (RendezvousError, OSError, ValueError) as exc:
                 log.warning(
@@ -364,106 +376,6 @@ class DynamicRendezvousHandler(RendezvousHandler):
             member.round,
             LostRecord(member.round, "worker_failure", (), self.node_id),
         )
-
-    def _lost_behind_failure(self, member: Membership) -> bool:
-        """Whether a member of this node's round is lost, looked at before a job-ending failure.
-
-        The round's end record first (a watcher usually writes ``member_lost`` within
-        milliseconds of an agent's death). Then, in a round of at most ``_PROBE_MAX``
-        other members, each member's liveness port is asked once (``peerwatch.answers``, in a
-        random order, all within ``_PROBE_BUDGET_S``): when all greet, their agents live and
-        the failure is this node's own (no wait). Those that did not greet are watched by
-        heartbeat, once an interval, until twice the heartbeat budget plus one interval has
-        passed since the first read; a member judged gone ends the round as ``member_lost`` here. In
-        a larger round nobody is asked (N nodes asking N each would flood every listener):
-        the end record alone is read once an interval until the same deadline, the ring's
-        watchers judging. A pending signal (the agent's interrupt check) stops the look.
-        """
-        r = member.round
-        if self._state.poll().member_lost:
-            return True
-        if self._round_ended(r):
-            return self._state.poll().member_lost
-        others = self._other_members(member)
-        suspects: list[str] = []
-        if len(others) <= _PROBE_MAX:
-            suspects = self._unanswered(others)
-            if not suspects:
-                return False
-        settings = self._settings
-        # Twice the budget: a judge needs the budget and its reads, which slip on a busy host.
-        wait_s = 2 * settings.stale_after_s + settings.keep_alive_interval_s
-        log.warning(
-            "rendezvous '%s': a worker failed %s; waiting up to %.1f s for a verdict before "
-            "counting the failure",
-            self._run_id,
-            f"while {len(suspects)} member(s) of round {r} did not answer "
-            f"({', '.join(suspects[:3])}{' ...' if len(suspects) > 3 else ''})"
-            if suspects
-            else f"in round {r} of {len(others) + 1} nodes",
-            wait_s,
-        )
-        deadline = self._clock() + wait_s
-        beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
-        while True:
-            if self._is_interrupted is not None and self._is_interrupted():
-                return False
-            if self._round_ended(r):
-                return self._state.poll().member_lost
-            now = self._clock()
-            if suspects:
-                read = self._backend.read_heartbeats(suspects)
-                beats = self._notices.apply(
-                    beats.observe(dict(zip(suspects, read, strict=True)), now), now
-                )
-                verdict = proto.judge_watched(suspects, beats, now, settings.stale_after_s)
-                if isinstance(verdict, proto.MemberLost):
-                    why = LostRecord(r, "member_lost", verdict.node_ids, self.node_id)
-                    end_round(self._backend, r, why)
-                    self._state.note_round_end(r)
-                    return self._state.poll().member_lost
-            if now >= deadline:
-                return False
-            time.sleep(min(settings.keep_alive_interval_s, max(0.0, deadline - now)))
-
-    def _round_ended(self, r: int) -> bool:
-        """Whether round ``r`` has its end record (noted in this node's round state)."""
-        why = read_lost(self._backend, r)
-        if why is None:
-            return False
-        self._state.note_end_record(r, why)
-        return True
-
-    def _other_members(self, member: Membership) -> list[NodeRecord]:
-        """The records of the other members of ``member``'s round."""
-        r = member.round
-        node_keys = [keys.node(r, i) for i in member.seal.admitted_indices()]
-        records = [
-            decode(NodeRecord, k, raw)
-            for k, raw in zip(node_keys, self._backend.get_unwaited(node_keys), strict=True)
-            if raw is not None
-        ]
-        return [rec for rec in records if rec.node_id != self.node_id]
-
-    def _unanswered(self, others: list[NodeRecord]) -> list[str]:
-        """The members of ``others`` whose liveness port did not greet within the budget."""
-        if not others:
-            return []
-        order = random.sample(others, len(others))  # not every node asking the same one first
-        pool = ThreadPoolExecutor(max_workers=min(_PROBES, len(order)))
-        try:
-            asked = {
-                pool.submit(
-                    answers, rec.node_id, rec.addr, rec.alive_port, _ANSWER_TIMEOUT_S
-                ): rec.node_id
-                for rec in order
-                if rec.alive_port
-            }
-            done, _ = wait(asked, timeout=_PROBE_BUDGET_S)
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
-        greeted = {asked[f] for f in done if f.exception() is None and f.result()}
-        return [rec.node_id for rec in order if rec.node_id not in greeted]
 
     def leave_round(self, reason: str) -> None:
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing.
@@ -553,7 +465,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             RendezvousStateError: ``reason`` is none of those.
             RendezvousConnectionError: the backend cannot be reached.
         """
-        outcome = close_job(self._backend, reason, self.node_id)
+        outcome = close_job(
+            self._backend, reason, self.node_id, self._settings.close_timeout_s, self._clock
+        )
         if outcome.replaced is not None:
             log.warning(
                 "rendezvous '%s': closed (%s), replacing what the closed key held: %s",
@@ -670,8 +584,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 return True
             self._shut_down = True
         self._wait_for_spares()
-        if not self._liveness.stop():
-            log.warning("the rendezvous liveness thread did not end in time")
+        with self._changed:
+            self._changed.notify_all()
+        # torch's close_timeout: the time within which shutdown() completes.
+        if not self._liveness.stop(self._settings.close_timeout_s):
+            log.warning(
+                "the rendezvous liveness turn did not end within close_timeout (%g s)",
+                self._settings.close_timeout_s,
+            )
         self._notices.close()
         try:
             self._backend.forget_node(self.node_id)
@@ -739,7 +659,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
     # -- liveness -------------------------------------------------------------------------
 
     def _start_liveness(self) -> None:
-        self._notices.start()
+        if self._death_notices:
+            self._notices.start()
         self._liveness.start()
 
     def _ring_position(self) -> RingPosition | None:
@@ -755,6 +676,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         return self._notices.apply(beats, self._clock())
 
     def _notify_change(self) -> None:
+        with self._changed:
+            self._changed.notify_all()
         callback = self._on_change
         if callback is not None:
             callback()
@@ -810,7 +733,13 @@ def _holds(store: Store, wanted: list[str]) -> bool:
         ) from exc
 
 
-def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) -> CloseOutcome:
+def close_job(
+    backend: RendezvousBackend,
+    reason: ClosedReason,
+    closed_by: str,
+    timeout_s: float | None = None,
+    clock: Clock = SYSTEM_CLOCK,
+) -> CloseOutcome:
     """Close the job's rendezvous on ``backend``: no round forms any more, every node sees it.
 
     What ``set_closed`` and ``elastic-run close`` do; the first valid close wins. Whatever the
@@ -823,6 +752,9 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
         backend: the job's backend.
         reason: ``closed`` (by a user), ``succeeded`` or ``failed``.
         closed_by: who closes it (a node id, or ``elastic-run close@host``).
+        timeout_s: torch's close_timeout: no compare-and-set is tried after it (None: no
+            bound but the attempts').
+        clock: what ``timeout_s`` is measured on.
 
     Returns:
         What the close did.
@@ -835,7 +767,10 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
     encoded = encode(ClosedRecord(reason, closed_by))
     decode(ClosedRecord, keys.CLOSED, encoded)  # checks the reason like any reader would
     (raw,) = backend.get_unwaited([keys.CLOSED])
-    for _ in range(_CLOSE_ATTEMPTS):
+    deadline = None if timeout_s is None else clock.now() + timeout_s
+    for attempt in range(_CLOSE_ATTEMPTS):
+        if attempt and deadline is not None and clock.now() >= deadline:
+            break
         record, problem = read_closed(raw)
         if record is not None:
             epoch = bump_epoch(backend)  # a member that missed the close reads it now
@@ -849,8 +784,9 @@ def close_job(backend: RendezvousBackend, reason: ClosedReason, closed_by: str) 
         (raw,) = backend.get_unwaited([keys.CLOSED])
     raise RendezvousStateError(
         f"could not close rendezvous on {backend.name} {backend.endpoint}: the key "
-        f"'{keys.CLOSED}' changed under each of {_CLOSE_ATTEMPTS} attempts (something else "
-        "keeps writing it)"
+        f"'{keys.CLOSED}' changed under each attempt"
+        + (f" within close_timeout ({timeout_s:g} s)" if timeout_s is not None else "")
+        + " (something else keeps writing it)"
     )
 
 

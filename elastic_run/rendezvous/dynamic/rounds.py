@@ -29,11 +29,11 @@ without a liveness verdict.
 from __future__ import annotations
 
 import logging
-import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from elastic_run.clock import Clock
 from elastic_run.rendezvous.api import Assignment
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import Coordinator
@@ -138,7 +138,7 @@ class Rounds:
         node_id: this node's id.
         settings: the timing.
         round_settings: min, max, last call and staleness for the barrier.
-        clock: the monotonic clock.
+        clock: the clock (its time, and the pause between two attempts).
         record: builds this node's arrival record (called at each arrival).
         is_interrupted: the agent's interrupt check.
         seed_beats: what this node's liveness thread has seen (seeds each coordinator).
@@ -154,7 +154,7 @@ class Rounds:
         node_id: str,
         settings: RendezvousSettings,
         round_settings: proto.RoundSettings,
-        clock: Callable[[], float],
+        clock: Clock,
         record: Callable[[], NodeRecord],
         is_interrupted: Callable[[], bool],
         seed_beats: Callable[[], proto.Heartbeats],
@@ -176,7 +176,6 @@ class Rounds:
         self.last_rank = -1
         self.rank_round = -1
         self._arrived: tuple[int, int] | None = None  # (round, index) of the last arrival
-        self._pause = threading.Event()  # never set: an interruptible pause between attempts
 
     def join(self, deadline: float) -> Membership:
         """Block until this node is a member of a completed round.
@@ -200,7 +199,7 @@ class Rounds:
                         "rendezvous '%s': %s; trying until the join timeout", self._run_id, exc
                     )
                     said = True
-                self._pause.wait(min(0.5, max(0.0, deadline - self._clock())))
+                self._clock.sleep(min(0.5, max(0.0, deadline - self._clock())))  # then retry
                 continue
             if member is not None:
                 self.last_round = member.round

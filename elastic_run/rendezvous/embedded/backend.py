@@ -73,6 +73,7 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
         key_prefix: the prefix every job's keys live under.
         lease_ttl_s: the heartbeat lease TTL.
         form_timeout_s: how long ``check_reachable`` waits for the cluster to form.
+        heartbeat_timeout_s: how long one periodic heartbeat's calls may take.
     """
 
     def __init__(
@@ -86,8 +87,15 @@ class EmbeddedEtcdBackend(EtcdRendezvousBackend):
         key_prefix: str,
         lease_ttl_s: int,
         form_timeout_s: float,
+        heartbeat_timeout_s: float | None = None,
     ) -> None:
-        super().__init__(client, run_id, key_prefix=key_prefix, lease_ttl_s=lease_ttl_s)
+        super().__init__(
+            client,
+            run_id,
+            key_prefix=key_prefix,
+            lease_ttl_s=lease_ttl_s,
+            heartbeat_timeout_s=heartbeat_timeout_s,
+        )
         self._cluster = cluster
         self._watch = watch
         self._member = member
@@ -236,17 +244,15 @@ def _names(raw: bytes | None) -> list[str]:
     return [str(v) for v in value] if isinstance(value, list) else []
 
 
-def _member_tls(params: RendezvousParameters) -> MemberTLS | None:
-    cert = params.get("ssl_cert", params.get("cert"))
-    key = params.get("ssl_cert_key", params.get("key"))
+def _member_tls(settings: RendezvousSettings) -> MemberTLS | None:
+    cert, key = settings.ssl_cert, settings.ssl_cert_key
     if not cert and not key:
         return None
     if not cert or not key:
         raise ConfigurationError(
             "embedded etcd TLS needs both ssl_cert and ssl_cert_key in --rdzv-conf"
         )
-    ca = params.get("ca_cert", params.get("cacert"))
-    return MemberTLS(str(cert), str(key), str(ca) if ca else None)
+    return MemberTLS(cert, key, settings.ca_cert)
 
 
 def create_embedded_backend(
@@ -266,7 +272,7 @@ def create_embedded_backend(
     cluster = parse_cluster(params.endpoint, params.run_id)
     settings = RendezvousSettings.from_params(params)
     options = etcd_connection_options(params)
-    tls = _member_tls(params)
+    tls = _member_tls(settings)
     if tls is not None:
         options["protocol"] = "https"
     member: EmbeddedMember | None = None
@@ -294,6 +300,7 @@ def create_embedded_backend(
         member,
         key_prefix=key_prefix_of(params),
         lease_ttl_s=lease_ttl_of(params),
+        heartbeat_timeout_s=settings.heartbeat_deadline_s,
         form_timeout_s=settings.join_timeout_s,
     )
     try:

@@ -43,7 +43,7 @@ from elastic_run.rendezvous.etcd.counter import counter_value
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
 from elastic_run.rendezvous.etcd.kv import KeyValue, range_request
 from elastic_run.rendezvous.etcd.lease import LeaseFailure
-from elastic_run.rendezvous.settings import RendezvousSettings
+from elastic_run.rendezvous.settings import BACKEND_KEYS, DEFAULT_KEY_PREFIX, RendezvousSettings
 
 if TYPE_CHECKING:
     from torch._C._distributed_c10d import Store
@@ -59,24 +59,8 @@ __all__ = [
     "lease_ttl_of",
 ]
 
-CONF_KEYS = frozenset(
-    {
-        "read_timeout",
-        "protocol",
-        "ca_cert",
-        "cacert",
-        "ssl_cert",
-        "cert",
-        "ssl_cert_key",
-        "key",
-        "user",
-        "password",
-        "key_prefix",
-        "local_addr",
-    }
-)
+CONF_KEYS = BACKEND_KEYS["etcd"]
 
-DEFAULT_KEY_PREFIX = "/elastic-run/"
 log = logging.getLogger(__name__)
 
 _MIN_LEASE_TTL_S = 2  # etcd refuses shorter leases with its default election timing
@@ -98,6 +82,8 @@ class EtcdRendezvousBackend(RendezvousBackend):
         run_id: the job's id.
         key_prefix: the prefix every job's keys live under.
         lease_ttl_s: the heartbeat lease TTL in seconds (at least 2).
+        heartbeat_timeout_s: how long one periodic heartbeat's calls may take (None: the
+            client's RPC timeout); ``RendezvousSettings.heartbeat_deadline_s``.
     """
 
     CONF_KEYS = CONF_KEYS
@@ -108,6 +94,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         run_id: str,
         key_prefix: str = DEFAULT_KEY_PREFIX,
         lease_ttl_s: int = 3,
+        heartbeat_timeout_s: float | None = None,
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
@@ -116,6 +103,7 @@ class EtcdRendezvousBackend(RendezvousBackend):
         self._run_id = run_id
         self._base = f"{prefix}{run_id}/"
         self._lease_ttl_s = max(_MIN_LEASE_TTL_S, int(lease_ttl_s))
+        self._heartbeat_timeout_s = heartbeat_timeout_s
         self._leases: dict[str, int] = {}
         self._lock = threading.Lock()
 
@@ -123,6 +111,13 @@ class EtcdRendezvousBackend(RendezvousBackend):
     def name(self) -> str:
         """``etcd``."""
         return "etcd"
+
+    @property
+    def heartbeat_timeout_s(self) -> float:
+        """How long one periodic heartbeat's calls may take (``heartbeat_timeout``)."""
+        timeout_s = self._client.timeout_s
+        hb = self._heartbeat_timeout_s
+        return timeout_s if hb is None else min(timeout_s, hb)
 
     @property
     def endpoint(self) -> str:
@@ -212,9 +207,10 @@ class EtcdRendezvousBackend(RendezvousBackend):
         Raises:
             RendezvousConnectionError: when the node's lease was not refreshed within its
                 TTL (nothing is written), when it had expired (the counter was bumped on a
-                fresh lease first), or when etcd did not answer within the RPC deadline.
+                fresh lease first), or when etcd did not answer within the heartbeat's
+                deadline (``heartbeat_timeout``, at most the RPC timeout).
         """
-        deadline_s = time.monotonic() + self._client.timeout_s
+        deadline_s = time.monotonic() + self.heartbeat_timeout_s
         with self._lock:
             lease = self._leases.get(node_id)
         failure = self._client.lease_failure(lease) if lease is not None else None
@@ -354,19 +350,14 @@ def etcd_connection_options(params: RendezvousParameters) -> ConnectionOptions:
         ConfigurationError: a config value is invalid.
     """
     settings = RendezvousSettings.from_params(params)
-    ca_cert = params.get("ca_cert", params.get("cacert"))
-    cert = params.get("ssl_cert", params.get("cert"))
-    key = params.get("ssl_cert_key", params.get("key"))
     read_timeout_s = settings.read_timeout_s
-    user = params.get("user")
-    password = params.get("password")
     return ConnectionOptions(
         protocol=settings.protocol,
-        ca_cert=str(ca_cert) if ca_cert else None,
-        cert=str(cert) if cert else None,
-        key=str(key) if key else None,
-        user=str(user) if user is not None else None,
-        password=str(password) if password is not None else None,
+        ca_cert=settings.ca_cert,
+        cert=settings.ssl_cert,
+        key=settings.ssl_cert_key,
+        user=settings.user,
+        password=settings.password,
         timeout_s=read_timeout_s,
         retry_window_s=min(read_timeout_s, 15.0),
     )
@@ -379,7 +370,7 @@ def lease_ttl_of(params: RendezvousParameters) -> int:
 
 def key_prefix_of(params: RendezvousParameters) -> str:
     """The prefix every job's keys live under (``key_prefix``, default ``/elastic-run/``)."""
-    return str(params.get("key_prefix", DEFAULT_KEY_PREFIX))
+    return RendezvousSettings.from_params(params).key_prefix
 
 
 def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
@@ -410,6 +401,7 @@ def create_etcd_backend(params: RendezvousParameters) -> EtcdRendezvousBackend:
         key_prefix=key_prefix_of(params),
         # The lease outlives a heartbeat by the handler's staleness budget.
         lease_ttl_s=lease_ttl_of(params),
+        heartbeat_timeout_s=RendezvousSettings.from_params(params).heartbeat_deadline_s,
     )
 
 

@@ -4,5 +4,5 @@ Owns one node's liveness turns (``turns.py``), the threads that run them (``pool
 notices in milliseconds (``peerwatch.py``, ``notices.py``, ``notice_loop.py``).
 
 May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), the API, errors,
-settings, and the top-level ``descriptors``. Never the handler, a concrete backend or the agent.
+settings, and the top-level ``descriptors`` and ``clock``. Never the handler, a concrete backend or the agent.
 """

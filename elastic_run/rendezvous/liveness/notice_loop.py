@@ -33,6 +33,7 @@ from collections import deque
 from collections.abc import Callable
 from typing import Protocol
 
+from elastic_run import clock
 from elastic_run.descriptors import AcceptPause
 
 __all__ = ["LoopMember", "NoticeLoop", "notice_loop"]
@@ -147,7 +148,7 @@ class NoticeLoop:
             except Exception:
                 if pause.failed(time.monotonic()):
                     log.exception("death-notice loop: unexpected error; going on")
-                time.sleep(max(0.0, (pause.resume_at or 0.0) - time.monotonic()))
+                clock.sleep(max(0.0, (pause.resume_at or 0.0) - time.monotonic()))
 
     def _scan(self, now: float) -> None:
         deadlines = [d for m in list(self._members.values()) if (d := m.deadline()) is not None]

@@ -124,12 +124,17 @@ class LivenessThread:
         if self._turns is not None:
             liveness_pool().poke(self._turns)
 
-    def stop(self) -> bool:
-        """Stop the turns; return whether a running one ended within its bound."""
+    def stop(self, timeout_s: float | None = None) -> bool:
+        """Stop the turns; return whether a running one ended within ``timeout_s``.
+
+        Args:
+            timeout_s: the bound (None: one interval and a few seconds of slack).
+        """
         turns = self._turns
         if turns is None:
             return True
-        return liveness_pool().stop(turns, self._settings.keep_alive_interval_s + _JOIN_SLACK_S)
+        bound = self._settings.keep_alive_interval_s + _JOIN_SLACK_S
+        return liveness_pool().stop(turns, bound if timeout_s is None else timeout_s)
 
     def report(self) -> LivenessReport:
         """This node's heartbeat standing (no I/O)."""
