@@ -16,6 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from elastic_run.agent.node_check.device_request import NOTHING, DeviceRequest
 from elastic_run.agent.progress.config import ProgressOptions
 from elastic_run.agent.rules.progress.beats import HangRule
 from elastic_run.agent.settings import table as settings
@@ -69,6 +70,10 @@ class AgentOptions:
         preload: modules the zygote imports after torch.
         max_node_failures: failures charged to this node, with different ranks, that exclude
             it (``--max-node-failures``).
+        node_check: check this node before it joins, and before a suspect node rejoins.
+        node_check_timeout_s: the whole node check's bound.
+        node_check_cmd: the user's own check (a shell command; None: none).
+        node_devices: the devices the flags ask of this node, for the node check.
     """
 
     signals: tuple[signal.Signals, ...] = settings.SIGNALS_TO_HANDLE.default
@@ -87,6 +92,10 @@ class AgentOptions:
     warm_start: bool = settings.WARM_START.default
     preload: tuple[str, ...] = settings.PRELOAD.default
     max_node_failures: int = settings.MAX_NODE_FAILURES.default
+    node_check: bool = settings.NODE_CHECK.default
+    node_check_timeout_s: float = settings.NODE_CHECK_TIMEOUT.default
+    node_check_cmd: str | None = settings.NODE_CHECK_CMD.default
+    node_devices: DeviceRequest = NOTHING
 
 
 @dataclass(frozen=True)
@@ -152,6 +161,9 @@ class LaunchConfig:
     straggler_factor: float
     max_no_progress_restarts: int
     max_node_failures: int
+    node_check: bool
+    node_check_timeout_s: float
+    node_check_cmd: str | None
     auto_progress: bool
     script_exit_timeout_s: float | None
     timer_file: str | None
@@ -159,6 +171,7 @@ class LaunchConfig:
     launcher_error_file: str | None
     extra_env: tuple[tuple[str, str], ...] = ()
     rdzv_conf: RendezvousConf | None = None  # rdzv_configs parsed once, by the CLI
+    node_devices: DeviceRequest = NOTHING  # what --nproc-per-node asks, for the node check
     base_env: tuple[tuple[str, str], ...] | None = None
     python_exec: str | None = None
 
@@ -182,4 +195,5 @@ class LaunchConfig:
             progress=ProgressOptions(**self.arguments(Target.PROGRESS)),
             extra_env=self.extra_env,
             base_env=self.base_env,
+            node_devices=self.node_devices,
         )

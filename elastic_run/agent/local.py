@@ -19,6 +19,7 @@ import logging
 import os
 import signal
 import socket
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -27,9 +28,15 @@ from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
 from elastic_run.agent.loop.goodput import goodput_metrics
-from elastic_run.agent.loop.parts import MonitoredWorkers, WorkerPart
+from elastic_run.agent.loop.parts import MonitoredWorkers, NodeFitness, WorkerPart
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import AgentSnapshot
+from elastic_run.agent.node_check import (
+    NodeCheckOptions,
+    failure_line,
+    run_node_check,
+    startup_line,
+)
 from elastic_run.agent.progress.duties import ProgressDuties
 from elastic_run.agent.settings import table as settings
 from elastic_run.agent.warm.policy import WarmStarts
@@ -123,6 +130,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             workers=workers,
             progress=self._progress_duties,
             max_node_failures=opts.max_node_failures,
+            node_check=_NodeCheck(opts, lambda: self._run_dir, self._host, self._base_env)
+            if opts.node_check
+            else None,
         )
         self._options = opts
         self._logs_specs = logs_specs if logs_specs is not None else DefaultLogsSpecs()
@@ -429,3 +439,38 @@ def _snapshot_metrics(snap: AgentSnapshot) -> dict[str, float]:
             out["hang_timeout_seconds" + label] = p.timeout_s
         out["hung" + label] = 1.0 if p.verdict == "hung" else 0.0
     return {**out, **goodput_metrics(snap.goodput)}
+
+
+class _NodeCheck:
+    """The node check of ``agent/node_check/`` as the loop's part: this node's devices as the
+    flags ask for them, the run's log directory, ``--node-check-cmd``, in the check's budget."""
+
+    def __init__(
+        self,
+        opts: AgentOptions,
+        log_dir: Callable[[], Path],
+        host: str,
+        env: Callable[[], dict[str, str]],
+    ) -> None:
+        self._options = NodeCheckOptions(
+            enabled=True, timeout_s=opts.node_check_timeout_s, command=opts.node_check_cmd
+        )
+        self._devices = opts.node_devices
+        self._log_dir = log_dir
+        self._host = host
+        self._env = env
+
+    def check(self) -> NodeFitness:
+        """Check this node now."""
+        result = run_node_check(self._options, self._devices, self._log_dir(), env=self._env())
+        if result.healthy:
+            return NodeFitness(
+                True, startup_line(result), "", result.duration_s, result.as_record()
+            )
+        return NodeFitness(
+            False,
+            failure_line(self._host, result),
+            result.reason or "unhealthy",
+            result.duration_s,
+            result.as_record(),
+        )

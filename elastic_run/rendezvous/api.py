@@ -217,7 +217,9 @@ class RendezvousInfo:
 
 @dataclass(frozen=True)
 class MemberSnapshot:
-    """One member of a round as the status view shows it."""
+    """One member of a round as the status view shows it (``health``: ``ok``, ``suspect (1 of
+    2: ...)``, ``excluded: ...`` as the node published it, or ``spare`` for a node waiting at a
+    full round)."""
 
     rank: int
     node_id: str
@@ -228,6 +230,7 @@ class MemberSnapshot:
     heartbeat: int | None
     state: str = ""
     restarts: int = 0
+    health: str = "ok"
 
 
 @dataclass(frozen=True)
@@ -236,7 +239,8 @@ class RendezvousSnapshot:
 
     Heartbeat ages are not here: a single read cannot tell them without comparing
     clocks. The status view reads twice and reports which counters moved. ``problems``
-    names each key whose value could not be decoded (the rest is shown).
+    names each key whose value could not be decoded (the rest is shown). ``excluded``: the
+    nodes excluded so far, one line each (``host: reason``).
     """
 
     run_id: str
@@ -254,6 +258,7 @@ class RendezvousSnapshot:
     events: tuple[dict[str, Any], ...] = field(default_factory=tuple)
     closed_reason: str | None = None
     problems: tuple[str, ...] = ()
+    excluded: tuple[str, ...] = ()
 
 
 class RendezvousHandler(ABC):

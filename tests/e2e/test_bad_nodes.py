@@ -23,7 +23,7 @@ from typing import Any
 import pytest
 
 from tests.e2e.test_multinode import FAST_CONF, Job
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, run_cli_in_process, wait_until
 
 pytestmark = pytest.mark.timeout(300)
 
@@ -33,6 +33,18 @@ def job_fixture(tmp_path: Path) -> Iterator[Job]:
     job = Job(tmp_path, "c10d", f"127.0.0.1:{free_port()}")
     yield job
     job.kill_all()
+
+
+def _status(job: Job) -> dict[str, Any]:
+    """``elastic-run status --json`` of the job (in this process: no torch import per call)."""
+    proc = run_cli_in_process(
+        ["status", "--rdzv-backend", "c10d", "--rdzv-endpoint", job.endpoint,
+         "--rdzv-id", job.run_id, "--json", "--sample", "0"],
+        timeout_s=60,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    body: dict[str, Any] = json.loads(proc.stdout)
+    return body
 
 
 def _events(job: Job, name: str, kind: str) -> list[dict[str, Any]]:
@@ -66,6 +78,8 @@ def test_a_bad_node_is_excluded_and_a_spare_takes_its_place(job: Job) -> None:
     assert len(set(ranks)) == 2, excluded
 
     job.wait_running(["a", "b", "d"], 3, timeout_s=120)
+    status = _status(job)
+    assert any("root cause of 2 failed rounds" in line for line in status["excluded"]), status
     job.go()
     for name in "abd":
         assert job.wait_exit(name) == 0, job.report()
@@ -100,6 +114,14 @@ def test_a_node_beyond_max_waits_as_a_spare_without_ending_the_round(job: Job) -
     spare = ({"a", "b", "c", "d"} - {r["node"] for r in job.records()}).pop()
     members = sorted({"a", "b", "c", "d"} - {spare})
     job.wait_running(members, 3)
+    seen: dict[str, Any] = {}
+
+    def spare_shown() -> bool:
+        seen.update(_status(job))
+        return [w.get("health") for w in seen.get("waiting", [])] == ["spare"]
+
+    wait_until(spare_shown, 60, message=lambda: json.dumps(seen)[-2000:])
+    assert {m["health"] for m in seen["members"]} == {"ok"}
     job.go()
     for name in members:
         assert job.wait_exit(name) == 0, job.report()
@@ -108,4 +130,34 @@ def test_a_node_beyond_max_waits_as_a_spare_without_ending_the_round(job: Job) -
     for name in members:
         rounds = [e for e in job.nodes[name].events() if e["kind"] == "rendezvous.complete"]
         assert len(rounds) == 1, json.dumps(rounds)  # no churn: one round, trained to the end
+    job.assert_no_survivors()
+
+
+def test_a_node_that_fails_its_check_never_joins_and_the_job_runs_at_min(job: Job) -> None:
+    """c's own check fails (``--node-check-cmd``: its first line is the reason), d's hangs and
+    is cut at ``--node-check-timeout``: neither joins (exit 6, one line), a and b train."""
+    job.start("a", nnodes="2:4", conf=FAST_CONF, host=True)
+    job.start("b", nnodes="2:4", conf=FAST_CONF)
+    job.start(
+        "c", nnodes="2:4", conf=FAST_CONF,
+        extra=("--node-check-cmd", "echo scratch disk full; exit 1"),
+    )  # fmt: skip
+    job.start(
+        "d", nnodes="2:4", conf=FAST_CONF,
+        extra=("--node-check-cmd", "sleep 600", "--node-check-timeout", "2"),
+    )  # fmt: skip
+    assert job.wait_exit("c", 120) == 6, job.report()
+    assert job.wait_exit("d", 120) == 6, job.report()
+    (c_line,) = [ln for ln in job.nodes["c"].output().splitlines() if ln.startswith("Error:")]
+    assert "failed its node check: scratch disk full" in c_line, c_line
+    (d_line,) = [ln for ln in job.nodes["d"].output().splitlines() if ln.startswith("Error:")]
+    assert "timed out after 2 s" in d_line, d_line
+    assert not job.records("c") and not job.records("d")  # they never joined
+    job.wait_running(["a", "b"], 2, timeout_s=120)
+    checked = _events(job, "a", "node.checked")
+    assert checked and checked[0]["message"].startswith("node check passed in")
+    job.go()
+    for name in "ab":
+        assert job.wait_exit(name) == 0, job.report()
+    assert "node excluded during the job" in job.nodes["a"].output(), job.report()
     job.assert_no_survivors()

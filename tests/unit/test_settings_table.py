@@ -160,6 +160,7 @@ def test_the_launch_config_holds_one_attribute_per_row() -> None:
         "extra_env",
         "base_env",
         "rdzv_conf",  # --rdzv-conf parsed once, for the rendezvous
+        "node_devices",  # what --nproc-per-node asks, for the node check
     }
     assert fields == attributes | worked_out | {"python_exec"}
     for f in dataclasses.fields(LaunchConfig):

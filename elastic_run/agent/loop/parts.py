@@ -9,7 +9,9 @@ The loop (``simple.py``) holds three parts and asks each, once a turn, for one f
   the view from its answer once;
 - a :class:`ProgressPart`: progress beats and their evidence (``agent/progress/duties.py`` for
   ``LocalElasticAgent``; :class:`NoProgressWatch` otherwise: nothing watched);
-- the rendezvous (``rendezvous_part.py``).
+- the rendezvous (``rendezvous_part.py``);
+- optionally a :class:`NodeCheckPart`: is this node fit to join (asked before the first join
+  and before a suspect node rejoins).
 
 The rules decide from those records; the loop applies the action, handing the progress rules'
 effects back to the progress part.
@@ -18,7 +20,8 @@ effects back to the progress part.
 from __future__ import annotations
 
 import socket
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
+from dataclasses import dataclass, field
 from typing import Any, Protocol
 
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerState
@@ -27,7 +30,15 @@ from elastic_run.agent.rules.observation import GroupView, ProgressView, WorkerV
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.errors import AgentError
 
-__all__ = ["Emit", "MonitoredWorkers", "NoProgressWatch", "ProgressPart", "WorkerPart"]
+__all__ = [
+    "Emit",
+    "MonitoredWorkers",
+    "NoProgressWatch",
+    "NodeCheckPart",
+    "NodeFitness",
+    "ProgressPart",
+    "WorkerPart",
+]
 
 Emit = Callable[[str, str, dict[str, Any]], None]
 
@@ -61,6 +72,33 @@ class ProgressPart(Protocol):
 
     def attempt_ended(self, failed: bool) -> None:
         """The attempt's workers are stopped (``failed``: by a worker failure)."""
+
+
+@dataclass(frozen=True)
+class NodeFitness:
+    """What a node check found.
+
+    Attributes:
+        healthy: the node may join.
+        line: the one line to say (the start-up line, or the failure line).
+        reason: why it may not ("" when healthy).
+        took_s: how long the check took.
+        record: the check's facts, for the event.
+    """
+
+    healthy: bool
+    line: str
+    reason: str = ""
+    took_s: float = 0.0
+    record: Mapping[str, Any] = field(default_factory=dict)
+
+
+class NodeCheckPart(Protocol):
+    """The node check the loop runs before this node's first join, and before a suspect
+    node rejoins (``agent/node_check/``)."""
+
+    def check(self) -> NodeFitness:
+        """Check this node now (bounded by its own timeout)."""
 
 
 class NoProgressWatch:

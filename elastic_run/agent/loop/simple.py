@@ -46,6 +46,7 @@ from elastic_run.agent.loop.exit_barrier import RoundExit
 from elastic_run.agent.loop.node_ledger import NodeLedger
 from elastic_run.agent.loop.parts import (
     MonitoredWorkers,
+    NodeCheckPart,
     NoProgressWatch,
     ProgressPart,
     WorkerPart,
@@ -95,6 +96,14 @@ class _RoundEnded(Exception):
     """Internal: the round ended while the agent set it up; rendezvous again."""
 
 
+class _Unfit(Exception):
+    """Internal: the node check found this node unfit to rejoin; it leaves the job."""
+
+    def __init__(self, action: sm.Exclude) -> None:
+        super().__init__(action.reason)
+        self.action = action
+
+
 class SimpleElasticAgent(ElasticAgent):
     """The elastic run loop; subclasses start, watch and stop the workers.
 
@@ -108,6 +117,8 @@ class SimpleElasticAgent(ElasticAgent):
         progress: the progress part (default: no beats watched).
         max_node_failures: the failures charged to this node, with different ranks, that
             exclude it (``--max-node-failures``; at least 2).
+        node_check: checks this node before its first join and before it rejoins as a suspect
+            (None: no check).
     """
 
     def __init__(
@@ -121,6 +132,7 @@ class SimpleElasticAgent(ElasticAgent):
         workers: WorkerPart | None = None,
         progress: ProgressPart | None = None,
         max_node_failures: int = settings.MAX_NODE_FAILURES.default,
+        node_check: NodeCheckPart | None = None,
     ) -> None:
         self._spec = spec
         self._worker_group = WorkerGroup(spec)
@@ -138,6 +150,7 @@ class SimpleElasticAgent(ElasticAgent):
         )
         self._progress: ProgressPart = progress if progress is not None else NoProgressWatch()
         self._ledger = NodeLedger(self._round.agent, socket.gethostname(), max_node_failures)
+        self._node_check = node_check
         self._followed: list[str] = []  # failures that followed their rank (the script's)
         self._excluded: tuple[str, ...] = ()  # the other nodes excluded, as read at the end
         handler = spec.rdzv_handler
@@ -472,6 +485,11 @@ class SimpleElasticAgent(ElasticAgent):
         self._stop_workers(worker_group)
         worker_group.state = WorkerState.STOPPED
         self._after_stop()
+        own = self._ledger.own
+        if own is not None and own.faults and own.excluded is None:
+            unfit = self._unfit("before this suspect node rejoins")
+            if unfit is not None:
+                raise _Unfit(unfit)
         self._initialize_workers(worker_group)
 
     # -- services a subclass runs for the length of the run ------------------------------
@@ -612,6 +630,9 @@ class SimpleElasticAgent(ElasticAgent):
                 backend=handler.get_backend(),
                 endpoint=self._round.endpoint,
             )
+            unfit = self._unfit("before joining")
+            if unfit is not None:
+                return self._apply_end(unfit)
             again = False
             while True:
                 try:
@@ -654,6 +675,8 @@ class SimpleElasticAgent(ElasticAgent):
                 self._restart_workers(self._worker_group)
             else:
                 self._initialize_workers(self._worker_group)
+        except _Unfit as unfit:
+            return unfit.action
         except RendezvousInterruptedError:
             pass  # the signal is in the log: the rules stop
         except RendezvousClosedError as exc:
@@ -990,7 +1013,7 @@ class SimpleElasticAgent(ElasticAgent):
         group = self._worker_group
         poll = self._round.last_poll
         left = (group.group_world_size or 1) - 1
-        if left < self._min_nodes() and poll.spares == 0:
+        if group.group_rank is not None and left < self._min_nodes() and poll.spares == 0:
             self._round.close("failed")
             self._emit(
                 "failed",
@@ -1002,6 +1025,33 @@ class SimpleElasticAgent(ElasticAgent):
         self._set_state(action.state)
         self._publish_state("EXCLUDED", line)
         return RunResult(action.state, exit_code=action.exit_code, reason=line)
+
+    def _unfit(self, when: str) -> sm.Exclude | None:
+        """Run the node check (``when``: for the event); None when the node may join, else
+        the exclusion for its reason (the failure charged to this node and published)."""
+        if self._node_check is None:
+            return None
+        fitness = self._node_check.check()
+        kind = "node.checked" if fitness.healthy else "node.check_failed"
+        self._emit(
+            kind,
+            fitness.line,
+            when=when,
+            took_s=round(fitness.took_s, 3),
+            check=dict(fitness.record),
+        )
+        if fitness.healthy:
+            return None
+        self._ledger.charge(
+            Fault(
+                round=self._worker_group.round,
+                rank=-1,
+                group_rank=-1,
+                cause="node_check",
+                how=f"failed its node check: {fitness.reason}"[:200],
+            )
+        )
+        return sm.Exclude(f"failed its node check: {fitness.reason}")
 
     def _min_nodes(self) -> int:
         agent = self._round.agent

@@ -23,6 +23,8 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from elastic_run.agent.node_check.options import DEFAULT_TIMEOUT_S as DEFAULT_NODE_CHECK_TIMEOUT_S
+from elastic_run.agent.node_check.options import parse_node_check_cmd, parse_node_check_timeout
 from elastic_run.agent.progress.config import ProgressOptions, parse_straggler_factor
 from elastic_run.agent.rules.progress.beats import DEFAULT_FLOOR_S, HangRule, parse_hang_timeout
 from elastic_run.agent.rules.progress.script_end import parse_script_exit_timeout
@@ -79,6 +81,9 @@ __all__ = [
     "MASTER_ADDR",
     "MASTER_PORT",
     "MAX_NODE_FAILURES",
+    "NODE_CHECK",
+    "NODE_CHECK_CMD",
+    "NODE_CHECK_TIMEOUT",
     "MAX_NO_PROGRESS_RESTARTS",
     "MAX_RESTARTS",
     "MAX_STRAGGLER_FACTOR",
@@ -769,6 +774,39 @@ MAX_NODE_FAILURES: Setting[int] = Setting(
     (_options("max_node_failures"),),
     metavar="K",
 )
+NODE_CHECK: Setting[bool] = Setting(
+    "node_check",
+    _BAD_NODES,
+    "--node-check",
+    Switch(),
+    True,
+    "Check this node (its devices, the log directory's disk, --node-check-cmd) before it "
+    "joins, and before a suspect node rejoins; a node that fails does not join and exits 6.",
+    (_options("node_check"),),
+    form="switch",
+)
+NODE_CHECK_TIMEOUT: Setting[float] = Setting(
+    "node_check_timeout",
+    _BAD_NODES,
+    "--node-check-timeout",
+    Kind(parse_node_check_timeout, "seconds > 0, at most a year"),
+    DEFAULT_NODE_CHECK_TIMEOUT_S,
+    "Seconds the whole node check may take, every check together; past it, it fails.",
+    (_options("node_check_timeout_s"),),
+    metavar="SECONDS",
+)
+NODE_CHECK_CMD: Setting[str | None] = Setting(
+    "node_check_cmd",
+    _BAD_NODES,
+    "--node-check-cmd",
+    Kind(parse_node_check_cmd, "a shell command"),
+    None,
+    "A command run (by /bin/sh) in the node check: exit 0 is healthy, otherwise its first "
+    "output line is the reason; a timeout is unhealthy.",
+    (_options("node_check_cmd"),),
+    unset="none",
+    metavar="CMD",
+)
 PRINT_CONFIG: Setting[bool] = Setting(
     "print_config",
     _LAUNCHER,
@@ -861,6 +899,9 @@ SETTINGS: tuple[Setting[Any], ...] = (
     AUTO_PROGRESS,
     SCRIPT_EXIT_TIMEOUT,
     MAX_NODE_FAILURES,
+    NODE_CHECK,
+    NODE_CHECK_TIMEOUT,
+    NODE_CHECK_CMD,
     PRINT_CONFIG,
     TIMER_FILE,
     LOG_LINE_PREFIX_TEMPLATE,

@@ -25,6 +25,7 @@ built from the rows by one loop: no field is copied by hand.
 
 from __future__ import annotations
 
+import glob
 import os
 import sys
 import uuid
@@ -33,6 +34,7 @@ from pathlib import Path
 from typing import Any
 
 from elastic_run.agent.config import LaunchConfig
+from elastic_run.agent.node_check.device_request import DeviceRequest
 from elastic_run.agent.settings import table as settings
 from elastic_run.agent.settings.table import SETTINGS
 from elastic_run.agent.settings.values import shown
@@ -247,6 +249,22 @@ def _plugins(eff: _Effective) -> None:
     check_numa_binding(eff["numa_binding"])
 
 
+def _node_devices(eff: _Effective, env: dict[str, str]) -> DeviceRequest:
+    """The devices ``--nproc-per-node`` asks of this node, for the node check. They are counted
+    from the device files (``/dev/nvidia<N>``), never through the driver: a wedged driver
+    must hang the check's child, not the agent."""
+    from elastic_run.agent.node_check.device_request import device_request
+
+    count = len(glob.glob("/dev/nvidia[0-9]*"))
+    # No device file: a CPU-only node (CUDA_VISIBLE_DEVICES alone asks for no GPU there, as a
+    # script that never touches CUDA runs the same under torchrun).
+    return device_request(
+        eff.text("nproc_per_node"),
+        cuda_device_count=count,
+        cuda_visible_devices=env.get("CUDA_VISIBLE_DEVICES") if count else None,
+    )
+
+
 def parse_launch_config(
     params: dict[str, Any],
     explicit: set[str],
@@ -294,6 +312,7 @@ def parse_launch_config(
         # torchrun puts the flag's text in its own environment, which the workers inherit.
         extra_env=(("TORCHELASTIC_SIGNALS_TO_HANDLE", eff.text("signals_to_handle")),),
         rdzv_conf=rdzv_conf,
+        node_devices=_node_devices(eff, env),
         **{s.attribute: eff[s.name] for s in SETTINGS if s.attribute is not None},
     )
     return ParsedRun(config, eff.chosen(), tuple(notices), bool(eff["print_config"]))

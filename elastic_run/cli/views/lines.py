@@ -86,6 +86,7 @@ def _member_row(member: MemberSnapshot, ages: Mapping[str, float | None]) -> lis
         member.host or member.addr,
         str(member.local_world_size),
         member.state or "-",
+        member.health,
         str(member.restarts),
         "-" if age is None else f"{age:.1f} s",
         str(member.pid),
@@ -124,20 +125,39 @@ def render_status(
         nnodes,
     )
     members = Table(title="members", title_justify="left", expand=False)
-    for col in ("rank", "host", "local world", "agent state", "restarts", "heartbeat age", "pid"):
+    for col in (
+        "rank",
+        "host",
+        "local world",
+        "agent state",
+        "health",
+        "restarts",
+        "heartbeat age",
+        "pid",
+    ):
         members.add_column(col)
     for member in snap.members:
         members.add_row(*_member_row(member, ages))
     parts: list[RenderableType] = [header, members]
     if snap.waiting:
         waiting = Table(title="waiting", title_justify="left")
-        for col in ("rank", "host", "local world", "agent state", "restarts", "heartbeat age"):
+        for col in (
+            "rank",
+            "host",
+            "local world",
+            "agent state",
+            "health",
+            "restarts",
+            "heartbeat age",
+        ):
             waiting.add_column(col)
         for member in snap.waiting:
-            waiting.add_row(*_member_row(member, ages)[:6])
+            waiting.add_row(*_member_row(member, ages)[:7])
         parts.append(waiting)
     if snap.lost:
         parts.append(Text(f"lost from round {snap.round}: {', '.join(snap.lost)}", style="red"))
+    for excluded in snap.excluded:
+        parts.append(Text(f"excluded: {excluded}", style="red"))
     shown = render_progress(progress)
     if shown is not None:
         parts.append(shown)
@@ -180,9 +200,11 @@ def status_to_json(
     nodes``, ``last call``, ``complete``, ``closed``), ``closed``, ``closed_reason``,
     ``min_nodes``, ``max_nodes`` (0: unknown), ``arrivals``, ``members`` and ``waiting`` (each
     ``rank`` (-1 for waiting nodes), ``node_id``, ``host``, ``addr``, ``pid``,
-    ``local_world_size``, ``state``, ``restarts``, ``heartbeat`` (the counter),
+    ``local_world_size``, ``state``, ``health`` (``ok``, ``suspect (1 of 2: <evidence>)``,
+    ``excluded: <reason>``, ``spare``), ``restarts``, ``heartbeat`` (the counter),
     ``heartbeat_age_s`` (seconds since it was seen moving; null when it did not move while
-    sampled)), ``lost`` (node ids lost from the round), ``problems`` (each key whose value could not
+    sampled)), ``lost`` (node ids lost from the round), ``excluded`` (the nodes excluded so far,
+    one line each), ``problems`` (each key whose value could not
     be decoded, with why; the rest is shown), ``events`` (the last events, oldest first, each
     ``seq``, ``ts``, ``node``, ``host``, ``kind``, ``message``, ``fields``) and ``progress`` (the
     ranks' steps, step times and verdicts: see :func:`~elastic_run.cli.status_pictures.
@@ -206,6 +228,7 @@ def status_to_json(
         "members": [_member_json(m, ages) for m in snap.members],
         "waiting": [_member_json(m, ages) for m in snap.waiting],
         "lost": list(snap.lost),
+        "excluded": list(snap.excluded),
         "problems": list(snap.problems),
         "events": [dict(e) for e in snap.events],
         "progress": progress,

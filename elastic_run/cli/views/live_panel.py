@@ -260,7 +260,7 @@ class LiveView:
         if events and room > 0:
             grid = Table.grid(padding=(0, 1))
             grid.add_column(no_wrap=True, min_width=8)
-            grid.add_column(no_wrap=True, overflow="ellipsis", min_width=18, max_width=20)
+            grid.add_column(no_wrap=True, overflow="ellipsis", min_width=20, max_width=20)
             grid.add_column(no_wrap=True, overflow="ellipsis")
             for event in events[-room:]:
                 stamp = time.strftime("%H:%M:%S", time.localtime(event.timestamp))

@@ -13,11 +13,18 @@ from __future__ import annotations
 
 import functools
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from typing import TypeVar
 
 from elastic_run.rendezvous.api import MemberSnapshot, RendezvousSnapshot
 from elastic_run.rendezvous.backend import RendezvousBackend
-from elastic_run.rendezvous.dynamic.telemetry import decode_json_record, read_events
+from elastic_run.rendezvous.dynamic.telemetry import (
+    EXCLUDED_KEY,
+    decode_json_record,
+    excluded_entries,
+    faults_key,
+    read_events,
+)
 from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import (
@@ -70,14 +77,18 @@ class _Reader:
         ids = [rec.node_id for _, rec in found]
         hb_keys = [keys.heartbeat(n) for n in ids]
         st_keys = [keys.state(n) for n in ids]
-        values = self.backend.get_many([*hb_keys, *st_keys])
+        fh_keys = [faults_key(n) for n in ids]
+        values = self.backend.get_many([*hb_keys, *st_keys, *fh_keys])
         beats = [
             self.decode(functools.partial(decode_heartbeat, v, k))
             for k, v in zip(hb_keys, values[: len(ids)], strict=True)
         ]
         states = [
             (self.decode(functools.partial(decode_json_record, k, v)) or {}) if v else {}
-            for k, v in zip(st_keys, values[len(ids) :], strict=True)
+            for k, v in zip(st_keys, values[len(ids) : 2 * len(ids)], strict=True)
+        ]
+        healths = [
+            _health(self, k, v) for k, v in zip(fh_keys, values[2 * len(ids) :], strict=True)
         ]
         return [
             MemberSnapshot(
@@ -90,9 +101,21 @@ class _Reader:
                 heartbeat=beat,
                 state=str(state.get("state", "")),
                 restarts=state["restarts"] if isinstance(state.get("restarts"), int) else 0,
+                health=health,
             )
-            for (rank, rec), beat, state in zip(found, beats, states, strict=True)
+            for (rank, rec), beat, state, health in zip(found, beats, states, healths, strict=True)
         ]
+
+
+def _health(reader: _Reader, key: str, raw: bytes | None) -> str:
+    """A node's health as its fault history says it (``ok`` without one; a record that is not
+    ours is named in ``problems`` and shows ``ok``)."""
+    if raw is None:
+        return "ok"
+    body = reader.decode(functools.partial(decode_json_record, key, raw)) or {}
+    history = body.get("history")
+    state = history.get("state") if isinstance(history, dict) else None
+    return state[:200] if isinstance(state, str) and state else "ok"
 
 
 def _job_size(
@@ -200,6 +223,13 @@ def read_snapshot(
     else:
         state = "waiting for nodes"
     events = reader.decode(lambda: read_events(backend)) or ()
+    if seal is not None and seal.admitted_count() >= max_nodes > 0:
+        # A full round: its waiting nodes are spares (the members do not re-form for them).
+        waiting = [replace(w, health="spare") if w.health == "ok" else w for w in waiting]
+    excluded = tuple(
+        f"{e['host'] or e['node']}: {e['reason']}"
+        for e in excluded_entries(backend.get(EXCLUDED_KEY))
+    )
     return RendezvousSnapshot(
         run_id=run_id,
         backend=backend.name,
@@ -216,4 +246,5 @@ def read_snapshot(
         events=events,
         closed_reason=closed.reason if closed is not None else None,
         problems=tuple(reader.problems),
+        excluded=excluded,
     )

@@ -47,6 +47,7 @@ __all__ = [
     "Telemetry",
     "TelemetryHost",
     "decode_json_record",
+    "excluded_entries",
     "faults_key",
     "goodput_key",
     "progress_key",
@@ -177,7 +178,7 @@ class Telemetry:
         try:
             for _ in range(_CAS_TRIES):
                 raw = self._backend.get(EXCLUDED_KEY)
-                listed = _excluded_list(raw)
+                listed = excluded_entries(raw)
                 body = {"v": SCHEMA_VERSION, "nodes": [*listed, entry][-EXCLUDED_KEPT:]}
                 _, written = self._backend.compare_set(EXCLUDED_KEY, raw, _json_bytes(body))
                 if written:
@@ -195,7 +196,7 @@ class Telemetry:
         Raises:
             RendezvousError: the backend cannot be read.
         """
-        return tuple(_excluded_list(self._backend.get(EXCLUDED_KEY)))
+        return tuple(excluded_entries(self._backend.get(EXCLUDED_KEY)))
 
     def read_progress(
         self, node_ids: Sequence[str]
@@ -217,9 +218,9 @@ class Telemetry:
             log.warning("rendezvous '%s': could not publish %s: %s", self._run_id, what, exc)
 
 
-def _excluded_list(raw: bytes | None) -> list[dict[str, str]]:
-    """The entries of ``fh/excluded`` that are well formed (a forged list shows less, never
-    raises)."""
+def excluded_entries(raw: bytes | None) -> list[dict[str, str]]:
+    """The entries of ``fh/excluded`` (its raw value) that are well formed (``node``, ``host``,
+    ``reason`` each; a forged list shows less, never raises)."""
     if raw is None:
         return []
     try:
