@@ -16,6 +16,7 @@ from collections.abc import Iterable
 from elastic_run.agent.config import AgentOptions, LaunchConfig, Std, StdSpec
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.agent.workers.logs_specs import LogsSpecs
+from elastic_run.cli.launch_clock import launcher_start_monotonic_s
 from elastic_run.errors import ElasticRunError
 from elastic_run.rendezvous.api import BackendLink
 
@@ -149,7 +150,7 @@ def run_job(config: LaunchConfig) -> int:
         rendezvous=handler.snapshot if isinstance(handler, AgentRendezvous) else None,
     )
     agent.add_event_sink(view)
-    agent.count_goodput_from(_process_start())
+    agent.count_goodput_from(launcher_start_monotonic_s())
     torch_sink = torch_event_sink(config.event_log_handler)
     if torch_sink is not None:
         agent.add_event_sink(torch_sink)
@@ -176,16 +177,6 @@ def run_job(config: LaunchConfig) -> int:
     elif result.exit_code != 0 and result.reason:
         sys.stderr.write(f"Error: {result.reason}\n")
     return result.exit_code
-
-
-def _process_start() -> float:
-    """This process's start on the monotonic clock (the goodput account counts from it)."""
-    import time
-
-    import psutil
-
-    age = max(0.0, time.time() - psutil.Process().create_time())
-    return time.monotonic() - age
 
 
 # How long a backend that connects lazily (etcd) may take to answer its first read before the
