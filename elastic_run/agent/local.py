@@ -26,8 +26,8 @@ from typing import Any
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
+from elastic_run.agent.health.metrics import AgentMetrics
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
-from elastic_run.agent.loop.goodput import goodput_metrics
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
 from elastic_run.agent.loop.state_machine import Observation
@@ -206,12 +206,14 @@ class LocalElasticAgent(SimpleElasticAgent):
             watchdog = self._watchdog
             liveness.watch("watchdog", lambda: watchdog.last_progress)
         assert opts.health_check_port is not None
+        metrics = AgentMetrics(self.snapshot)  # fed events on the loop's thread
+        self.add_event_sink(metrics)
         self._health = AgentHealthServer(
             opts.health_check_addr,
             opts.health_check_port,
             status_fn=self._status_json,
             liveness_fn=liveness.check,
-            metrics_fn=self._metrics,
+            metrics_text_fn=metrics.render,
         )
         self._health.start()
         self.emit_event(
@@ -245,22 +247,6 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "armed": [dataclasses.asdict(t) for t in watchdog.armed_timers()],
             }
         return body
-
-    def _metrics(self) -> dict[str, float]:
-        snap = self.snapshot()
-        # names without the elastic_run_ prefix: render_metrics adds it
-        return {
-            "restarts": float(snap.restarts),
-            "max_restarts": float(snap.max_restarts),
-            "round": float(snap.round),
-            "group_rank": float(snap.group_rank),
-            "group_world_size": float(snap.group_world_size),
-            "world_size": float(snap.world_size),
-            "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
-            "watchdog_expiries": float(len(self._expiries)),
-            **self._progress.metrics(),
-            **goodput_metrics(snap.goodput),
-        }
 
     def _is_worker_pid(self, pid: int) -> bool:
         procs = self._procs
