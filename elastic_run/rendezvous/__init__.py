@@ -5,7 +5,8 @@ Read the layout as the design:
 - ``api.py`` (the handler interface, parameters, what a round hands out), ``errors.py``,
   ``registry.py`` (backend name -> handler), ``settings.py`` (``--rdzv-conf`` parsed once),
   ``endpoints.py``, ``backend.py`` (the key-value seam every backend implements),
-  ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun);
+  ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun),
+  ``owned_dir.py`` (etcd's data folders, held by a living process, reclaimed after it);
 - ``protocol/``: the pure O(N) protocol, its records and keys;
 - ``dynamic/``: the dynamic handler and its rounds, the status reader, telemetry;
 - ``liveness/``: heartbeats, death notices, the ring;
