@@ -125,12 +125,20 @@ def no_leaked_processes() -> Iterator[None]:
 
 
 TEMP_VARIABLE = "TMPDIR"
+# torch's own compile cache (torch/_inductor: ``<temp>/torchinductor_<user>``), made by importing
+# parts of torch and meant to outlive a run: torch's, not a test's or the product's leftover.
+TORCH_CACHE_PREFIX = "torchinductor_"
+# Each entry of the private temp folder -> the test after which it was first seen.
+_first_seen: dict[str, str] = {}
 
 
 def _left_in(folder: Path) -> list[str]:
-    """What is in ``folder``: each entry with its size, largest first."""
+    """What is in ``folder`` but torch's cache: each entry with its size and the test after which
+    it appeared, largest first."""
     found = []
     for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(TORCH_CACHE_PREFIX):
+            continue
         size = 0
         for path in [entry, *(entry.rglob("*") if entry.is_dir() else [])]:
             try:
@@ -138,16 +146,25 @@ def _left_in(folder: Path) -> list[str]:
             except OSError:
                 pass
         found.append((size, entry.name))
-    return [f"{name} ({size / 1e6:.1f} MB)" for size, name in sorted(found, reverse=True)]
+    return [
+        f"{name} ({size / 1e6:.1f} MB, after {_first_seen.get(name, 'the last test')})"
+        for size, name in sorted(found, reverse=True)
+    ]
 
 
 @pytest.fixture(scope="session", autouse=True)
 def private_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """Give the session a private temp folder; fail the session if anything is left in it.
 
+    Before judging, the orphans the product itself reclaims (etcd and function workers' folders
+    whose owners were SIGKILLed: the next elastic-run on a host removes them) are removed, as
+    that next run would.
+
     Yields:
         The folder (also ``TMPDIR`` and ``tempfile.gettempdir()`` meanwhile).
     """
+    from elastic_run.rendezvous.owned_dir import reclaim_every_orphan
+
     tmp_path_factory.getbasetemp()  # pytest's own folder first, where pytest keeps it
     folder = Path(tempfile.mkdtemp(prefix="elastic-run-tests-"))
     previous = os.environ.get(TEMP_VARIABLE)
@@ -161,6 +178,7 @@ def private_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
         else:
             os.environ[TEMP_VARIABLE] = previous
         tempfile.tempdir = None
+        reclaim_every_orphan(folder)
         left = _left_in(folder)
         shutil.rmtree(folder, ignore_errors=True)
     if left:
@@ -168,6 +186,15 @@ def private_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
             "the test session left files in its temp folder (now removed): " + ", ".join(left),
             pytrace=False,
         )
+
+
+@pytest.fixture(autouse=True)
+def _note_temp_entries(request: pytest.FixtureRequest, private_temp_folder: Path) -> Iterator[None]:
+    """Note which test each new entry of the private temp folder appeared after (for the
+    session's message)."""
+    yield
+    for name in os.listdir(private_temp_folder):
+        _first_seen.setdefault(name, request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

@@ -1,7 +1,8 @@
 """Owned temporary folders: a folder held by a living process, and reclaimed once it is gone.
 
 An etcd member's data (123 MB from its first second: etcd preallocates its 64 MB WAL segments)
-lives in a temporary folder that its owner removes when it ends. A process SIGKILLed with its
+lives in a temporary folder that its owner removes when it ends; so do the function workers'
+return values (the Python API's agents). A process SIGKILLed with its
 whole tree (the OOM killer, Slurm's KillWait, a container stopped) cannot; so ownership is
 recorded where the kernel keeps it: the owner holds an exclusive ``flock`` on the folder itself
 (an open descriptor of the directory), which the kernel releases when the last process holding
@@ -38,10 +39,24 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-__all__ = ["ETCD_PREFIX", "MARKER", "OwnedDir", "reclaim_orphans"]
+__all__ = [
+    "ETCD_PREFIX",
+    "MARKER",
+    "OWNED_PREFIXES",
+    "RESULTS_PREFIX",
+    "OwnedDir",
+    "reclaim_every_orphan",
+    "reclaim_orphans",
+]
 
 ETCD_PREFIX = "elastic-run-etcd-"
 """The prefix of every etcd data folder elastic-run makes (embedded members, ``EtcdServer``)."""
+
+RESULTS_PREFIX = "elastic-run-results-"
+"""The prefix of the function workers' return-value folders (the Python API's agents)."""
+
+OWNED_PREFIXES = (ETCD_PREFIX, RESULTS_PREFIX)
+"""Every kind of owned folder elastic-run makes in the temp folder."""
 
 MARKER = "elastic-run.owner"
 """The file in an owned folder that says it was made under the lock (and by which pid)."""
@@ -174,6 +189,16 @@ def reclaim_orphans(
                 removed.append(path)
             os.close(fd)
     return removed
+
+
+def reclaim_every_orphan(parent: str | os.PathLike[str] | None = None) -> list[Path]:
+    """:func:`reclaim_orphans` for every prefix of :data:`OWNED_PREFIXES` (what each
+    ``elastic-run`` does as it starts).
+
+    Returns:
+        The folders removed.
+    """
+    return [path for prefix in OWNED_PREFIXES for path in reclaim_orphans(prefix, parent)]
 
 
 def _paths_in_use(folders: list[Path]) -> set[Path] | None:

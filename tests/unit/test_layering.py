@@ -242,6 +242,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.auto_progress",
         "elastic_run.errors",
         "elastic_run.parent_death",
+        "elastic_run.rendezvous.owned_dir",  # the function workers' folder
         "elastic_run.site_hook",
         "elastic_run.worker",
     },
