@@ -14,7 +14,8 @@ in ``os.environ`` before the first test, inherited by all it starts: agents, etc
 and their jobs; ``tempfile`` honours it), and at the session's end fails naming whatever is still
 in it (then removes it). A private folder, not a before/after listing of ``/tmp``: other test
 runs on the same machine write there at the same time. pytest's own ``tmp_path`` folders stay
-where pytest keeps them (its last three runs).
+where pytest keeps them (its last three runs). Launchers given no ``--log-dir`` log under the
+test's ``tmp_path`` (``PET_LOG_DIR``), not in the temp folder.
 
 No skip passes: on the machine the README's set-up prepares, every test runs. A test that needs
 a program fails when it is missing (``tests/machine.py``: one ``missing: ...`` line, repeated
@@ -188,13 +189,29 @@ def private_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Pa
         )
 
 
+LOG_DIR_VARIABLE = "PET_LOG_DIR"  # torchrun's --log-dir, and ours, from the environment
+
+
 @pytest.fixture(autouse=True)
-def _note_temp_entries(request: pytest.FixtureRequest, private_temp_folder: Path) -> Iterator[None]:
-    """Note which test each new entry of the private temp folder appeared after (for the
-    session's message)."""
-    yield
-    for name in os.listdir(private_temp_folder):
-        _first_seen.setdefault(name, request.node.nodeid)
+def _test_log_dir(
+    request: pytest.FixtureRequest, tmp_path: Path, private_temp_folder: Path
+) -> Iterator[None]:
+    """Each test's launchers log under its own ``tmp_path`` when it gives no ``--log-dir``
+    (``PET_LOG_DIR``, which torchrun and elastic-run both read): their default,
+    ``<temp>/torchelastic_*``, is kept by design for the user, and would be left in the temp
+    folder. After the test, note which new entries of the temp folder appeared (the session's
+    message names the test)."""
+    previous = os.environ.get(LOG_DIR_VARIABLE)
+    os.environ[LOG_DIR_VARIABLE] = str(tmp_path / "default-logs")
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LOG_DIR_VARIABLE, None)
+        else:
+            os.environ[LOG_DIR_VARIABLE] = previous
+        for name in os.listdir(private_temp_folder):
+            _first_seen.setdefault(name, request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

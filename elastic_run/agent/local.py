@@ -26,7 +26,6 @@ from typing import Any
 from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerState
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
-from elastic_run.agent.health.metrics import AgentMetrics
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.loop.snapshot import JobProgress, WorkerProgress
@@ -206,6 +205,8 @@ class LocalElasticAgent(SimpleElasticAgent):
             watchdog = self._watchdog
             liveness.watch("watchdog", lambda: watchdog.last_progress)
         assert opts.health_check_port is not None
+        from elastic_run.agent.health.metrics import AgentMetrics  # prometheus-client: lazily
+
         metrics = AgentMetrics(self.snapshot)  # fed events on the loop's thread
         self.add_event_sink(metrics)
         self._health = AgentHealthServer(

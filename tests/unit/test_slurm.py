@@ -296,3 +296,15 @@ def test_format_print_config_aligns_names_values_and_reasons() -> None:
 
 def test_format_print_config_empty() -> None:
     assert format_print_config([]) == "elastic-run configuration: nothing derived\n"
+
+
+def test_without_python_hostlist_a_node_list_is_one_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine without the library (the GPU check's) runs every command but a Slurm one."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # import hostlist -> ImportError
+    with pytest.raises(ConfigurationError, match="pip install python-hostlist") as info:
+        expand_hostlist("n[1-2]")
+    assert info.value.exit_code == 2

@@ -40,11 +40,10 @@ import time
 from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING
 
-from prometheus_client import CollectorRegistry, generate_latest
-from prometheus_client.core import GaugeMetricFamily, Metric
-from prometheus_client.parser import parse_labels
-from prometheus_client.registry import Collector
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 from elastic_run.agent.health.bounded_http import BoundedHTTPServer
 from elastic_run.errors import ConfigurationError
@@ -146,8 +145,9 @@ class Liveness:
     __call__ = check
 
 
-class _GaugesCollector(Collector):
-    """``metrics`` (a name, maybe with a label set, to a value) as gauge families."""
+class _GaugesCollector:
+    """``metrics`` (a name, maybe with a label set, to a value) as gauge families (a
+    prometheus-client collector)."""
 
     def __init__(self, metrics: Mapping[str, float]) -> None:
         self._metrics = metrics
@@ -156,6 +156,9 @@ class _GaugesCollector(Collector):
         return []
 
     def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.parser import parse_labels
+
         families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
         for raw_name, value in sorted(self._metrics.items()):
             # A name may carry labels, as in 'step_time_seconds{rank="3"}': one family, whose
@@ -181,6 +184,10 @@ def render_metrics(metrics: Mapping[str, float]) -> str:
         The text (prometheus-client's): per metric family its ``# HELP`` and ``# TYPE`` lines,
         then its samples.
     """
+    # Imported here: prometheus-client's import copies the whole environment (wsgiref's
+    # handlers), which an agent forked from a template must not carry from its template.
+    from prometheus_client import CollectorRegistry, generate_latest
+
     registry = CollectorRegistry(auto_describe=False)
     registry.register(_GaugesCollector(metrics))
     return generate_latest(registry).decode("utf-8")

@@ -17,12 +17,13 @@ at the CLI), never the library's ``BadHostlist``; and the whole list is bounded 
 long, holds more than that in memory (the library bounds one name to its ``MAX_SIZE``, 100,000).
 
 Invariants: pure functions of their argument; a malformed expression raises
-``ConfigurationError``, never another exception.
+``ConfigurationError``, never another exception; the library is imported only when a list is
+expanded (missing, it is one ``ConfigurationError`` line).
 """
 
 from __future__ import annotations
 
-import hostlist as _library
+from types import ModuleType
 
 from elastic_run.errors import ConfigurationError
 
@@ -31,8 +32,24 @@ __all__ = ["MAX_HOSTS", "expand_hostlist", "first_host"]
 MAX_HOSTS = 1_000_000
 """The most names :func:`expand_hostlist` lists (the launcher's bound on a job's nodes)."""
 
-_MAX_ONE_NAME = int(_library.MAX_SIZE)
 _TOO_LARGE = ("range too large", "results too large")
+
+
+def _library() -> ModuleType:
+    """python-hostlist, imported when a node list is read (every run imports this module; only
+    one in a Slurm allocation needs it: a GPU check's machine may not have it).
+
+    Raises:
+        ConfigurationError: it is not installed, in one line that says what to install.
+    """
+    try:
+        import hostlist
+    except ImportError:
+        raise ConfigurationError(
+            "reading a Slurm node list needs python-hostlist: pip install python-hostlist"
+        ) from None
+    library: ModuleType = hostlist
+    return library
 
 
 def _top_level_names(spec: str) -> list[str]:
@@ -53,14 +70,15 @@ def _top_level_names(spec: str) -> list[str]:
 
 
 def _expand_one(name: str, spec: str) -> list[str]:
+    library = _library()
     try:
-        return list(_library.expand_hostlist(name, allow_duplicates=True))
-    except _library.BadHostlist as exc:
+        return list(library.expand_hostlist(name, allow_duplicates=True))
+    except library.BadHostlist as exc:
         why = str(exc)
         if why in _TOO_LARGE:
             raise ConfigurationError(
-                f"hostlist {spec[:60]!r}: {name[:60]!r} names more than {_MAX_ONE_NAME} hosts "
-                "(a typo?)"
+                f"hostlist {spec[:60]!r}: {name[:60]!r} names more than {library.MAX_SIZE} "
+                "hosts (a typo?)"
             ) from None
         raise ConfigurationError(f"hostlist {spec!r}: {why} in {name!r}") from None
 
