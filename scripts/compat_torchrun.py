@@ -347,7 +347,7 @@ def _normalizer(tmp: Path, run_id: str, port: int) -> Callable[[str], str]:
             "<uuid>",
         ),
         (r"\b" + str(port) + r"\b", "<port>"),
-        (r"/tmp/torchelastic_[A-Za-z0-9_]{8}", "<default-log-dir>"),
+        (r"<tmp>/torchelastic_[A-Za-z0-9_]{8}", "<default-log-dir>"),  # TMPDIR is <tmp>
         (r"\b(\w+)_[A-Za-z0-9_]{8}/attempt_", r"\1_<rand>/attempt_"),
         (r"elastic-run-\d+-\d+-[0-9a-f]{8}", "elastic-run-<pid>-<n>-<rand>"),
         (r"\b[A-Z]\d{4} \d\d:\d\d:\d\d\.\d+ \d+ ", ""),  # glog prefix (torch's C++ warnings)
@@ -381,7 +381,9 @@ def _launch(
     out, logs = tmp / "out", tmp / "logs"
     out.mkdir()
     port, run_id = free_port(), f"compat{uuid.uuid4().hex[:6]}"
-    env = dict(base_env, COMPAT_OUT=str(out))
+    # The launchers' temp folder is the case's own (removed with it): a default log folder
+    # (torchelastic_*) is never left behind.
+    env = dict(base_env, COMPAT_OUT=str(out), TMPDIR=str(tmp))
     env.update({k: v.format(tmp=tmp) for k, v in case.env.items()})
     if inject and launcher == "elastic-run":
         env[INJECTED] = "1"  # as if elastic-run gave its workers one variable more

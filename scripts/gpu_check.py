@@ -1,11 +1,14 @@
 """Prove elastic-run on a real NVIDIA GPU: seven checks, each with its own time limit, one table.
 
-    PYTHONPATH=. .venv/bin/python scripts/gpu_check.py [--only 1,3] [--json PATH] [--keep]
+    PYTHONPATH=gpu-site:. python3 scripts/gpu_check.py [--only 1,3] [--json PATH] [--keep]
+    python3 scripts/gpu_check.py --rehearse-on-cpu [--wheels DIR]    # no GPU: a rehearsal
 
-Needs the project's set-up (on a GPU machine: ``ELASTIC_RUN_TORCH=system scripts/setup.sh``, so
-that the venv uses the machine's CUDA build of torch; see README "GPU check"), nvidia-smi and the
-GPU. It drives elastic-run only through its CLI (``python -m elastic_run``), with the default
-settings unless a check is about a flag, and the worker scripts in scripts/gpu_workers/:
+Needs no set-up of the project's: the machine's own python3 with its CUDA torch, nvidia-smi,
+the GPU, and the checkout and a folder of wheels on PYTHONPATH (docs/gpu-check.md: one
+``pip download`` where an index is reachable, one ``pip install --no-index --target`` on the
+machine, for scripts/gpu_check_requirements.txt). No venv, no apt, no network. It drives
+elastic-run only through its CLI (``python -m elastic_run``), with the default settings unless
+a check is about a flag, and the worker scripts in scripts/gpu_workers/:
 
 1. ``--nproc-per-node gpu`` starts one worker per visible GPU, and each worker's environment is
    torchrun's (``python -m torch.distributed.run``, same flags) but for the documented extras
@@ -21,7 +24,8 @@ settings unless a check is about a flag, and the worker scripts in scripts/gpu_w
 4. Two agents (c10d, ``--nnodes 1:2``), one rank each on the same GPU over gloo with CUDA
    tensors; one agent SIGKILLed: the other trains again at world 1 and the job completes.
 5. A rank stuck in a CUDA kernel (``torch.cuda._sleep`` in a loop) after its progress beats,
-   ``--hang-timeout 5``: a ``worker.hung`` event, stacks naming the Python frame, a restart.
+   ``--hang-timeout 5``: a ``worker.hung`` event and a restart, no traceback (5a); stacks
+   naming the Python frame (5b: SKIP where the sandbox forbids py-spy's ptrace).
 6. The agent SIGKILLed: within 5 s no process of the job holds GPU memory.
 7. ``--virtual-local-rank`` (LOCAL_RANK, CUDA_VISIBLE_DEVICES, the device each worker sees) and
    ``--numa-binding node`` (each worker's CPU affinity; SKIP without numactl).
@@ -32,10 +36,18 @@ past its limit FAILs with what it was waiting for. Every process a check started
 when it ends, whatever happened: the agents' process groups, then every process whose
 environment carries the check's token (the workers run in sessions of their own).
 
+A row SKIPs, saying why, where the machine forbids what it needs (gVisor's /proc and ptrace
+may): 2e when the zygote's /proc/PID/fd cannot be read, 5b when py-spy may not read the
+worker. Before any check, the agents' imports are looked up (the facts line says where each
+comes from); one missing is one ``Error:`` line and exit 2.
+
 On a machine without a GPU (no nvidia-smi, nvidia-smi lists none, or torch sees no CUDA) it
 prints one line saying so and exits 0. ``--rehearse-on-cpu`` (a development aid, not a GPU
-check) runs the same orchestration on CPU with gloo, ``--nproc-per-node 2`` for ``gpu``;
-readings that need a GPU are left out.
+check) stands a fresh venv holding torch alone in for the GPU machine's python3, installs the
+wheels into a folder with ``pip install --no-index --target`` (downloading them first, unless
+``--wheels`` gives them), and runs the same orchestration with that python and that folder on
+PYTHONPATH, on CPU with gloo, ``--nproc-per-node 2`` for ``gpu``; readings that need a GPU are
+left out.
 
 The pure logic (parsing, comparing, the table) is scripts/gpu_check_logic.py, unit-tested in
 tests/unit/test_gpu_check.py.
@@ -44,7 +56,6 @@ tests/unit/test_gpu_check.py.
 from __future__ import annotations
 
 import argparse
-import importlib.metadata
 import json
 import os
 import shutil
@@ -298,12 +309,30 @@ class Run:
         self.token = uuid.uuid4().hex
         self.jobs: list[Job] = []
 
-    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
-        env = dict(os.environ)
+    @staticmethod
+    def plain_env() -> dict[str, str]:
+        """Every check's environment before its own variables: this one's, less Slurm's (an
+        allocation's variables would make the standalone runs Slurm jobs, which also need
+        python-hostlist, left out of the wheels: the checks are about the GPU), the checkout
+        first on PYTHONPATH, and the programs of the PYTHONPATH folders (``pip install --target
+        DIR`` puts py-spy in DIR/bin) first on PATH."""
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
         paths = [str(REPO)] + [
             str(Path(p).resolve()) for p in env.get("PYTHONPATH", "").split(os.pathsep) if p
         ]
         env["PYTHONPATH"] = os.pathsep.join(dict.fromkeys(paths))
+        env["PATH"] = Run.env_path()
+        return env
+
+    @staticmethod
+    def env_path() -> str:
+        """PATH for the checks' processes (see :meth:`plain_env`)."""
+        paths = [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p]
+        programs = [str(Path(p).resolve() / "bin") for p in paths if (Path(p) / "bin").is_dir()]
+        return os.pathsep.join([*programs, os.environ.get("PATH", os.defpath)])
+
+    def env(self, extra: dict[str, str] | None = None) -> dict[str, str]:
+        env = self.plain_env()
         env.update(
             GPUCHECK_TOKEN=self.token,
             GPUCHECK_RECORDS=str(self.records_path),
@@ -367,10 +396,17 @@ def _row(n: int, verdict: str, figure: str, detail: str, part: str = "") -> logi
 
 
 def _judged(
-    n: int, problems: list[str], figure: str, notes: list[str], part: str = ""
+    n: int,
+    problems: list[str],
+    figure: str,
+    notes: list[str],
+    part: str = "",
+    skips: Sequence[str] = (),
 ) -> logic.Result:
-    verdict = "FAIL" if problems else "PASS"
-    return _row(n, verdict, figure, "; ".join(problems + notes), part)
+    """FAIL on a problem; SKIP (saying why) where the machine forbade what the row needs."""
+    verdict = logic.verdict_of(problems, skips)
+    shown = [f"SKIP: {why}" for why in skips] if verdict == "SKIP" else []
+    return _row(n, verdict, figure, "; ".join(problems + shown + notes), part)
 
 
 def _train_args(machine: Machine, *extra: str) -> list[str]:
@@ -436,6 +472,7 @@ _VARIANTS = (
 def check_training(run: Run, deadline: Deadline) -> list[logic.Result]:
     m = run.machine
     rows = []
+    zygotes: list[tuple[str, dict[str, Any] | None]] = []
     for part, label, flags, warm in _VARIANTS:
         node = f"2{part}"
         job = run.elastic_run(
@@ -454,7 +491,30 @@ def check_training(run: Run, deadline: Deadline) -> list[logic.Result]:
             else label
         )
         rows.append(_judged(2, problems, figure, notes, part))
-    return rows
+        start = _one(records, "start")
+        zygotes.append((node, start.get("zygote") if start is not None else None))
+    return [*rows, _zygote_row(zygotes)]
+
+
+def _zygote_row(zygotes: list[tuple[str, dict[str, Any] | None]]) -> logic.Result:
+    """2e: no zygote of the four trainings opened the CUDA driver (its /dev/nvidia* files, read
+    in its /proc); SKIP where /proc does not show another process's descriptors (a sandbox)."""
+    problems, skips, notes = [], [], []
+    for node, zygote in zygotes:
+        if zygote is None:
+            continue  # a cold start (2b) or no worker: judged in its own row
+        if zygote.get("error"):
+            skips.append(f"{node}: the zygote's /proc/PID/fd is not readable: {zygote['error']}")
+        elif zygote["nvidia_fds"]:
+            problems.append(f"{node}: the zygote opened the CUDA driver ({zygote['nvidia_fds']})")
+        else:
+            notes.append(
+                f"{node}: no /dev/nvidia* open"
+                + (", libcuda mapped" if zygote.get("libcuda") else "")
+            )
+    if not (problems or skips or notes):
+        skips.append("no warm worker reported its zygote")
+    return _judged(2, problems, f"{len(zygotes)} trainings", notes, "e", skips)
 
 
 def _training_problems(
@@ -474,21 +534,16 @@ def _training_problems(
             "forked from a process that initialised the CUDA driver: torch refuses CUDA "
             "in this worker (Cannot re-initialize CUDA in forked subprocess)"
         )
-    if warm is True and not start["parent_is_zygote"]:
+    forked = start["parent_is_zygote"]
+    if forked is None:  # the parent's /proc/PID/cmdline is not readable here (a sandbox)
+        notes.append("warm or cold not known: the parent's /proc/PID/cmdline is not readable")
+    elif warm is True and not forked:
         problems.append("started cold, not forked by the zygote")
-    if warm is False and start["parent_is_zygote"]:
+    elif warm is False and forked:
         problems.append("forked by the zygote under --no-warm-start")
-    notes.append("warm" if start["parent_is_zygote"] else "cold")
-    zygote = start.get("zygote")
-    if zygote:
-        if zygote.get("error"):
-            notes.append(f"zygote's /proc unreadable: {zygote['error']}")
-        elif zygote["nvidia_fds"]:
-            problems.append(f"the zygote initialised the CUDA driver ({zygote['nvidia_fds']})")
-        else:
-            notes.append("zygote: no /dev/nvidia* open")
-        if zygote.get("libcuda"):
-            notes.append("zygote: libcuda mapped")
+    if forked is not None:
+        notes.append("warm" if forked else "cold")
+    # (the zygote's CUDA driver: row 2e, for the four trainings together)
     if len(steps) != 20 or done is None:
         problems.append(f"{len(steps)} of 20 steps, done: {done is not None}")
     elif not (done["finite"] and steps[-1]["loss"] < steps[0]["loss"]):
@@ -545,7 +600,9 @@ def check_worker_kill(run: Run, deadline: Deadline) -> list[logic.Result]:
     if start is None:
         problems.append("no worker started after the kill")
     else:
-        if not start["parent_is_zygote"]:
+        if start["parent_is_zygote"] is None:
+            notes.append("warm or cold not known: the parent's /proc/PID/cmdline is not readable")
+        elif not start["parent_is_zygote"]:
             problems.append("the new worker started cold")
         if m.device == "cuda":
             _judge_release(start, victim, visible, (baseline, during), problems, notes)
@@ -669,18 +726,32 @@ def check_hang(run: Run, deadline: Deadline) -> list[logic.Result]:
         fields = hung[0]["fields"]
         silent = f"{float(fields.get('silent_s', 0)):.1f}"
         notes.append(f"where: {fields.get('where')}")
+        if fields.get("stacks_error"):
+            notes.append(f"no stacks: {fields['stacks_error']}")
+    if "Traceback" in job.log.read_text(errors="replace"):
+        problems.append(f"a traceback in the agent's output (log: {job.log})")
+    records = run.records()
+    if len(_steps(records, restart=1)) != 20:
+        problems.append("the restarted worker did not finish its 20 steps")
+    figure = f"judged after {silent} s silent; training again {again['t'] - hang['t']:.1f} s after"
+    return [_judged(5, problems, figure, notes, "a"), _stacks_row(logs)]
+
+
+def _stacks_row(logs: Path) -> logic.Result:
+    """5b: the hung worker's stacks name the Python frame stuck in the kernel; SKIP where the
+    machine forbids reading another process's memory (py-spy's ptrace, in a sandbox)."""
     stacks = sorted(logs.glob("*/attempt_0/0/stacks.txt"))
     text = stacks[0].read_text(errors="replace") if stacks else ""
+    refusal = logic.sandbox_refusal(text)
+    if refusal is not None:
+        return _judged(5, [], "", ["the hang verdict fired without them (5a)"], "b", [refusal])
+    problems = []
     if "stuck_in_cuda_sleep" not in text:
         problems.append(
             "stacks.txt does not name stuck_in_cuda_sleep"
             + (f": {text[:300]!r}" if text else " (no stacks.txt)")
         )
-    records = run.records()
-    if len(_steps(records, restart=1)) != 20:
-        problems.append("the restarted worker did not finish its 20 steps")
-    figure = f"judged after {silent} s silent; training again {again['t'] - hang['t']:.1f} s after"
-    return [_judged(5, problems, figure, notes)]
+    return _judged(5, problems, "stacks name stuck_in_cuda_sleep" if not problems else "", [], "b")
 
 
 # --- 6 ---------------------------------------------------------------------------------------
@@ -875,16 +946,53 @@ def run_check(machine: Machine, number: int, root: Path) -> list[logic.Result]:
     return rows
 
 
-def _facts(machine: Machine) -> dict[str, Any]:
-    try:
-        version = importlib.metadata.version("elastic-run")
-    except importlib.metadata.PackageNotFoundError:
-        version = "?"
+# What the agents import, and must find: the checkout (PYTHONPATH), the wheels' folder
+# (PYTHONPATH) or the machine's own site-packages.
+NEEDED_MODULES = (
+    "elastic_run", "torch", "click", "psutil", "rich", "grpc", "google.protobuf", "pyetcd",
+    "prometheus_client", "typing_extensions",
+)  # fmt: skip
+_WHERE_PROBE = (
+    "import importlib.util as u, json, sys\n"
+    "def where(m):\n"
+    "    try:\n"
+    "        spec = u.find_spec(m)\n"
+    "    except ImportError:\n"
+    "        return None\n"
+    "    return spec.origin if spec is not None else None\n"
+    "print(json.dumps({m: where(m) for m in sys.argv[1:]}))\n"
+)
+
+
+def imports_seen(env: dict[str, str]) -> dict[str, str | None]:
+    """Where an agent started with ``env`` finds each of :data:`NEEDED_MODULES` (None: not)."""
+    done = subprocess.run(
+        [sys.executable, "-c", _WHERE_PROBE, *NEEDED_MODULES],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    found: dict[str, str | None] = json.loads(done.stdout)
+    return found
+
+
+def _facts(machine: Machine, imports: dict[str, str | None]) -> dict[str, Any]:
+    init = imports.get("elastic_run")
+    version = "?"
+    if init:
+        for line in Path(init).read_text().splitlines():
+            if line.startswith("__version__"):
+                version = line.split("=", 1)[1].strip().strip("\"'")
+    py_spy = shutil.which("py-spy", path=Run.env_path())
     return {
         "gpus": [f"{g.index}: {g.name} ({g.pci_bus_id})" for g in machine.gpus],
         "cuda_devices": machine.count,
         "torch": machine.torch_version,
         "elastic_run": version,
+        "python": f"{sys.executable} {sys.version.split()[0]}",
+        "imports": imports,
+        "py_spy": py_spy,
         "numactl": shutil.which("numactl") is not None,
         "cpus": len(os.sched_getaffinity(0)),
         "device": machine.device,
@@ -895,6 +1003,84 @@ def _on_signal(signum: int, frame: object) -> None:
     raise KeyboardInterrupt(f"signal {signum}")
 
 
+# --- the rehearsal on CPU ---------------------------------------------------------------------
+
+REQUIREMENTS = SCRIPTS / "gpu_check_requirements.txt"
+
+
+def _torch_pin() -> str:
+    """``torch==X`` as constraints.txt pins it (the local CPU wheel on the development machines)."""
+    for line in (REPO / "constraints.txt").read_text().splitlines():
+        if line.strip().startswith("torch=="):
+            return line.strip()
+    return "torch"
+
+
+def _step(what: str, argv: list[str], env: dict[str, str] | None = None) -> float:
+    """Run one set-up step of the rehearsal; its time. Raises SystemExit(1) when it fails."""
+    print(f"gpu_check: rehearsal: {what}: {' '.join(argv)}", flush=True)
+    began = time.monotonic()
+    done = subprocess.run(argv, env=env, stdin=subprocess.DEVNULL, capture_output=True, text=True)
+    if done.returncode != 0:
+        tail = (done.stdout + done.stderr).strip().splitlines()[-5:]
+        print(
+            f"Error: rehearsal: {what} failed ({done.returncode}): {' | '.join(tail)}",
+            file=sys.stderr,
+        )
+        raise SystemExit(1)
+    return time.monotonic() - began
+
+
+def rehearse(args: argparse.Namespace, passed: list[str]) -> int:
+    """Stand a GPU machine's bare python3 in for itself, on CPU, and run the checks with it.
+
+    A fresh venv holding torch alone (the machine's python3 with its torch), the wheels of
+    scripts/gpu_check_requirements.txt put in a folder with ``pip install --no-index --target``
+    (downloaded first unless ``--wheels`` gives them), and the checks run by that venv's python
+    with ``PYTHONPATH=<folder>:<checkout>``: nothing of the project's own set-up (its .venv,
+    setup.sh) is used.
+    """
+    work = Path(tempfile.mkdtemp(prefix="gpu_check-rehearsal-"))
+    venv, site = work / "python3", work / "site"
+    python = str(venv / "bin" / "python")
+    times: dict[str, float] = {}
+    try:
+        times["venv"] = _step("a fresh venv", [sys.executable, "-m", "venv", str(venv)])
+        times["torch"] = _step("torch alone", [python, "-m", "pip", "install", "-q", _torch_pin()])
+        wheels = args.wheels
+        if wheels is None:
+            wheels = work / "wheels"
+            times["download"] = _step(
+                "the wheels",
+                [python, "-m", "pip", "download", "-q", "--only-binary=:all:", "-d", str(wheels)]
+                + ["-r", str(REQUIREMENTS)],
+            )
+        times["install"] = _step(
+            "the wheels, offline",
+            [python, "-m", "pip", "install", "-q", "--no-index", "--find-links", str(wheels)]
+            + ["--target", str(site), "-r", str(REQUIREMENTS)],
+        )
+        print(
+            f"gpu_check: rehearsal set-up {json.dumps({k: round(v, 1) for k, v in times.items()})}",
+            flush=True,
+        )
+        env = {k: v for k, v in os.environ.items() if k not in ("VIRTUAL_ENV", "PYTHONHOME")}
+        env["PYTHONPATH"] = os.pathsep.join([str(site), str(REPO)])
+        # Nothing of the project's own environment on PATH: its .venv's programs (py-spy).
+        project = str(REPO / ".venv")
+        env["PATH"] = os.pathsep.join(
+            p for p in env.get("PATH", os.defpath).split(os.pathsep) if not p.startswith(project)
+        )
+        return subprocess.run(
+            [python, str(Path(__file__).resolve()), "--cpu", *passed], env=env
+        ).returncode
+    finally:
+        if args.keep:
+            print(f"gpu_check: rehearsal folder kept: {work}")
+        else:
+            shutil.rmtree(work, ignore_errors=True)
+
+
 def main(argv: list[str]) -> int:
     parser = argparse.ArgumentParser(
         prog="gpu_check.py", description="Check elastic-run on this machine's NVIDIA GPUs."
@@ -902,18 +1088,40 @@ def main(argv: list[str]) -> int:
     parser.add_argument("--only", help="run only these checks, e.g. 1,3 (default: all)")
     parser.add_argument("--json", type=Path, help="also write the table as JSON to this file")
     parser.add_argument("--keep", action="store_true", help="keep the work directory")
-    parser.add_argument("--rehearse-on-cpu", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument(
+        "--rehearse-on-cpu",
+        action="store_true",
+        help="rehearse on CPU: a fresh venv with torch alone stands for a GPU machine's python3",
+    )
+    parser.add_argument(
+        "--wheels", type=Path, help="with --rehearse-on-cpu: the wheels' folder (else downloaded)"
+    )
+    parser.add_argument("--cpu", action="store_true", help=argparse.SUPPRESS)  # the rehearsal's run
     args = parser.parse_args(argv)
     try:
         only = logic.parse_only(args.only)
     except ValueError as exc:
         print(f"Error: {exc}", file=sys.stderr)
         return 2
-    found = detect(args.rehearse_on_cpu)
+    if args.rehearse_on_cpu and not args.cpu:
+        passed = ["--only", args.only] if args.only else []
+        passed += ["--json", str(args.json.resolve())] if args.json is not None else []
+        passed += ["--keep"] if args.keep else []
+        return rehearse(args, passed)
+    found = detect(args.cpu)
     if isinstance(found, str):
         print(logic.no_gpu_line(found), flush=True)
         return 0
-    facts = _facts(found)
+    imports = imports_seen(Run.plain_env())
+    missing = [m for m, where in imports.items() if where is None]
+    if missing:
+        print(
+            f"Error: the agents cannot import {', '.join(missing)}: put the wheels' folder on "
+            "PYTHONPATH (docs/gpu-check.md)",
+            file=sys.stderr,
+        )
+        return 2
+    facts = _facts(found, imports)
     print(f"gpu_check: {json.dumps(facts)}", flush=True)
     signal.signal(signal.SIGTERM, _on_signal)
     root = Path(tempfile.mkdtemp(prefix="gpu_check-"))

@@ -33,7 +33,10 @@ __all__ = [
     "parse_only",
     "parse_records",
     "render_table",
+    "requirements_of",
     "results_document",
+    "sandbox_refusal",
+    "verdict_of",
     "smi_absence",
     "torch_absence",
     "verdict_line",
@@ -45,7 +48,7 @@ CHECKS: dict[int, str] = {
     2: "CUDA training, warm and cold, zygote CUDA-free",
     3: "worker SIGKILL, warm restart, memory freed",
     4: "two agents on one GPU (gloo, CUDA tensors), one SIGKILLed",
-    5: "rank stuck in a CUDA kernel, hang verdict",
+    5: "rank stuck in a CUDA kernel, hang verdict, stacks",
     6: "agent SIGKILL frees the GPU within 5 s",
     7: "virtual local rank and NUMA binding",
 }
@@ -371,6 +374,51 @@ def results_document(results: Sequence[Result], facts: Mapping[str, Any]) -> dic
         "results": [asdict(r) for r in results],
         "failed": sum(r.verdict == "FAIL" for r in results),
     }
+
+
+def verdict_of(problems: Sequence[str], skips: Sequence[str]) -> str:
+    """FAIL when anything went wrong; else SKIP when the machine kept something from being
+    checked (a sandbox's refusal); else PASS."""
+    if problems:
+        return "FAIL"
+    return "SKIP" if skips else "PASS"
+
+
+# What py-spy (through elastic-run's stacks file, "no stacks: <why>") says when the machine, not
+# the product, forbids reading another process's memory: no permission to ptrace, or a sandbox
+# (gVisor) that does not implement process_vm_readv.
+_SANDBOX_WORDS = (
+    "ptrace",
+    "permission denied",
+    "operation not permitted",
+    "not implemented",
+    "not supported",
+    "function not implemented",
+)
+
+
+def sandbox_refusal(stacks_text: str) -> str | None:
+    """Why the stacks could not be taken, when the machine forbade it (None: it did not, or the
+    stacks were taken)."""
+    for line in stacks_text.splitlines():
+        if line.startswith("no stacks:"):
+            why = line.removeprefix("no stacks:").strip()
+            if any(word in why.lower() for word in _SANDBOX_WORDS):
+                return why
+    return None
+
+
+def requirements_of(text: str) -> dict[str, str]:
+    """Project name (lower case, ``_`` as ``-``) -> its version specifier, from requirement
+    lines (``click>=8.1``; comments and blank lines skipped)."""
+    found = {}
+    for raw in text.splitlines():
+        line = raw.split("#", 1)[0].strip()
+        if not line:
+            continue
+        cut = next((i for i, c in enumerate(line) if c in "<>=!~ ;["), len(line))
+        found[line[:cut].strip().lower().replace("_", "-")] = line[cut:].strip()
+    return found
 
 
 def exit_code(results: Sequence[Result]) -> int:

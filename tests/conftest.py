@@ -8,6 +8,15 @@ marker variable (set in ``os.environ`` for the test's duration and inherited by 
 starts), so workers orphaned by a dead agent are caught too. Processes that fixtures of a wider
 scope (module, session) started before the test are not the test's.
 
+Nothing is left in the temp folder: the autouse session fixture ``private_temp_folder`` gives
+the session's every process a private ``TMPDIR`` (a fresh folder of the system temp folder, set
+in ``os.environ`` before the first test, inherited by all it starts: agents, etcd, Slurm daemons
+and their jobs; ``tempfile`` honours it), and at the session's end fails naming whatever is still
+in it (then removes it). A private folder, not a before/after listing of ``/tmp``: other test
+runs on the same machine write there at the same time. pytest's own ``tmp_path`` folders stay
+where pytest keeps them (its last three runs). Launchers given no ``--log-dir`` log under the
+test's ``tmp_path`` (``PET_LOG_DIR``), not in the temp folder.
+
 No skip passes: on the machine the README's set-up prepares, every test runs. A test that needs
 a program fails when it is missing (``tests/machine.py``: one ``missing: ...`` line, repeated
 once in the run's summary however many tests it failed), and a run in which any test skipped
@@ -19,7 +28,9 @@ pass, for a developer on another platform; the README's check never sets it.
 from __future__ import annotations
 
 import os
+import shutil
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -112,6 +123,95 @@ def no_leaked_processes() -> Iterator[None]:
                 "the test left processes running (now killed):\n  " + "\n  ".join(lines),
                 pytrace=False,
             )
+
+
+TEMP_VARIABLE = "TMPDIR"
+# torch's own compile cache (torch/_inductor: ``<temp>/torchinductor_<user>``), made by importing
+# parts of torch and meant to outlive a run: torch's, not a test's or the product's leftover.
+TORCH_CACHE_PREFIX = "torchinductor_"
+# Each entry of the private temp folder -> the test after which it was first seen.
+_first_seen: dict[str, str] = {}
+
+
+def _left_in(folder: Path) -> list[str]:
+    """What is in ``folder`` but torch's cache: each entry with its size and the test after which
+    it appeared, largest first."""
+    found = []
+    for entry in sorted(folder.iterdir()):
+        if entry.name.startswith(TORCH_CACHE_PREFIX):
+            continue
+        size = 0
+        for path in [entry, *(entry.rglob("*") if entry.is_dir() else [])]:
+            try:
+                size += path.lstat().st_size
+            except OSError:
+                pass
+        found.append((size, entry.name))
+    return [
+        f"{name} ({size / 1e6:.1f} MB, after {_first_seen.get(name, 'the last test')})"
+        for size, name in sorted(found, reverse=True)
+    ]
+
+
+@pytest.fixture(scope="session", autouse=True)
+def private_temp_folder(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """Give the session a private temp folder; fail the session if anything is left in it.
+
+    Before judging, the orphans the product itself reclaims (etcd and function workers' folders
+    whose owners were SIGKILLed: the next elastic-run on a host removes them) are removed, as
+    that next run would.
+
+    Yields:
+        The folder (also ``TMPDIR`` and ``tempfile.gettempdir()`` meanwhile).
+    """
+    from elastic_run.rendezvous.owned_dir import reclaim_every_orphan
+
+    tmp_path_factory.getbasetemp()  # pytest's own folder first, where pytest keeps it
+    folder = Path(tempfile.mkdtemp(prefix="elastic-run-tests-"))
+    previous = os.environ.get(TEMP_VARIABLE)
+    os.environ[TEMP_VARIABLE] = str(folder)
+    tempfile.tempdir = None  # tempfile reads TMPDIR again
+    try:
+        yield folder
+    finally:
+        if previous is None:
+            os.environ.pop(TEMP_VARIABLE, None)
+        else:
+            os.environ[TEMP_VARIABLE] = previous
+        tempfile.tempdir = None
+        reclaim_every_orphan(folder)
+        left = _left_in(folder)
+        shutil.rmtree(folder, ignore_errors=True)
+    if left:
+        pytest.fail(
+            "the test session left files in its temp folder (now removed): " + ", ".join(left),
+            pytrace=False,
+        )
+
+
+LOG_DIR_VARIABLE = "PET_LOG_DIR"  # torchrun's --log-dir, and ours, from the environment
+
+
+@pytest.fixture(autouse=True)
+def _test_log_dir(
+    request: pytest.FixtureRequest, tmp_path: Path, private_temp_folder: Path
+) -> Iterator[None]:
+    """Each test's launchers log under its own ``tmp_path`` when it gives no ``--log-dir``
+    (``PET_LOG_DIR``, which torchrun and elastic-run both read): their default,
+    ``<temp>/torchelastic_*``, is kept by design for the user, and would be left in the temp
+    folder. After the test, note which new entries of the temp folder appeared (the session's
+    message names the test)."""
+    previous = os.environ.get(LOG_DIR_VARIABLE)
+    os.environ[LOG_DIR_VARIABLE] = str(tmp_path / "default-logs")
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LOG_DIR_VARIABLE, None)
+        else:
+            os.environ[LOG_DIR_VARIABLE] = previous
+        for name in os.listdir(private_temp_folder):
+            _first_seen.setdefault(name, request.node.nodeid)
 
 
 @pytest.fixture(scope="session")

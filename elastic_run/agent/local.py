@@ -27,10 +27,8 @@ from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerStat
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
-from elastic_run.agent.loop.goodput import goodput_metrics
 from elastic_run.agent.loop.parts import MonitoredWorkers, NodeFitness, WorkerPart
 from elastic_run.agent.loop.simple import SimpleElasticAgent
-from elastic_run.agent.loop.snapshot import AgentSnapshot
 from elastic_run.agent.node_check import (
     NodeCheckOptions,
     failure_line,
@@ -228,12 +226,16 @@ class LocalElasticAgent(SimpleElasticAgent):
             watchdog = self._watchdog
             liveness.watch("watchdog", lambda: watchdog.last_progress)
         assert opts.health_check_port is not None
+        from elastic_run.agent.health.metrics import AgentMetrics  # prometheus-client: lazily
+
+        metrics = AgentMetrics(self.snapshot)  # fed events on the loop's thread
+        self.add_event_sink(metrics)
         self._health = AgentHealthServer(
             opts.health_check_addr,
             opts.health_check_port,
             status_fn=self._status_json,
             liveness_fn=liveness.check,
-            metrics_fn=self._metrics,
+            metrics_text_fn=metrics.render,
         )
         self._health.start()
         self.emit_event(
@@ -267,9 +269,6 @@ class LocalElasticAgent(SimpleElasticAgent):
                 "armed": [dataclasses.asdict(t) for t in watchdog.armed_timers()],
             }
         return body
-
-    def _metrics(self) -> dict[str, float]:
-        return _snapshot_metrics(self.snapshot())
 
     def _armed_pids(self) -> frozenset[int]:
         watchdog = self._watchdog  # once: the teardown sets it to None
@@ -407,38 +406,6 @@ class LocalElasticAgent(SimpleElasticAgent):
 
     def _monitor_workers(self, worker_group: WorkerGroup) -> RunResult:
         return run_result(self._group.observe(worker_group))
-
-
-def _snapshot_metrics(snap: AgentSnapshot) -> dict[str, float]:
-    """``/metrics``' gauges, from the published snapshot alone (names without the
-    ``elastic_run_`` prefix: ``render_metrics`` adds it; per-rank names carry labels)."""
-    out = {
-        "restarts": float(snap.restarts),
-        "max_restarts": float(snap.max_restarts),
-        "round": float(snap.round),
-        "group_rank": float(snap.group_rank),
-        "group_world_size": float(snap.group_world_size),
-        "world_size": float(snap.world_size),
-        "workers_running": float(sum(1 for w in snap.workers if w.state == "HEALTHY")),
-        "watchdog_expiries": float(snap.watchdog_expiries),
-    }
-    for worker in snap.workers:
-        p = worker.progress
-        if p is None:
-            continue
-        label = f'{{rank="{worker.rank}",local_rank="{worker.local_rank}"}}'
-        out["progress_beats" + label] = float(p.beats)
-        out["progress_step" + label] = float(p.step)
-        if p.step_time_s is not None:
-            out["step_time_seconds" + label] = p.step_time_s
-        if p.work_time_s is not None:
-            out["work_time_seconds" + label] = p.work_time_s
-        if p.last_beat_age_s is not None:
-            out["last_beat_age_seconds" + label] = p.last_beat_age_s
-        if p.timeout_s is not None:
-            out["hang_timeout_seconds" + label] = p.timeout_s
-        out["hung" + label] = 1.0 if p.verdict == "hung" else 0.0
-    return {**out, **goodput_metrics(snap.goodput)}
 
 
 class _NodeCheck:

@@ -178,10 +178,15 @@ def _fail(message: str, code: int) -> NoReturn:
 def main(argv: Sequence[str] | None = None) -> None:
     """The console script: run the CLI, turning every expected error into one line."""
     from elastic_run.rendezvous.etcd.grpc_fork import disable_grpc_fork_handlers
+    from elastic_run.rendezvous.owned_dir import reclaim_every_orphan
 
     global _user_env
     _user_env = tuple(os.environ.items())
     disable_grpc_fork_handlers()  # before anything imports grpc (see grpc_fork.py)
+    # etcd data folders (123 MB each) and function workers' folders whose owners were SIGKILLed
+    # with their whole process tree: the next elastic-run on the host removes them; never one
+    # whose owner lives (its lock).
+    reclaim_every_orphan()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
         cli.main(args=args, prog_name="elastic-run", standalone_mode=False)

@@ -20,6 +20,7 @@ from elastic_run.agent.settings.setting import Target
 from elastic_run.agent.settings.table import EVENT_LOG_HANDLER
 from elastic_run.agent.workers.failures import FailureRecord
 from elastic_run.agent.workers.logs_specs import LogsSpecs
+from elastic_run.cli.launch_clock import launcher_start_monotonic_s
 from elastic_run.errors import ElasticRunError
 from elastic_run.rendezvous.api import BackendLink
 
@@ -137,7 +138,7 @@ def run_job(config: LaunchConfig) -> int:
         feed=feed.picture if feed is not None else None,
     )
     agent.add_event_sink(view)
-    agent.count_goodput_from(_process_start())
+    agent.count_goodput_from(launcher_start_monotonic_s())
     torch_sink = torch_event_sink(config.event_log_handler)
     if torch_sink is not None:
         agent.add_event_sink(torch_sink)
@@ -172,16 +173,6 @@ def run_job(config: LaunchConfig) -> int:
     elif result.reason:  # an ending worth one line (a spare that was not needed)
         sys.stderr.write(f"elastic-run: {result.reason}\n")
     return result.exit_code
-
-
-def _process_start() -> float:
-    """This process's start on the monotonic clock (the goodput account counts from it)."""
-    import time
-
-    import psutil
-
-    age = max(0.0, time.time() - psutil.Process().create_time())
-    return time.monotonic() - age
 
 
 # How long a backend that connects lazily (etcd) may take to answer its first read before the

@@ -7,6 +7,7 @@ Read the layout as the design:
   ``endpoints.py``, ``backend.py`` (the key-value seam every backend implements),
   ``static.py`` (torchrun's static mode), ``torchrun_plugin.py`` (our handlers under torchrun),
   ``memory.py`` (the in-memory backend: the supported fake at the seam, for logic tests);
+  ``owned_dir.py`` (etcd's data folders, held by a living process, reclaimed after it);
 - ``protocol/``: the pure O(N) protocol, its records and keys;
 - ``dynamic/``: the dynamic handler and its rounds, the status reader, telemetry;
 - ``liveness/``: heartbeats, death notices, the ring;

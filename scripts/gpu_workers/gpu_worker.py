@@ -46,12 +46,15 @@ def record(**fields: Any) -> None:
         os.close(fd)
 
 
-def parent_is_zygote() -> bool:
-    """Was this worker forked by elastic-run's zygote (a warm start)?"""
+def parent_is_zygote() -> bool | None:
+    """Was this worker forked by elastic-run's zygote (a warm start)? None: the parent's
+    /proc/PID/cmdline cannot be read here (a sandbox)."""
     try:
         cmdline = Path(f"/proc/{os.getppid()}/cmdline").read_bytes()
     except OSError:
-        return False
+        return None
+    if not cmdline:
+        return None
     return _ZYGOTE_PROGRAM.encode() in cmdline
 
 

@@ -19,6 +19,7 @@ import os
 import signal
 import subprocess
 import sys
+import tempfile
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -33,6 +34,7 @@ from elastic_run.elastic.multiprocessing.errors import ChildFailedError, Process
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.registry import get_rendezvous_handler
 from tests.compat import agent_targets
+from tests.forked_agents import cli_command
 from tests.helpers import REPO_ROOT, free_port, is_alive, wait_until
 
 pytestmark = pytest.mark.timeout(300)
@@ -302,6 +304,15 @@ def test_no_function_worker_outlives_its_agent(
         tmp_path
     )
     wait_until(lambda: not any(is_alive(p) for p in pids), 60, message="workers left alive")
+    # The agent's return-value folder: gone with a SIGTERM; after a SIGKILL, left until the
+    # next elastic-run on the host starts (and reclaims it, its owner being gone).
+    results = Path(tempfile.gettempdir()).glob("elastic-run-results-*")
+    mine = [p for p in results if (p / "elastic-run.owner").read_text() == f"pid {agent.pid}\n"]
+    assert len(mine) == (1 if how == "SIGKILL" else 0), mine
+    if mine:
+        done = subprocess.run([*cli_command(), "--version"], capture_output=True, timeout=60)
+        assert done.returncode == 0, done.stderr
+        assert not mine[0].exists()
 
 
 def test_run_result_is_torchs_shape() -> None:

@@ -200,7 +200,8 @@ class SlurmCluster:
         reason = slurm_unavailable_reason()
         if reason is not None:
             raise SlurmClusterError(reason)
-        self._socket_dir = Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp"))
+        # The temp folder (a short path: a socket's is at most 107 bytes); the tests' is private.
+        self._socket_dir = Path(tempfile.mkdtemp(prefix="slurm-"))
         self._munge_dir = self._socket_dir / "munge"
         self.munge_socket = self._munge_dir / "munge.sock"
         for directory in (self._munge_dir, self.jobs_dir, self.log_dir, self.base_dir / "state"):

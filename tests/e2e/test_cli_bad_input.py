@@ -108,6 +108,15 @@ CASES: dict[str, tuple[list[str], dict[str, str]]] = {
     "master-port huge": (["--master-port", HUGE], {}),
     "health-check-port 65536": (["--health-check-port", "65536"], {}),
     "TORCHELASTIC_HEALTH_CHECK_PORT huge": ([], {"TORCHELASTIC_HEALTH_CHECK_PORT": HUGE}),
+    # a Slurm allocation's node list (python-hostlist behind our errors)
+    "SLURM_JOB_NODELIST too many hosts": (
+        [],
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": f"n[1-{HUGE}]"},
+    ),
+    "SLURM_JOB_NODELIST unbalanced": (
+        [],
+        {"SLURM_JOB_ID": "7", "SLURM_JOB_NUM_NODES": "2", "SLURM_JOB_NODELIST": "n[1-2"},
+    ),
     "endpoint port superscript": (
         ["--rdzv-backend", "c10d", "--rdzv-endpoint", "localhost:\u00b2"],
         {},

@@ -148,8 +148,8 @@ def test_health_server_follows_the_agent_loop_and_lists_the_workers(
     code, metrics = _get(port, "/metrics")
     assert code == 200
     lines = metrics.splitlines()
-    assert "elastic_run_restarts 0" in lines, metrics
-    assert "elastic_run_workers_running 2" in lines, metrics
+    assert "elastic_run_restarts_total 0.0" in lines, metrics
+    assert "elastic_run_workers_running 2.0" in lines, metrics
     assert "elastic_run_elastic_run_" not in metrics
     assert _get(port, "/no-such-path")[0] == 404
 

@@ -37,6 +37,7 @@ def _launch(
     out = tmp_path / f"{name}.log"
     proc = subprocess.Popen(
         [*CLI, start, "--standalone", "--nproc-per-node", "2", "--max-restarts", "1", "--no-live",
+         "--log-dir", str(tmp_path / f"{name}-logs"),
          *TRAIN, "--checkpoint-dir", str(tmp_path / name), *train_args],
         stdout=out.open("wb"),
         stderr=subprocess.STDOUT,

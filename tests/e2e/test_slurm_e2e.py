@@ -37,8 +37,12 @@ ROUND_RE = re.compile(
 
 
 def _job_env(tmp_path: Path, nproc: int, **extra: str) -> dict[str, str]:
-    """The environment the batch files document, for a job writing under ``tmp_path``."""
+    """The environment the batch files document, for a job writing under ``tmp_path``, its
+    temp folder too (``tmp_path/job-tmp``: the agents' default log folders go there)."""
+    job_tmp = tmp_path / "job-tmp"
+    job_tmp.mkdir(exist_ok=True)
     return {
+        "TMPDIR": str(job_tmp),
         "ELASTIC_RUN_REPO": str(REPO_ROOT),
         "ELASTIC_RUN_VENV": str(VENV),
         "NPROC": str(nproc),
@@ -106,6 +110,9 @@ def test_multi_node_etcd_batch_file_trains_across_both_nodes(
     output = slurm_cluster.output_of(job_id)
     assert code == 0, output
     _assert_trained_on_both_nodes(output, nproc, steps)
+    # The batch file stopped `elastic-run etcd` with a SIGTERM it handles (not through srun,
+    # which SIGKILLs the step): its 123 MB data folder is gone with the job.
+    assert not list((tmp_path / "job-tmp").glob("elastic-run-etcd-*")), output
 
 
 @pytest.mark.etcd

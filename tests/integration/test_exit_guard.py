@@ -136,7 +136,8 @@ def test_cold_and_warm_workers_are_armed(tmp_path: Path, start: str) -> None:
     script = tmp_path / "armed.py"
     script.write_text(ARMED)
     done = run_cli(
-        ["--standalone", "--nproc-per-node", "1", start, "--no-live", "--tee", "3", str(script)],
+        ["--standalone", "--nproc-per-node", "1", start, "--no-live", "--tee", "3"]
+        + ["--log-dir", str(tmp_path / "logs"), str(script)],
         timeout_s=120,
     )
     assert done.returncode == 0, done.stderr

@@ -117,13 +117,34 @@ def test_metrics_are_prometheus_text(server: AgentHealthServer) -> None:
     assert status == 200
     assert headers["Content-Type"].startswith("text/plain; version=0.0.4")
     assert body.decode().splitlines() == [
+        "# HELP elastic_run_restarts elastic_run_restarts",
         "# TYPE elastic_run_restarts gauge",
-        "elastic_run_restarts 2",
+        "elastic_run_restarts 2.0",
+        "# HELP elastic_run_round_time_s elastic_run_round_time_s",
         "# TYPE elastic_run_round_time_s gauge",
         "elastic_run_round_time_s 1.5",
+        "# HELP elastic_run_workers_running elastic_run_workers_running",
         "# TYPE elastic_run_workers_running gauge",
-        "elastic_run_workers_running 4",
+        "elastic_run_workers_running 4.0",
     ]
+
+
+def test_a_metrics_text_callback_wins_and_is_served_as_is(liveness: Liveness) -> None:
+    srv = AgentHealthServer(
+        "127.0.0.1",
+        0,
+        status_fn=dict,
+        liveness_fn=liveness.check,
+        metrics_fn=lambda: {"ignored": 1.0},
+        metrics_text_fn=lambda: b"# TYPE x counter\nx_total 3.0\n",
+    )
+    srv.start()
+    try:
+        status, headers, body = request(srv.port, "/metrics")
+    finally:
+        srv.stop()
+    assert status == 200 and body == b"# TYPE x counter\nx_total 3.0\n"
+    assert headers["Content-Type"] == "text/plain; version=0.0.4; charset=utf-8"
 
 
 def test_render_metrics_special_values() -> None:

@@ -43,7 +43,8 @@ def _pytest(tmp_path: Path, source: str, **env: str) -> subprocess.CompletedProc
     full_env.update(env, PYTHONPATH=str(REPO_ROOT))
     return subprocess.run(
         [sys.executable, "-m", "pytest", "-p", "tests.conftest", "-p", "no:cacheprovider"]
-        + ["-q", "-rs", "--rootdir", str(tmp_path), str(tmp_path / "test_sample.py")],
+        + ["-q", "-rs", "--rootdir", str(tmp_path), "--basetemp", str(tmp_path / "basetemp")]
+        + [str(tmp_path / "test_sample.py")],
         cwd=REPO_ROOT,
         env=full_env,
         capture_output=True,

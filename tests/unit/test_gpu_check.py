@@ -271,3 +271,57 @@ def test_results_document_and_exit_code() -> None:
     assert logic.exit_code(results) == 1
     assert logic.exit_code(results[:2]) == 0
     assert logic.exit_code([]) == 0
+
+
+# --- the sandbox, the verdicts, the wheels --------------------------------------------------
+
+
+def test_verdict_of_fails_on_a_problem_and_skips_only_without_one() -> None:
+    assert logic.verdict_of([], []) == "PASS"
+    assert logic.verdict_of([], ["ptrace forbidden"]) == "SKIP"
+    assert logic.verdict_of(["no restart"], ["ptrace forbidden"]) == "FAIL"
+
+
+@pytest.mark.parametrize(
+    "why",
+    [
+        "no permission to read the worker's memory (ptrace): run the agent as the workers' user",
+        "Permission denied (os error 13)",
+        "Failed to copy memory: Function not implemented (os error 38)",
+        "Operation not permitted (os error 1)",
+    ],
+)
+def test_a_sandboxs_refusal_of_the_stacks_is_a_skip_reason(why: str) -> None:
+    text = f"# stacks of rank 0 (local rank 0, pid 7): hung (taken 2026-12-01T00:00)\nno stacks: {why}\n"
+    assert logic.sandbox_refusal(text) == why
+
+
+def test_stacks_that_were_taken_or_failed_otherwise_are_no_refusal() -> None:
+    assert (
+        logic.sandbox_refusal("Thread 7 (idle)\n    stuck_in_cuda_sleep (gpu_worker.py:170)\n")
+        is None
+    )
+    assert logic.sandbox_refusal("no stacks: py-spy did not answer in 10 s\n") is None
+    assert logic.sandbox_refusal("") is None
+
+
+def test_the_wheels_are_the_projects_dependencies_less_torch_and_the_slurm_only_one() -> None:
+    """scripts/gpu_check_requirements.txt (what docs/gpu-check.md downloads) stays pyproject's."""
+    import tomllib
+
+    root = LOGIC_PATH.parents[1]
+    declared = logic.requirements_of(
+        "\n".join(tomllib.loads((root / "pyproject.toml").read_text())["project"]["dependencies"])
+    )
+    wheels = logic.requirements_of((root / "scripts" / "gpu_check_requirements.txt").read_text())
+    expected = {k: v for k, v in declared.items() if k not in ("torch", "python-hostlist")}
+    assert wheels == expected
+
+
+def test_requirements_of_reads_names_and_specifiers() -> None:
+    text = "# a comment\n\nClick>=8.1  # why\netcd_sdk_python==0.0.7\nrich\n"
+    assert logic.requirements_of(text) == {
+        "click": ">=8.1",
+        "etcd-sdk-python": "==0.0.7",
+        "rich": "",
+    }

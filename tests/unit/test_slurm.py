@@ -47,11 +47,12 @@ def test_expand_hostlist(spec: str, hosts: list[str]) -> None:
     [
         ("", "empty"),
         ("   ", "empty"),
-        ("n[1-2", "without a closing"),
-        ("n1-2]", "without '['"),
-        ("n[[1-2]]", "nested"),
-        ("n[3-1]", "reversed"),
-        ("n[]", "empty brackets"),
+        ("n[1-2", "unbalanced brackets"),
+        ("n1-2]", "unbalanced brackets"),
+        ("n]1-2[", "unbalanced brackets"),
+        ("n[[1-2]]", "nested brackets"),
+        ("n[3-1]", "start > stop"),
+        ("n[]", "bad range"),
         ("n[a-b]", "bad range"),
         ("n[1-]", "bad range"),
         ("n[1,,2]", "bad range"),
@@ -73,16 +74,29 @@ def test_first_host() -> None:
     assert first_host("r[3-4]n[5,1]") == "r3n5"
 
 
-def test_first_host_expands_nothing_else() -> None:
-    assert first_host("n[1-99999999999],m[1-99999999999]") == "n1"
+def test_first_host_checks_the_whole_expression() -> None:
     with pytest.raises(ConfigurationError, match="bad range"):
-        first_host("n[1-2],m[x]")  # the whole expression is still checked
+        first_host("n[1-2],m[x]")
+    with pytest.raises(ConfigurationError, match="more than 100000 hosts"):
+        first_host("n[1-2],m[1-99999999999]")
 
 
 @pytest.mark.parametrize("spec", ["n[1-99999999999]", "a[1-1000]b[1-1001]", "a[1-1000000],b"])
-def test_a_hostlist_past_a_million_names_is_an_error(spec: str) -> None:
-    with pytest.raises(ConfigurationError, match="more than 1000000"):
+def test_one_name_past_the_librarys_100000_hosts_is_an_error(spec: str) -> None:
+    with pytest.raises(ConfigurationError, match="names more than 100000 hosts") as info:
         expand_hostlist(spec)
+    assert "\n" not in str(info.value) and info.value.exit_code == 2
+
+
+def test_a_hostlist_past_a_million_names_in_all_is_an_error_before_it_is_all_expanded() -> None:
+    spec = ",".join(f"g{i}n[1-100000]" for i in range(11))  # 1.1 million names
+    with pytest.raises(ConfigurationError, match="names more than 1000000 hosts"):
+        expand_hostlist(spec)
+    assert len(expand_hostlist(",".join(f"g{i}n[1-100000]" for i in range(10)))) == 1_000_000
+
+
+def test_duplicates_are_kept_in_order() -> None:
+    assert expand_hostlist("b,a,b,n[1-2],n1") == ["b", "a", "b", "n1", "n2", "n1"]
 
 
 def test_non_ascii_digits_are_not_a_range() -> None:
@@ -282,3 +296,15 @@ def test_format_print_config_aligns_names_values_and_reasons() -> None:
 
 def test_format_print_config_empty() -> None:
     assert format_print_config([]) == "elastic-run configuration: nothing derived\n"
+
+
+def test_without_python_hostlist_a_node_list_is_one_configuration_error(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A machine without the library (the GPU check's) runs every command but a Slurm one."""
+    import sys
+
+    monkeypatch.setitem(sys.modules, "hostlist", None)  # import hostlist -> ImportError
+    with pytest.raises(ConfigurationError, match="pip install python-hostlist") as info:
+        expand_hostlist("n[1-2]")
+    assert info.value.exit_code == 2

@@ -5,8 +5,10 @@ Routes (GET only; other methods get 405, malformed requests 400, unknown paths 4
 - ``/healthz``: 200 ``{"status": "ok", ...}`` while ``liveness_fn()`` says ok, else 503
   ``{"status": "unhealthy", "reason": ...}``.
 - ``/status``: ``status_fn()`` as JSON.
-- ``/metrics``: ``metrics_fn()`` in the Prometheus text format, each name as
-  ``elastic_run_<name>``.
+- ``/metrics``: the Prometheus text exposition (format 0.0.4), written by prometheus-client:
+  ``metrics_text_fn()`` (the agent's :class:`~elastic_run.agent.health.metrics.AgentMetrics`:
+  counters, gauges and histograms with HELP lines), else ``metrics_fn()``'s values as gauges,
+  each name as ``elastic_run_<name>``.
 
 Two front doors to one server:
 
@@ -32,13 +34,16 @@ import errno
 import io
 import json
 import logging
-import math
 import re
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from http import HTTPStatus
 from http.server import BaseHTTPRequestHandler
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from prometheus_client.core import Metric
 
 from elastic_run.agent.health.bounded_http import BoundedHTTPServer
 from elastic_run.errors import ConfigurationError
@@ -47,6 +52,7 @@ __all__ = [
     "AgentHealthServer",
     "HealthCheckServer",
     "Liveness",
+    "METRICS_CONTENT_TYPE",
     "create_healthcheck_server",
     "render_metrics",
 ]
@@ -54,6 +60,8 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _METRIC_PREFIX = "elastic_run_"
+METRICS_CONTENT_TYPE = "text/plain; version=0.0.4; charset=utf-8"
+"""What ``/metrics`` answers in: the text format prometheus-client's ``generate_latest`` writes."""
 _INVALID_METRIC_CHARS = re.compile(r"[^a-zA-Z0-9_:]")
 
 
@@ -137,34 +145,52 @@ class Liveness:
     __call__ = check
 
 
+class _GaugesCollector:
+    """``metrics`` (a name, maybe with a label set, to a value) as gauge families (a
+    prometheus-client collector)."""
+
+    def __init__(self, metrics: Mapping[str, float]) -> None:
+        self._metrics = metrics
+
+    def describe(self) -> list[Metric]:
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        from prometheus_client.core import GaugeMetricFamily
+        from prometheus_client.parser import parse_labels
+
+        families: dict[str, tuple[GaugeMetricFamily, list[str]]] = {}
+        for raw_name, value in sorted(self._metrics.items()):
+            # A name may carry labels, as in 'step_time_seconds{rank="3"}': one family, whose
+            # label names are its first sample's.
+            base, brace, rest = raw_name.partition("{")
+            name = _METRIC_PREFIX + _INVALID_METRIC_CHARS.sub("_", base)
+            labels = parse_labels(rest.rstrip("}")) if brace else {}
+            if name not in families:
+                families[name] = (GaugeMetricFamily(name, name, labels=list(labels)), list(labels))
+            family, names = families[name]
+            family.add_metric([labels.get(k, "") for k in names], float(value))
+        yield from (family for family, _ in families.values())
+
+
 def render_metrics(metrics: Mapping[str, float]) -> str:
     """Render metrics in the Prometheus text exposition format (all as gauges).
 
     Args:
         metrics: metric names (without the ``elastic_run_`` prefix) to values; a name may end
-            in a label set written by the caller (``step_time_seconds{rank="3"}``), kept as is.
+            in a label set written by the caller (``step_time_seconds{rank="3"}``).
 
     Returns:
-        The text: one ``# TYPE`` line per metric family, then one sample line per metric.
+        The text (prometheus-client's): per metric family its ``# HELP`` and ``# TYPE`` lines,
+        then its samples.
     """
-    lines: list[str] = []
-    typed: set[str] = set()
-    for raw_name, value in sorted(metrics.items()):
-        # A name may carry labels, as in 'step_time_seconds{rank="3"}': one family, one # TYPE.
-        base, brace, labels = raw_name.partition("{")
-        name = _METRIC_PREFIX + _INVALID_METRIC_CHARS.sub("_", base)
-        number = float(value)
-        if math.isnan(number):
-            text = "NaN"
-        elif math.isinf(number):
-            text = "+Inf" if number > 0 else "-Inf"
-        else:
-            text = repr(int(number)) if number.is_integer() else repr(number)
-        if name not in typed:
-            typed.add(name)
-            lines.append(f"# TYPE {name} gauge")
-        lines.append(f"{name}{brace}{labels} {text}")
-    return "\n".join(lines) + "\n" if lines else ""
+    # Imported here: prometheus-client's import copies the whole environment (wsgiref's
+    # handlers), which an agent forked from a template must not carry from its template.
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(_GaugesCollector(metrics))
+    return generate_latest(registry).decode("utf-8")
 
 
 def _json_bytes(body: object) -> bytes:
@@ -219,9 +245,12 @@ class _Handler(BaseHTTPRequestHandler):
         if path == "/status":
             return HTTPStatus.OK, _json_bytes(owner.status_fn()), "application/json"
         if path == "/metrics":
-            metrics = owner.metrics_fn() if owner.metrics_fn is not None else {}
-            text = render_metrics(metrics).encode("utf-8")
-            return HTTPStatus.OK, text, "text/plain; version=0.0.4; charset=utf-8"
+            if owner.metrics_text_fn is not None:
+                text = owner.metrics_text_fn()
+            else:
+                metrics = owner.metrics_fn() if owner.metrics_fn is not None else {}
+                text = render_metrics(metrics).encode("utf-8")
+            return HTTPStatus.OK, text, METRICS_CONTENT_TYPE
         return (
             HTTPStatus.NOT_FOUND,
             _json_bytes({"error": f"no such path: {path}"}),
@@ -271,7 +300,10 @@ class AgentHealthServer(BoundedHTTPServer):
         port: the port; 0 picks a free one (see :attr:`port` after :meth:`start`).
         status_fn: returns the agent's status as a JSON-serializable dict.
         liveness_fn: returns ``(ok, reason)``; typically a :class:`Liveness`'s ``check``.
-        metrics_fn: returns metric values by name; None serves an empty ``/metrics``.
+        metrics_fn: returns metric values by name, served as gauges; None (and no
+            ``metrics_text_fn``) serves an empty ``/metrics``.
+        metrics_text_fn: returns the whole ``/metrics`` text (wins over ``metrics_fn``): the
+            agent's ``AgentMetrics.render``, which reads only the published snapshot.
     """
 
     def __init__(
@@ -282,11 +314,13 @@ class AgentHealthServer(BoundedHTTPServer):
         status_fn: Callable[[], dict[str, object]],
         liveness_fn: Callable[[], tuple[bool, str]],
         metrics_fn: Callable[[], Mapping[str, float]] | None = None,
+        metrics_text_fn: Callable[[], bytes] | None = None,
     ) -> None:
         super().__init__(addr, port, self._reply, name="health-check")
         self.status_fn = status_fn
         self.liveness_fn = liveness_fn
         self.metrics_fn = metrics_fn
+        self.metrics_text_fn = metrics_text_fn
 
     def start(self) -> None:
         """Bind and start serving on the server's own threads.

@@ -11,6 +11,7 @@ agent (``guardian.py``), callable entrypoints (``function_workers.py`` in the ag
 
 May import: ``elastic_run.agent`` (api, config), ``agent.rules.observation`` (the view it returns) and the top-level ``errors``, ``parent_death``,
 ``auto_progress`` (its variable), ``site_hook`` (its directory on the worker's path) and
-``worker`` (``function_call.py`` runs in the worker). Nothing of the run loop, the rendezvous or
-the CLI.
+``worker`` (``function_call.py`` runs in the worker), and ``rendezvous.owned_dir`` (the function
+workers' folder, reclaimed after a SIGKILLed agent). Nothing of the run loop, the rest of the
+rendezvous or the CLI.
 """

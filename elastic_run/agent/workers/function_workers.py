@@ -14,7 +14,9 @@ Start methods: ``spawn`` (torch's default) and ``fork`` as multiprocessing does 
 function and its arguments be picklable; a fork server would be a second parent that outlives
 no one's supervision). Return values are written by each worker to a file in a private
 directory of the agent's (mode 0700), one per local rank, cleared before every attempt and
-removed by :meth:`FunctionWorkers.close`.
+removed by :meth:`FunctionWorkers.close`. The directory is an owned folder
+(``$TMPDIR/elastic-run-results-*``, :mod:`elastic_run.rendezvous.owned_dir`): an agent SIGKILLed
+leaves it, and the next agent (or ``elastic-run``) on the host removes it.
 """
 
 from __future__ import annotations
@@ -22,8 +24,6 @@ from __future__ import annotations
 import gc
 import multiprocessing
 import os
-import shutil
-import tempfile
 import threading
 from collections.abc import Callable, Sequence
 from multiprocessing.process import BaseProcess
@@ -34,6 +34,7 @@ from elastic_run.agent.workers.function_call import ChildFd, FunctionCall, read_
 from elastic_run.agent.workers.guardian import Guardian
 from elastic_run.agent.workers.processes import WorkerLaunch, WorkerProcess
 from elastic_run.errors import AgentError, ConfigurationError
+from elastic_run.rendezvous.owned_dir import MARKER, RESULTS_PREFIX, OwnedDir, reclaim_orphans
 
 __all__ = ["START_METHODS", "FunctionWorkers"]
 
@@ -96,6 +97,7 @@ class FunctionWorkers:
         self._method: Literal["fork", "spawn"] = "fork" if start_method == "fork" else "spawn"
         self._guardian = guardian
         self._dir: Path | None = None
+        self._owned: OwnedDir | None = None
 
     @property
     def name(self) -> str:
@@ -117,8 +119,12 @@ class FunctionWorkers:
         """
         try:
             if self._dir is None:
-                self._dir = Path(tempfile.mkdtemp(prefix="elastic-run-results-"))
+                reclaim_orphans(RESULTS_PREFIX)  # those of agents that were SIGKILLed
+                self._owned = OwnedDir.create(RESULTS_PREFIX)
+                self._dir = self._owned.path
             for old in self._dir.iterdir():
+                if old.name == MARKER:
+                    continue
                 old.unlink()
         except OSError as exc:
             raise AgentError(f"cannot prepare the function workers' directory: {exc}") from exc
@@ -194,9 +200,10 @@ class FunctionWorkers:
 
     def close(self) -> None:
         """Remove the private directory. Idempotent."""
-        if self._dir is not None:
-            shutil.rmtree(self._dir, ignore_errors=True)
-            self._dir = None
+        if self._owned is not None:
+            self._owned.remove()
+            self._owned = None
+        self._dir = None
 
 
 def _child_fd(target: int | IO[bytes]) -> ChildFd | None:

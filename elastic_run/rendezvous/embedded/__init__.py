@@ -11,6 +11,6 @@ SIGKILL, and its data directory with it), the quorum watch (``quorum.py``: the m
 and when the rendezvous lost its quorum for good) and the backend (``backend.py``: the etcd
 backend on the members' client URLs, which keeps this host's member up until the job ends).
 May import: the API, errors (the rendezvous's and the top-level ``errors``), settings,
-endpoints, ``rendezvous.protocol``'s keys and ``rendezvous.etcd``; ``keeper.py`` imports nothing
-of elastic-run.
+endpoints, ``rendezvous.protocol``'s keys, ``rendezvous.etcd`` and ``rendezvous.owned_dir``
+(the member's data folder); ``keeper.py`` imports nothing of elastic-run.
 """

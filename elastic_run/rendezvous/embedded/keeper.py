@@ -8,6 +8,11 @@ stop with a leader transfer, when the agent wrote ``term`` first), removes ROOT 
 Should etcd exit by itself, the keeper writes its status to ``ROOT/etcd.exited`` (what the agent
 reads to tell a member that died from one that runs) and goes on waiting for EOF.
 
+It also inherits, open, the descriptor that holds ROOT's lock (``elastic_run.rendezvous.owned_dir``; it
+never reads it): while the keeper lives the folder is its owner's, and should the keeper be
+SIGKILLed with the agent, the lock dies with them and the next elastic-run on the host removes
+ROOT.
+
 Invariants: it imports only the standard library (it runs with ``-I -S``), never elastic_run;
 it ignores SIGINT, SIGTERM, SIGHUP, SIGQUIT, SIGUSR1 and SIGUSR2, so a signal meant for the
 agent's group or a whole Slurm step does not take it down before it has cleaned up; nothing it

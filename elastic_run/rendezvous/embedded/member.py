@@ -1,9 +1,12 @@
 """EmbeddedMember: this host's etcd member of the job's static cluster, run through its keeper.
 
-The member lives in a temporary directory (``elastic-run-etcd-<run id>-*``: ``data/`` and
-``member.log``) and runs under the keeper (``keeper.py``), which this agent alone feeds through a
-pipe: when the agent stops it, exits or is SIGKILLed, the keeper stops etcd and removes the
-directory. So a member never outlives its agent, and leaves no file behind.
+The member lives in a temporary directory (``$TMPDIR/elastic-run-etcd-<run id>-*``: ``data/``
+and ``member.log``) and runs under the keeper (``keeper.py``), which this agent alone feeds
+through a pipe: when the agent stops it, exits or is SIGKILLed, the keeper stops etcd and removes
+the directory. So a member never outlives its agent, and leaves no file behind. Should the keeper
+die too (every process of the host SIGKILLed), the directory is an owned folder
+(:mod:`elastic_run.rendezvous.owned_dir`, its lock held by the agent and the keeper): the next member or
+``elastic-run`` started on the host removes it.
 
 Ports: the client port listed (default 29410) and the peer port, client + 1, both bound on the
 one address the agent is reached at (never all interfaces). TLS: when the ``--rdzv-conf`` keys of
@@ -30,6 +33,7 @@ from elastic_run.rendezvous.embedded import keeper
 from elastic_run.rendezvous.embedded.cluster import EmbeddedCluster, MemberSpec
 from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.etcd.server import find_etcd_binary
+from elastic_run.rendezvous.owned_dir import ETCD_PREFIX, OwnedDir, reclaim_orphans
 
 __all__ = ["EmbeddedMember", "MemberTLS", "find_member_binary"]
 
@@ -96,6 +100,7 @@ class EmbeddedMember:
         self._tls = tls
         self._binary = find_member_binary(spec, binary)
         self._root: Path | None = None
+        self._owned: OwnedDir | None = None
         self._keeper: subprocess.Popen[bytes] | None = None
         self._log: IO[bytes] | None = None
 
@@ -154,8 +159,17 @@ class EmbeddedMember:
         if self._keeper is not None:
             return
         safe = re.sub(r"[^A-Za-z0-9_.-]", "_", self._run_id)[:40]
-        self._root = Path(tempfile.mkdtemp(prefix=f"elastic-run-etcd-{safe}-"))
-        self._log = open(self._root / "member.log", "ab")
+        reclaim_orphans()  # the folders of members whose hosts' processes were all SIGKILLed
+        try:
+            self._owned = OwnedDir.create(f"{ETCD_PREFIX}{safe}-")
+            self._root = self._owned.path
+            self._log = open(self._root / "member.log", "ab")
+        except OSError as exc:
+            self._cleanup()
+            raise RendezvousConnectionError(
+                f"cannot make the embedded etcd member's data folder in "
+                f"{tempfile.gettempdir()}: {exc.strerror or exc}"
+            ) from exc
         argv = [
             sys.executable, "-I", "-S", keeper.__file__, str(self._root), "--",
             *self.command(self._root / "data"),
@@ -168,6 +182,7 @@ class EmbeddedMember:
                 stderr=subprocess.STDOUT,
                 start_new_session=True,
                 close_fds=True,
+                pass_fds=(self._owned.fd,),  # the keeper holds the folder's lock too
             )
         except OSError as exc:
             self._cleanup()
@@ -232,8 +247,7 @@ class EmbeddedMember:
         if self._log is not None:
             self._log.close()
             self._log = None
-        if self._root is not None and self._root.exists():
-            import shutil
-
-            shutil.rmtree(self._root, ignore_errors=True)
+        if self._owned is not None:
+            self._owned.remove()
+            self._owned = None
         self._root = None

@@ -6,5 +6,6 @@ torch's ``EtcdStore`` (``store.py``), ``EtcdServer`` (``server.py``, a local etc
 demos and ``elastic-run etcd``), calls held by a leader that is gone (``leader_watch.py``) and
 gRPC's fork handlers (``grpc_fork.py``). Only this package imports pyetcd or grpc. May import:
 the seam, the API, errors (the rendezvous's and the top-level ``errors``), settings, endpoints,
-and the top-level ``parent_death`` (the etcd ``server.py`` starts dies with its parent).
+the top-level ``parent_death`` (the etcd ``server.py`` starts dies with its parent) and
+``rendezvous.owned_dir`` (its temporary data folder, reclaimed once its owner is gone).
 """

@@ -4,6 +4,10 @@ Invariants: every member listens on free ports of ``host`` (loopback by default)
 ``start()`` returns only once every member answers a real request; ``stop()`` ends
 every process it started (SIGTERM, then SIGKILL) and removes a temporary data
 directory. Each member's output goes to a log file (``log_paths``, ``read_logs()``).
+A temporary data directory (``$TMPDIR/elastic-run-etcd-*``) is an owned folder
+(:mod:`elastic_run.rendezvous.owned_dir`): held locked by the process that made the server, so that if
+that process is SIGKILLed (its members die with it: parent-death signal) the next server made
+on the host, or the next ``elastic-run``, removes it.
 
 torch's ``EtcdServer`` API is here too: ``EtcdServer(data_dir=None)``, ``start(timeout=60,
 num_retries=3, stderr=None)`` (a start that fails is retried on fresh ports and a fresh data
@@ -36,6 +40,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousTimeoutError,
 )
 from elastic_run.rendezvous.etcd.client import EtcdClient
+from elastic_run.rendezvous.owned_dir import ETCD_PREFIX, OwnedDir, reclaim_orphans
 
 __all__ = [
     "EtcdServer",
@@ -138,11 +143,19 @@ class EtcdServer:
         self._tls = tls
         self._extra_args = extra_args
         self._owns_dir = data_dir is None
-        self._root = (
-            Path(tempfile.mkdtemp(prefix="elastic-run-etcd-"))
-            if data_dir is None
-            else Path(data_dir)
-        )
+        self._owned: OwnedDir | None = None
+        if data_dir is None:
+            reclaim_orphans()  # the folders of members whose owners were SIGKILLed
+            try:
+                self._owned = OwnedDir.create(ETCD_PREFIX)
+            except OSError as exc:
+                raise ConfigurationError(
+                    f"cannot make etcd's data folder in {tempfile.gettempdir()}: "
+                    f"{exc.strerror or exc}"
+                ) from exc
+            self._root = self._owned.path
+        else:
+            self._root = Path(data_dir)
         self._root.mkdir(parents=True, exist_ok=True)
         self._fixed_port = port
         self._members: list[_Member] = []
@@ -385,8 +398,8 @@ class EtcdServer:
         # Data in a temporary directory is thrown away: no need for a graceful stop
         # (which, in a cluster stopping as a whole, waits on leader transfer).
         self._stop_members(signal.SIGKILL if self._owns_dir else signal.SIGTERM)
-        if self._owns_dir:
-            shutil.rmtree(self._root, ignore_errors=True)
+        if self._owned is not None:
+            self._owned.remove()
         self._started = False
 
     def _stop_members(self, sig: int) -> None:
