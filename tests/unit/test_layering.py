@@ -34,6 +34,14 @@ PURE = [
     "elastic_run/agent/progress/config.py",
     "elastic_run/agent/loop/snapshot.py",
     "elastic_run/agent/loop/goodput.py",
+    "elastic_run/cli/report/model.py",
+    "elastic_run/cli/report/events_file.py",
+    "elastic_run/cli/report/phases.py",
+    "elastic_run/cli/report/clocks.py",
+    "elastic_run/cli/report/markers.py",
+    "elastic_run/cli/report/rows.py",
+    "elastic_run/cli/report/build.py",
+    "elastic_run/cli/report/html_page.py",
 ] + sorted(
     str(p.relative_to(Path(__file__).resolve().parents[2]))
     for p in (Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rules").rglob("*.py")
