@@ -197,22 +197,37 @@ def _rounds(
     members: Mapping[int, frozenset[int]],
     markers: Sequence[Marker],
 ) -> tuple[Round, ...]:
+    seen: dict[int, tuple[list[float], list[int], list[int]]] = {}
+    for i, node in enumerate(nodes):
+        done: set[int] = set()
+        for event in node.events:
+            if event.kind != "rendezvous.complete":
+                continue
+            number = event.fields.get("round")
+            if not isinstance(number, int) or number in done:
+                continue
+            done.add(number)
+            times, worlds, counts = seen.setdefault(number, ([], [], []))
+            times.append(event.ts + fits[i].offset_s)
+            world, count = event.fields.get("world_size"), event.fields.get("restart_count")
+            worlds.append(world if isinstance(world, int) else -1)
+            counts.append(count if isinstance(count, int) else 0)
+    by_round: dict[int, list[Marker]] = {}
+    for m in markers:
+        if m.source in members.get(m.round, ()):
+            by_round.setdefault(m.round, []).append(m)
     out = []
     for number in sorted(members):
-        lanes = sorted(members[number])
-        times, worlds, counts = [], [], []
-        for i in lanes:
-            for event in nodes[i].events:
-                if event.kind == "rendezvous.complete" and event.fields.get("round") == number:
-                    times.append(event.ts + fits[i].offset_s)
-                    worlds.append(event.fields.get("world_size"))
-                    counts.append(event.fields.get("restart_count"))
-                    break
-        world = max((w for w in worlds if isinstance(w, int)), default=-1)
-        count = max((c for c in counts if isinstance(c, int)), default=0)
-        inside = [m for m in markers if m.round == number and m.source in members[number]]
+        times, worlds, counts = seen.get(number, ([0.0], [-1], [0]))
         out.append(
-            Round(number, statistics.median(times), tuple(lanes), world, count, _round_end(inside))
+            Round(
+                number,
+                statistics.median(times),
+                tuple(sorted(members[number])),
+                max(worlds),
+                max(counts),
+                _round_end(by_round.get(number, [])),
+            )
         )
     return tuple(out)
 

@@ -38,14 +38,23 @@ def _constant(text: str) -> Any:
     raise _BadNumber(text)
 
 
-def _integer(text: str) -> int:
-    if len(text.lstrip("-")) > 15:
-        raise _BadNumber(text[:20])
-    return int(text)
+_DECODER = json.JSONDecoder(parse_float=_number, parse_constant=_constant)
 
 
 def _load(line: str) -> Any:
-    return json.loads(line, parse_float=_number, parse_constant=_constant, parse_int=_integer)
+    return _DECODER.decode(line)
+
+
+def _huge(value: Any) -> bool:
+    """Whether an int among ``value`` (a field's value, and the items of a list or object in
+    it) is too large; floats were checked as they were parsed."""
+    if isinstance(value, int):
+        return abs(value) > _MAX_NUMBER
+    if isinstance(value, list):
+        return any(isinstance(v, int) and abs(v) > _MAX_NUMBER for v in value)
+    if isinstance(value, dict):
+        return any(isinstance(v, int) and abs(v) > _MAX_NUMBER for v in value.values())
+    return False
 
 
 def _lines_text(numbers: list[int]) -> str:
@@ -117,5 +126,7 @@ def _event(body: Any, number: int) -> tuple[Event | None, str]:
         return None, "not an event (no kind)"
     if not isinstance(fields, dict):
         return None, "not an event (fields is not an object)"
+    if any(_huge(v) for v in fields.values()):
+        return None, "a number that is not finite or too large"
     message = body.get("message")
     return Event(float(ts), kind, message if isinstance(message, str) else "", fields, number), ""

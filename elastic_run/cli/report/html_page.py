@@ -92,7 +92,7 @@ _AXIS_PX = 30
 _NAMES_PX = 190
 _MAX_TABLE_ROWS = 2000
 _MAX_PROBLEMS = 200
-_MAX_TITLED_SEGMENTS = 400
+_MAX_TITLED_SEGMENTS = 100
 _NICE_S = (
     0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
     21600, 43200, 86400, 172800, 345600, 604800,
@@ -177,7 +177,8 @@ th{{background:#f3f3f3}}td:first-child{{white-space:nowrap}}td.n{{text-align:rig
 .axis text{{font-size:10px;fill:#444}}.axis line,.grid{{stroke:#bbb;stroke-width:1}}
 .t2,.t3{{display:none}}{finer}{finest}
 {zooms}
-.bg{{fill:#f4f4f4}}.grp .bg{{fill:#ebebf5}}
+.row rect{{y:3px;height:{_BAR_PX}px}}.row rect.bg{{y:2px;height:{_BAR_PX + 2}px;fill:#f4f4f4}}
+.grp rect.bg{{fill:#ebebf5}}
 .inf{{opacity:.45}}
 .mk use{{stroke-width:1.2}}.mk:hover use{{stroke:#000;stroke-width:2}}
 {marks}
@@ -326,7 +327,7 @@ def _ticks(report: Report, height: int) -> tuple[str, str]:
     return "".join(axis), "".join(grid)
 
 
-def _segment(report: Report, seg: Segment, y: int, titled: bool) -> str:
+def _segment(report: Report, seg: Segment, titled: bool) -> str:
     x0 = (seg.start_s - report.start_s) / report.span_s * 100
     w = max((seg.end_s - seg.start_s) / report.span_s * 100, 0.002)
     cls = f"c{CAUSES.index(seg.cause)}" + (" inf" if seg.inferred else "")
@@ -334,13 +335,10 @@ def _segment(report: Report, seg: Segment, y: int, titled: bool) -> str:
     if titled:
         how = " (inferred: after its last event)" if seg.inferred else ""
         title = f"<title>{_esc(seg.cause)} {_esc(_dur(seg.end_s - seg.start_s))}{how}</title>"
-    return (
-        f'<rect class="{cls}" x="{x0:.4f}%" y="{y + 3}" width="{w:.4f}%" '
-        f'height="{_BAR_PX}">{title}</rect>'
-    )
+    return f'<rect class="{cls}" x="{x0:.4f}%" width="{w:.4f}%">{title}</rect>'
 
 
-def _marker(report: Report, m: Marker, y: int, page_dir: str) -> str:
+def _marker(report: Report, m: Marker, page_dir: str) -> str:
     where = report.lanes[m.lane].label
     by = report.lanes[m.source].label if 0 <= m.source != m.lane else ""
     parts = [f"{_rel(report, m.at_s)} {where}: {m.text}"]
@@ -353,7 +351,7 @@ def _marker(report: Report, m: Marker, y: int, page_dir: str) -> str:
     title = _esc("\n".join(parts))
     ok = " ok" if m.kind == "succeeded" else ""
     rank = f' data-rank="{m.rank}"' if m.rank is not None else ""
-    use = f'<use href="#s-{m.style}" x="{_pct(report, m.at_s)}" y="{y + ROW_HEIGHT_PX // 2}"/>'
+    use = f'<use href="#s-{m.style}" x="{_pct(report, m.at_s)}" y="{ROW_HEIGHT_PX // 2}"/>'
     attrs = f'class="mk {m.style}{ok}" data-kind="{_esc(m.kind)}" data-node="{_esc(where)}"{rank}'
     link = _primary(m)
     if link is not None:
@@ -426,13 +424,13 @@ def _label(report: Report, row: Row, page_dir: str) -> str:
 
 def _row(report: Report, row: Row, y: int, page_dir: str) -> str:
     titled = len(row.segments) <= _MAX_TITLED_SEGMENTS
-    rects = "".join(_segment(report, s, y, titled) for s in row.segments)
-    marks = "".join(_marker(report, m, y, page_dir) for m in row.markers)
+    rects = "".join(_segment(report, s, titled) for s in row.segments)
+    marks = "".join(_marker(report, m, page_dir) for m in row.markers)
     group = " grp" if row.is_group else ""
     lanes = len(row.lanes)
     return (
-        f'<g class="row{group}" data-label="{_esc(row.label)}" data-lanes="{lanes}">'
-        f'<rect class="bg" x="0" y="{y + 2}" width="100%" height="{_BAR_PX + 2}"/>'
+        f'<g class="row{group}" data-label="{_esc(row.label)}" data-lanes="{lanes}" '
+        f'transform="translate(0,{y})"><rect class="bg" x="0" width="100%"/>'
         f"{rects}{marks}</g>"
     )
 

@@ -5,7 +5,8 @@ A marker goes on the lane of the node it is about, which is not always the node 
 a straggler is judged on the round's node 0 and names a rank (the lane that ran that rank in
 that round gets it); a member lost is logged by its peers and names node ids the logs do not
 carry, so it goes to the lanes of that round that never completed a later one, when they are as
-many as the ids (else it stays on the peer's lane, naming the ids). Kinds this report does not
+many as the ids and did not end their logs themselves (else it stays on the peer's lane,
+naming the ids: a verdict once per round). Kinds this report does not
 know are drawn as generic markers (``other``), never dropped; the node-health kinds of a later
 version (``node.suspect``, ``node.excluded``, ``node.check_failed``, ``link.slow``) have their
 own styles already.
@@ -89,6 +90,7 @@ VERDICT_STYLES = frozenset(
 _BY_RANK = frozenset(
     {"straggler", "node.excluded", "node.suspect", "node.check_failed", "link.slow"}
 )
+_ENDINGS = frozenset({"succeeded", "failed", "closed", "goodput"})
 _FILES = (
     ("stderr.log", "stderr"),
     ("stdout.log", "stdout"),
@@ -117,11 +119,13 @@ class LaneFacts:
 @dataclass(frozen=True)
 class RoundMap:
     """Who was in which round: the lanes of each round, the lane of each (round, rank), each
-    lane's last round."""
+    lane's last round, and the lanes whose log has an ending (succeeded, failed, closed, or
+    the final account)."""
 
     members: Mapping[int, frozenset[int]]
     rank_lane: Mapping[tuple[int, int], int]
     last_round: Mapping[int, int]
+    ended: frozenset[int] = frozenset()
 
 
 def _int(value: Any) -> int | None:
@@ -133,10 +137,13 @@ def round_map(lanes: Sequence[LaneFacts]) -> RoundMap:
     members: dict[int, set[int]] = {}
     rank_lane: dict[tuple[int, int], int] = {}
     last_round: dict[int, int] = {}
+    ended: set[int] = set()
     for index, lane in enumerate(lanes):
         current = -1
         for event in lane.events:
-            if event.kind == "rendezvous.complete":
+            if event.kind in _ENDINGS:
+                ended.add(index)
+            elif event.kind == "rendezvous.complete":
                 number = _int(event.fields.get("round"))
                 if number is not None:
                     current = number
@@ -146,7 +153,9 @@ def round_map(lanes: Sequence[LaneFacts]) -> RoundMap:
                 for rank in event.fields.get("ranks") or ():
                     if _int(rank) is not None:
                         rank_lane.setdefault((current, rank), index)
-    return RoundMap({r: frozenset(m) for r, m in members.items()}, rank_lane, last_round)
+    return RoundMap(
+        {r: frozenset(m) for r, m in members.items()}, rank_lane, last_round, frozenset(ended)
+    )
 
 
 def _links(files: WorkerFiles | None, lane_path: str) -> tuple[Link, ...]:
@@ -261,7 +270,7 @@ def markers_of(lanes: Sequence[LaneFacts], rounds: RoundMap) -> tuple[Marker, ..
             elif event.kind == "workers.started":
                 attempt = _int(event.fields.get("attempt"))
                 walk.attempt = attempt if attempt is not None else walk.attempt + 1
-            if event.kind in ("succeeded", "failed", "closed", "goodput"):
+            if event.kind in _ENDINGS:
                 ended = True
             marker = _of_event(walk, event)
             if marker is None:
@@ -295,7 +304,9 @@ def _lost(
     ids = [i for i in event.fields.get("lost") or () if isinstance(i, str)]
     members = rounds.members.get(walk.round, frozenset())
     candidates = sorted(
-        m for m in members if m != walk.index and rounds.last_round.get(m, -1) == walk.round
+        m
+        for m in members
+        if m != walk.index and rounds.last_round.get(m, -1) == walk.round and m not in rounds.ended
     )
     named = ", ".join(ids) if ids else "a member"
     if candidates and (not ids or len(ids) == len(candidates)):
@@ -313,7 +324,11 @@ def _lost(
             seen[(walk.round, lane)] = marker
             out.append(marker)
         return out
-    return [_marker(walk, event, "lost", f"member lost: {named} (its lane is not known)")]
+    marker = _marker(walk, event, "lost", f"member lost: {named} (its lane is not known)")
+    if (walk.round, -1) in seen:  # said by another peer already: drawn, not a verdict again
+        return [replace(marker, verdict=False)]
+    seen[(walk.round, -1)] = marker
+    return [marker]
 
 
 def lost_lanes_seen(markers: Sequence[Marker]) -> dict[int, float]:

@@ -8,7 +8,8 @@ last beat before the job's end (``end_s`` before the account closed). Every step
 adds seconds to its causes; each step's seconds are laid out from the instant the fold had
 reached, the phase it was in first: the segments of a lane are the account's causes in order.
 
-A node that left no account (killed, its log cut) is replayed from its events alone: its
+The account keeps the last 64 restarts: an earlier restart's first beat is taken as the median
+of theirs. A node that left no account (killed, its log cut) is replayed from its events alone: its
 workers' time cannot be told into first beat and training, and is booked as ``running``. Its
 open phase may be carried past its last event to when its peers saw it lost (``inferred``).
 
@@ -37,6 +38,7 @@ CAUSES = (
     "end",
 )
 _ENDS = frozenset({"succeeded", "failed", "closed"})
+_TOTAL_KEYS = ("training", "stall", "startup", *(f"restart.{p}" for p in gp.RESTART_PHASES), "end")
 _EPS_S = 1e-6
 
 
@@ -62,10 +64,17 @@ class Booking:
 
 
 def _totals(fold: gp.GoodputFold) -> dict[str, float]:
-    acc = gp.account(fold, fold.since_s)
-    out = {"training": acc.training_s, "stall": acc.stall_s, "startup": acc.startup_s}
-    out.update({f"restart.{p}": acc.restart_s.get(p, 0.0) for p in gp.RESTART_PHASES})
-    out["end"] = acc.end_s
+    """Seconds per cause so far: what ``gp.account`` at ``fold.since_s`` says, read directly."""
+    out = dict.fromkeys(_TOTAL_KEYS, 0.0)
+    out.update(fold.closed)
+    current = fold.current
+    if current is not None:
+        out["restart.detection"] += current.detection_s
+        out["restart.stop"] += current.stop_s
+        out["restart.rendezvous"] += current.rendezvous_s
+        out["restart.worker_start"] += current.worker_start_s
+        out["restart.first_beat"] += current.first_beat_s
+    out["restart.detection"] += fold.pending_detection_s
     return out
 
 
@@ -86,18 +95,25 @@ class _Booker:
         self.segments: list[Segment] = []
         self._running = running
         self._beats = 0
+        self._totals = _totals(self.fold)
 
     def step(self, after: gp.GoodputFold) -> None:
         before = self.fold
-        old, new = _totals(before), _totals(after)
+        if after is before:
+            return
+        old, new = self._totals, _totals(after)
         first = _cause(before)
         at = before.since_s
-        for cause in (first, *(c for c in new if c != first)):
-            added = new[cause] - old.get(cause, 0.0)
-            if added > _EPS_S:
+        added = new[first] - old.get(first, 0.0)
+        if added > _EPS_S:
+            self._lay(first, at, at + added)
+            at += added
+        for cause, total in new.items():
+            added = total - old.get(cause, 0.0)
+            if cause != first and added > _EPS_S:
                 self._lay(cause, at, at + added)
                 at += added
-        self.fold = after
+        self.fold, self._totals = after, new
 
     def _lay(self, cause: str, start_s: float, end_s: float, inferred: bool = False) -> None:
         if cause == "training" and self._running:
@@ -168,11 +184,11 @@ def book(events: Sequence[Event], extend_to_s: float | None = None) -> Booking:
     booker = _Booker(begin_s, running=recorded is None)
     pending: float | None = None  # the first beat of the attempt running now
     for event in timeline:
-        fold = booker.fold
         if pending is not None and pending <= event.ts - 1e-3:
-            if fold.phase in ("startup", "first_beat"):
+            if booker.fold.phase in ("startup", "first_beat"):
                 booker.beat(pending)
             pending = None
+        fold = booker.fold
         is_end = event.kind in _ENDS or (
             event.kind == "signal" and not event.fields.get("forwarded")
         )
@@ -263,6 +279,9 @@ def _beat_after(
         at = begin_s + recorded.startup_s
         return at if at > started_s else None
     index = fold.restart_count - 1 - (recorded.restart_count - kept)
-    if not 0 <= index < kept or first_beats[index] < 0:
+    if 0 <= index < kept and first_beats[index] >= 0:
+        return started_s + first_beats[index]
+    known = sorted(b for b in first_beats if b >= 0)
+    if not known:
         return None
-    return started_s + first_beats[index]
+    return started_s + known[len(known) // 2]  # an early restart the account no longer keeps

@@ -11,6 +11,8 @@ outliers get a row each, those with the gravest verdicts first; the rest are gro
 
 Thinning: segments shorter than ``span / RESOLUTION`` merge into the cause that fills most of
 their stretch; markers of one style on one row within that stretch become one, with a count.
+Markers that are no verdict (changes of membership, restarts, the ends) are thinned further, on
+a coarser stretch, until the page holds at most ``MAX_NOTICES`` of them.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from elastic_run.cli.report.model import Lane, Marker, Row, Segment
 __all__ = [
     "FLAT_LANES",
     "MAX_GROUP_ROWS",
+    "MAX_NOTICES",
     "MAX_OUTLIERS",
     "OUTLIER_FLOOR_S",
     "OUTLIER_SHARE",
@@ -41,6 +44,7 @@ MAX_GROUP_ROWS = 48
 OUTLIER_FLOOR_S = 5.0
 OUTLIER_SHARE = 0.02
 RESOLUTION = 4000
+MAX_NOTICES = 4000
 _GRAVITY = (
     "lost",
     "excluded",
@@ -87,14 +91,19 @@ def thin_segments(segments: Sequence[Segment], quantum_s: float) -> tuple[Segmen
     return tuple(merged)
 
 
-def thin_markers(markers: Sequence[Marker], quantum_s: float) -> tuple[Marker, ...]:
+def thin_markers(
+    markers: Sequence[Marker], quantum_s: float, notice_quantum_s: float | None = None
+) -> tuple[Marker, ...]:
     """``markers`` (of one row) with those of one style closer than ``quantum_s`` to the
-    first of their cluster made one, its count the cluster's."""
+    first of their cluster made one, its count the cluster's; markers that are no verdict
+    are clustered over ``notice_quantum_s`` (default ``quantum_s``)."""
     out: list[Marker] = []
     open_: dict[str, int] = {}  # style -> index in out of its open cluster
+    coarse = quantum_s if notice_quantum_s is None else max(quantum_s, notice_quantum_s)
     for m in sorted(markers, key=lambda m: m.at_s):
         at = open_.get(m.style)
-        if at is not None and m.at_s - out[at].at_s < quantum_s:
+        q = quantum_s if m.verdict else coarse
+        if at is not None and m.at_s - out[at].at_s < q:
             out[at] = replace(out[at], count=out[at].count + m.count)
             continue
         open_[m.style] = len(out)
@@ -169,7 +178,7 @@ def build_rows(lanes: Sequence[Lane], markers: Sequence[Marker], span_s: float) 
         )
 
     if len(lanes) <= FLAT_LANES:
-        return tuple(lane_row(lane) for lane in lanes)
+        return _within_budget(tuple(lane_row(lane) for lane in lanes), quantum)
     styles = {i: {m.style for m in ms} for i, ms in by_lane.items()}
     shapes: dict[tuple[str, ...], list[Lane]] = {}
     for lane in lanes:
@@ -199,7 +208,19 @@ def build_rows(lanes: Sequence[Lane], markers: Sequence[Marker], span_s: float) 
             chunk = members[start : start + per_group]
             rows.append((chunk[0].index, _group_row(chunk, by_lane, quantum)))
     rows.sort(key=lambda item: item[0])
-    return tuple(row for _, row in rows)
+    return _within_budget(tuple(row for _, row in rows), quantum)
+
+
+def _within_budget(rows: tuple[Row, ...], quantum_s: float) -> tuple[Row, ...]:
+    """The rows with their notices (markers that are no verdict) clustered on a coarser
+    stretch, four times coarser each time, until at most ``MAX_NOTICES`` are drawn."""
+    coarse = quantum_s
+    while sum(1 for r in rows for m in r.markers if not m.verdict) > MAX_NOTICES:
+        coarse *= 4
+        rows = tuple(replace(r, markers=thin_markers(r.markers, quantum_s, coarse)) for r in rows)
+        if coarse > quantum_s * RESOLUTION:
+            break
+    return rows
 
 
 def _group_row(lanes: Sequence[Lane], by_lane: dict[int, list[Marker]], quantum: float) -> Row:

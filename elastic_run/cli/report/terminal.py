@@ -35,7 +35,8 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
             (report.run_id, "bold cyan"),
             f": {nodes} node{'s' if nodes != 1 else ''}, {report.span_s:.1f} s, ",
             (report.outcome, "bold"),
-        )
+        ),
+        soft_wrap=True,
     )
     root = report.root_cause
     if root is not None:
@@ -45,11 +46,13 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
             f"{_rel(report, root.at_s)}{cause}",
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
     if report.goodput is not None:
-        console.print(summary_line(report.goodput), markup=False, highlight=False)
+        console.print(summary_line(report.goodput), markup=False, highlight=False, soft_wrap=True)
     console.print(
-        f"restarts: {report.restart_count} spent on failures; {len(report.rounds)} rounds",
+        f"restarts: {report.restart_count} spent on failures; {len(report.rounds)} "
+        f"round{'s' if len(report.rounds) != 1 else ''}",
         markup=False,
         highlight=False,
     )
@@ -85,6 +88,7 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
             + (f"; not aligned: {', '.join(unaligned)}" if unaligned else ""),
             markup=False,
             highlight=False,
+            soft_wrap=True,
         )
     if report.problems:
         n = len(report.problems)
@@ -93,4 +97,4 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
             style="yellow",
         )
     if page is not None:
-        console.print(f"page: {page}", markup=False, highlight=False)
+        console.print(f"page: {page}", markup=False, highlight=False, soft_wrap=True)
