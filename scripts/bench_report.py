@@ -2,14 +2,14 @@
 
 Writes a job's logs the way the agents do (``<dir>/node<i>/<run>_<hex>/events.jsonl`` plus the
 workers' ``attempt_<n>/<local_rank>/`` folders of the nodes with a verdict), then builds the
-report in this process ``--runs`` times: reading every file, parsing, booking, aligning,
-rendering the page and writing it. Prints first/median/p90/last of the whole build, the time of
+report in this process ``--runs`` times as the command does: reading every file, parsing,
+booking, aligning (``make_report``), rendering the page and writing it. Prints first/median/p90/last of the whole build, the time of
 each stage of the last run, and the page's size.
 
 The job: ``--nodes`` nodes over ``--span-s`` seconds (default a week), each node logging about
 ``--events`` events (its rounds: every round completes, starts the workers, and ends with a
-change of membership), its clock off by up to 3 s; node 17's worker fails in round 1, node 42's
-hangs in round 2, node 99 is a straggler, node ``nodes // 2`` is lost in the last round (its log
+change of membership), its clock off by up to 3 s; node 17's worker fails in round 0, node 42's
+hangs in round 1 (0 with two rounds), node 99 is a straggler, node ``nodes // 2`` is lost in the last round (its log
 stops; its peers name it). torch's launcher has no report of a job: nothing to set beside it.
 
     .venv/bin/python scripts/bench_report.py
@@ -31,10 +31,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from elastic_run.cli.report.build import build_report  # noqa: E402
-from elastic_run.cli.report.command import write_page  # noqa: E402
+from elastic_run.cli.report.command import make_report, write_page  # noqa: E402
 from elastic_run.cli.report.html_page import render_page  # noqa: E402
-from elastic_run.cli.report.read import read_log_dirs  # noqa: E402
 
 RUN = "bench-job"
 
@@ -51,6 +49,7 @@ def write_job(root: Path, nodes: int, events: int, span_s: float, seed: int = 1)
     round_s = span_s / rounds
     t0 = 1_790_000_000.0
     lost_node = nodes // 2
+    hang_round = min(1, rounds - 2)
     written = 0
     for i in range(nodes):
         skew = rng.uniform(-3, 3)
@@ -89,7 +88,7 @@ def write_job(root: Path, nodes: int, events: int, span_s: float, seed: int = 1)
                 )
             )
             end = start + round_s - 3
-            if i == 0 and r == 1 and nodes > 99:
+            if i == 0 and r == 0 and nodes > 99:
                 lines.append(
                     _line(
                         at(start + round_s / 2),
@@ -128,7 +127,7 @@ def write_job(root: Path, nodes: int, events: int, span_s: float, seed: int = 1)
                     _line(at(end - round_s / 3 + 0.2), "succeeded", "every worker succeeded")
                 )
                 break
-            if i == 17 and r == 1:
+            if i == 17 and r == 0:
                 lines.append(
                     _line(
                         at(end),
@@ -142,7 +141,7 @@ def write_job(root: Path, nodes: int, events: int, span_s: float, seed: int = 1)
                     )
                 )
                 lines.append(_line(at(end), "restart", "restarting", restarts=1, counted=True))
-            elif i == 42 and r == 2:
+            elif i == 42 and r == hang_round:
                 lines.append(
                     _line(
                         at(end),
@@ -226,7 +225,7 @@ def write_job(root: Path, nodes: int, events: int, span_s: float, seed: int = 1)
         (run_dir / "events.jsonl").write_text("\n".join(lines) + "\n")
         written += len(lines)
         if i in (17, 42):
-            rank_dir = run_dir / f"attempt_{1 if i == 17 else 2}" / "0"
+            rank_dir = run_dir / f"attempt_{0 if i == 17 else hang_round}" / "0"
             rank_dir.mkdir(parents=True)
             (rank_dir / "stderr.log").write_text("Traceback ...\n")
             (rank_dir / "error.json").write_text(
@@ -267,9 +266,7 @@ def main() -> None:
         stages: dict[str, float] = {}
         for _ in range(args.runs):
             t = [time.perf_counter()]
-            nodes, _problems = read_log_dirs([str(logs)])
-            t.append(time.perf_counter())
-            report = build_report(nodes)
+            report, _nodes, _problems = make_report([str(logs)], None)  # as the command does
             assert report is not None
             t.append(time.perf_counter())
             text = render_page(report, tmp)
@@ -278,7 +275,8 @@ def main() -> None:
             t.append(time.perf_counter())
             totals.append(t[-1] - t[0])
             stages = {
-                name: t[k + 1] - t[k] for k, name in enumerate(("read", "build", "render", "write"))
+                name: t[k + 1] - t[k]
+                for k, name in enumerate(("read and build", "render", "write"))
             }
         size = page.stat().st_size
         print(

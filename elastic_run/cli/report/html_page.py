@@ -93,6 +93,8 @@ _NAMES_PX = 190
 _MAX_TABLE_ROWS = 2000
 _MAX_PROBLEMS = 200
 _MAX_TITLED_SEGMENTS = 100
+_NUDGE_PX = 11
+_NUDGE_SHARE = 0.006  # of the span: closer verdicts would overlap at 1x
 _NICE_S = (
     0.1, 0.2, 0.5, 1, 2, 5, 10, 15, 30, 60, 120, 300, 600, 900, 1800, 3600, 7200, 10800,
     21600, 43200, 86400, 172800, 345600, 604800,
@@ -183,6 +185,7 @@ th{{background:#f3f3f3}}td:first-child{{white-space:nowrap}}td.n{{text-align:rig
 .mk use{{stroke-width:1.2}}.mk:hover use{{stroke:#000;stroke-width:2}}
 {marks}
 .mk.close.ok use{{fill:#1b5e20;stroke:#1b5e20}}
+.gcs span{{margin-right:18px}}
 .lg svg{{vertical-align:-3px}}.lg span{{margin-right:14px;white-space:nowrap}}
 .mono{{font-family:monospace;font-size:12px}}
 """
@@ -274,8 +277,8 @@ def _goodput(report: Report) -> str:
         )
         x += w
         rows.append(
-            f'<tr><td><span class="k k{i}"></span>{_esc(cause)}</td>'
-            f'<td class="n">{seconds:.1f}</td><td class="n">{w:.1f}%</td></tr>'
+            f'<span class="gc" data-cause="{_esc(cause)}"><i class="k k{i}"></i>{_esc(cause)} '
+            f"<b>{seconds:.1f}</b> {unit} ({w:.1f}%)</span>"
         )
     with_account = sum(1 for lane in report.lanes if lane.account is not None)
     note = (
@@ -288,8 +291,7 @@ def _goodput(report: Report) -> str:
         f'<section id="goodput"><h2>Goodput</h2><div><span class="big">{acc.share * 100:.1f}%</span> '
         f"training: {acc.training_s:.1f} of {acc.wall_s:.1f} {unit}{_esc(note)}</div>"
         f'<svg class="gbar" role="img">{"".join(rects)}</svg>'
-        f"{counts}<table><tr><th>cause</th><th>{unit}</th><th>share</th></tr>"
-        f"{''.join(rows)}</table></section>"
+        f'<p class="lg gcs">{"".join(rows)}</p>{counts}</section>'
     )
 
 
@@ -338,7 +340,7 @@ def _segment(report: Report, seg: Segment, titled: bool) -> str:
     return f'<rect class="{cls}" x="{x0:.4f}%" width="{w:.4f}%">{title}</rect>'
 
 
-def _marker(report: Report, m: Marker, page_dir: str) -> str:
+def _marker(report: Report, m: Marker, page_dir: str, nudge_px: int = 0) -> str:
     where = report.lanes[m.lane].label
     by = report.lanes[m.source].label if 0 <= m.source != m.lane else ""
     parts = [f"{_rel(report, m.at_s)} {where}: {m.text}"]
@@ -351,7 +353,8 @@ def _marker(report: Report, m: Marker, page_dir: str) -> str:
     title = _esc("\n".join(parts))
     ok = " ok" if m.kind == "succeeded" else ""
     rank = f' data-rank="{m.rank}"' if m.rank is not None else ""
-    use = f'<use href="#s-{m.style}" x="{_pct(report, m.at_s)}" y="{ROW_HEIGHT_PX // 2}"/>'
+    shift = f' transform="translate({nudge_px},0)"' if nudge_px else ""
+    use = f'<use href="#s-{m.style}" x="{_pct(report, m.at_s)}" y="{ROW_HEIGHT_PX // 2}"{shift}/>'
     attrs = f'class="mk {m.style}{ok}" data-kind="{_esc(m.kind)}" data-node="{_esc(where)}"{rank}'
     link = _primary(m)
     if link is not None:
@@ -425,7 +428,10 @@ def _label(report: Report, row: Row, page_dir: str) -> str:
 def _row(report: Report, row: Row, y: int, page_dir: str) -> str:
     titled = len(row.segments) <= _MAX_TITLED_SEGMENTS
     rects = "".join(_segment(report, s, titled) for s in row.segments)
-    marks = "".join(_marker(report, m, page_dir) for m in row.markers)
+    marks = "".join(
+        _marker(report, m, page_dir, nudge)
+        for m, nudge in zip(row.markers, _nudges(report, row), strict=True)
+    )
     group = " grp" if row.is_group else ""
     lanes = len(row.lanes)
     return (
@@ -433,6 +439,21 @@ def _row(report: Report, row: Row, y: int, page_dir: str) -> str:
         f'transform="translate(0,{y})"><rect class="bg" x="0" width="100%"/>'
         f"{rects}{marks}</g>"
     )
+
+
+def _nudges(report: Report, row: Row) -> list[int]:
+    """How many pixels to shift each of the row's verdict markers right so that verdicts at
+    (nearly) one instant sit side by side, not on top of each other."""
+    out, last_x, shift = [], -1.0, 0
+    for m in row.markers:
+        if not m.verdict:
+            out.append(0)
+            continue
+        x = (m.at_s - report.start_s) / report.span_s
+        shift = shift + _NUDGE_PX if x - last_x < _NUDGE_SHARE else 0
+        last_x = x
+        out.append(shift)
+    return out
 
 
 def _legend() -> str:

@@ -61,7 +61,9 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
         rounds.add_column(name, overflow="fold")
     for r in report.rounds[-MAX_ROWS:]:
         rounds.add_row(
-            str(r.number), _rel(report, r.at_s), str(len(r.lanes)), str(r.world_size), r.ended
+            *(Text(c) for c in (str(r.number), _rel(report, r.at_s), str(len(r.lanes)))),
+            Text(str(r.world_size)),
+            Text(r.ended),
         )
     console.print(rounds)
     verdicts = report.verdicts()
@@ -69,16 +71,19 @@ def print_summary(report: Report, console: Console, page: str | None) -> None:
     for name in ("when", "node", "what", "rank", "says"):
         table.add_column(name, overflow="fold")
     for m in verdicts[:MAX_ROWS]:
-        table.add_row(
+        cells = (
             _rel(report, m.at_s),
             report.lanes[m.lane].label,
             m.style,
             "" if m.rank is None else str(m.rank),
             m.text + (f" [{m.cause}]" if m.cause and m.cause not in m.text else ""),
         )
+        table.add_row(*(Text(c) for c in cells))  # as written: no markup
     console.print(table)
     if len(verdicts) > MAX_ROWS:
-        console.print(f"... and {len(verdicts) - MAX_ROWS} more (the page and --json have all)")
+        console.print(
+            f"... and {len(verdicts) - MAX_ROWS} more (the page and --json have all)", markup=False
+        )
     unaligned = [lane.label for lane in report.lanes if not lane.clock.aligned]
     aligned = [lane.clock.residual_s for lane in report.lanes if lane.clock.aligned]
     if aligned:
