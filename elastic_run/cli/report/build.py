@@ -240,7 +240,8 @@ def _round_end(markers: Sequence[Marker]) -> str:
     if failures:
         m = failures[0]
         cause = f": {m.cause}" if m.cause else ""
-        return f"worker failure, rank {m.rank}{cause}"
+        rank = f", rank {m.rank}" if m.rank is not None and m.rank >= 0 else ""
+        return f"worker failure{rank}{cause}"
     for style, text in (("lost", "member lost"), ("membership", "")):
         found = [m for m in ordered if m.style == style]
         if found:

@@ -201,7 +201,8 @@ def _of_event(walk: _Walk, event: Event) -> Marker | None:
     if kind == "worker.failed":
         cause = files.error if files is not None and files.error else _how(event.message)
         counted = fields.get("counted")
-        text = f"rank {rank} failed: {_how(event.message)}"
+        who = f"rank {rank}" if rank is not None and rank >= 0 else "a worker"
+        text = f"{who} failed: {_how(event.message)}"
         if counted is False:
             text += " (not counted: a peer failed first)"
         return _marker(walk, event, "failure", text, rank=rank, cause=cause, links=links)
