@@ -65,11 +65,15 @@ def _completions(node: NodeLog) -> dict[int, float]:
 
 
 def _ended(node: NodeLog, lost: bool) -> str:
+    accounted = False
     for event in reversed(node.events):
         if event.kind in _ENDINGS:
             return event.kind
         if event.kind == "signal" and not event.fields.get("forwarded"):
             return "signal"
+        accounted = accounted or event.kind == "goodput"
+    if accounted:
+        return "ended"  # its agent closed its account, after no ending this report knows
     return "lost" if lost else "log ends"
 
 

@@ -89,7 +89,7 @@ ZOOMS = (1, 2, 4, 8, 16, 32, 64)
 ROW_HEIGHT_PX = 20
 _BAR_PX = 14
 _AXIS_PX = 30
-_NAMES_PX = 190
+_NAMES_PX = 220
 _MAX_TABLE_ROWS = 2000
 _MAX_PROBLEMS = 200
 _MAX_TITLED_SEGMENTS = 100
@@ -121,6 +121,14 @@ def _dur(seconds: float) -> str:
     if s < 86400:
         return f"{int(s // 3600)}h{int(s % 3600 // 60):02d}m"
     return f"{int(s // 86400)}d{int(s % 86400 // 3600):02d}h"
+
+
+def _amount(seconds: float, node_seconds: bool) -> str:
+    """Seconds of wall time (node-seconds once merged), in hours when they are many."""
+    unit = "node-" if node_seconds else ""
+    if seconds >= 36_000:
+        return f"{seconds / 3600:,.1f} {unit}h"
+    return f"{seconds:,.1f} {unit}s"
 
 
 def _rel(report: Report, t: float) -> str:
@@ -259,7 +267,7 @@ def _goodput(report: Report) -> str:
             '<section id="goodput"><h2>Goodput</h2><p>No node left a goodput account (each '
             "agent writes one as its run ends).</p>" + counts + "</section>"
         )
-    unit = "node-s" if acc.nodes > 1 else "s"
+    many = acc.nodes > 1
     parts: list[tuple[str, float]] = [("training", acc.training_s)]
     parts += [(c, s) for c, s in acc.lost_by_cause().items()]
     total = max(acc.wall_s, 1e-9)
@@ -273,12 +281,12 @@ def _goodput(report: Report) -> str:
         w = seconds / total * 100
         rects.append(
             f'<rect class="c{i}" x="{x:.3f}%" y="0" width="{w:.3f}%" height="22">'
-            f"<title>{_esc(cause)} {seconds:.1f} {unit} ({w:.1f}%)</title></rect>"
+            f"<title>{_esc(cause)} {_amount(seconds, many)} ({w:.1f}%)</title></rect>"
         )
         x += w
         rows.append(
             f'<span class="gc" data-cause="{_esc(cause)}"><i class="k k{i}"></i>{_esc(cause)} '
-            f"<b>{seconds:.1f}</b> {unit} ({w:.1f}%)</span>"
+            f"<b>{_amount(seconds, many)}</b> ({w:.1f}%)</span>"
         )
     with_account = sum(1 for lane in report.lanes if lane.account is not None)
     note = (
@@ -289,7 +297,8 @@ def _goodput(report: Report) -> str:
     )
     return (
         f'<section id="goodput"><h2>Goodput</h2><div><span class="big">{acc.share * 100:.1f}%</span> '
-        f"training: {acc.training_s:.1f} of {acc.wall_s:.1f} {unit}{_esc(note)}</div>"
+        f"training: {_amount(acc.training_s, many)} of {_amount(acc.wall_s, many)}"
+        f"{_esc(note)}</div>"
         f'<svg class="gbar" role="img">{"".join(rects)}</svg>'
         f'<p class="lg gcs">{"".join(rows)}</p>{counts}</section>'
     )

@@ -189,8 +189,9 @@ class Lane:
         segments: its phases (reference clock).
         clock: how its clock was aligned.
         account: its final goodput account, as it recorded it (None: it left none).
-        ended: how its log ends: ``succeeded``, ``failed``, ``closed``, ``signal``, ``lost``
-            (its peers lost it), or ``log ends`` (no ending event).
+        ended: how its log ends: ``succeeded``, ``failed``, ``closed``, ``signal``, ``ended``
+            (its final account, no other ending), ``lost`` (its peers lost it), or
+            ``log ends`` (no ending event).
         rounds: the rounds it completed.
         first_group_rank: its group rank in its first round (-1: it completed none).
         events: how many events it logged.
