@@ -355,15 +355,15 @@ def test_the_screenshot_draws_every_lane_and_the_css_zoom_widens_time(done: Done
     assert {"training", "startup", "restart.rendezvous", "restart.first_beat", "stall"} <= drawn
     assert "running" in drawn  # c's lane: it left no account
     training_1x = int(_cause_pixels(band, ("training",)).sum())
-    # Zoomed 8x (the radio button's state as saved in a copy), the first eighth of the job
-    # fills the view: the start-up, before any training.
+    # Zoomed 64x (the radio button's state as saved in a copy), the job's first 64th fills the
+    # view: node 0's start-up (its interpreter, torch's import), before any training.
     text = done.page.read_text()
     assert ' id="z1" checked' in text
     zoomed = done.page.with_name("zoomed.html")
     zoomed.write_text(
-        text.replace(' id="z1" checked', ' id="z1"').replace(' id="z8"', ' id="z8" checked')
+        text.replace(' id="z1" checked', ' id="z1"').replace(' id="z64"', ' id="z64" checked')
     )
-    image_8x = _screenshot(done, "shot-8x.png", page=zoomed)
-    band_8x = image_8x[lanes[0][0] : lanes[-1][1] + 1]
-    assert _cause_pixels(band_8x, ("startup",)).sum() > _cause_pixels(band, ("startup",)).sum()
-    assert _cause_pixels(band_8x, ("training",)).sum() < training_1x / 4
+    image_64x = _screenshot(done, "shot-64x.png", page=zoomed)
+    band_64x = image_64x[lanes[0][0] : lanes[-1][1] + 1]
+    assert _cause_pixels(band_64x, ("startup",)).sum() > _cause_pixels(band, ("startup",)).sum()
+    assert _cause_pixels(band_64x, ("training",)).sum() < training_1x / 4
