@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Set up a development checkout: the .venv with the package installed editable (with its dev
 # extras), then every system program the tests start for real (etcd, Slurm, munge, tmux, openssl,
-# iproute2, util-linux). A test whose program is missing fails, it never skips: this list and the
+# iproute2, util-linux, chromium). A test whose program is missing fails, it never skips: this list and the
 # tests' `require_program` calls (tests/machine.py) name the same programs.
 #
 # Idempotent and fast the second time: the pip step is skipped while the stamp in .venv matches
@@ -96,9 +96,10 @@ system_programs() {
     #   openssl                the etcd TLS tests make their certificates
     #   ip (iproute2)          the partition tests: hosts in network namespaces (root)
     #   unshare, setpriv       util-linux: worker spawning (--pdeathsig) and the benchmarks' netns
+    #   chromium               the report test opens the page in a real headless browser
     programs=(etcd:etcd-server etcdctl:etcd-client slurmctld:slurmctld slurmd:slurmd
         sinfo:slurm-client sbatch:slurm-client munged:munge mungekey:munge tmux:tmux
-        openssl:openssl ip:iproute2 unshare:util-linux setpriv:util-linux)
+        openssl:openssl ip:iproute2 unshare:util-linux setpriv:util-linux chromium:chromium)
     have() { PATH="$PATH:/usr/sbin:/sbin:/usr/local/sbin" command -v "$1" >/dev/null 2>&1; }
 
     missing=()

@@ -1,6 +1,7 @@
 """What the tests need of the machine, found or failed in one line: programs, etcd, root.
 
-The tests start real programs (etcd, Slurm and munge, tmux, openssl, iproute2's ``ip``), and
+The tests start real programs (etcd, Slurm and munge, tmux, openssl, iproute2's ``ip``,
+chromium), and
 ``scripts/setup.sh`` installs every one of them. A test that needs one asks here first; when it
 is missing, the test fails (never skips) with one line that says what is missing and how to get
 it, starting with :data:`MISSING`. The root conftest collects those lines and repeats each once at
@@ -55,7 +56,7 @@ def require_program(name: str, package: str) -> str:
     """The path of the program ``name``, on PATH or in an sbin directory; else fail the test.
 
     Args:
-        name: the program (``tmux``, ``openssl``, ``ip``).
+        name: the program (``tmux``, ``openssl``, ``ip``, ``chromium``).
         package: the Debian package that provides it (named in the failure).
 
     Returns:

@@ -1,5 +1,5 @@
 """The ``elastic-run`` command group and its entry point: ``run`` (the default), ``status``,
-``close``, ``etcd``.
+``close``, ``etcd``, ``report``.
 
 ``elastic-run [OPTIONS] SCRIPT [ARGS...]`` is ``elastic-run run ...``: torchrun's flags with
 torchrun's spelling and defaults (dashes or underscores), each also read from ``PET_<NAME>``
@@ -34,7 +34,7 @@ __all__ = [
     "run_command",
 ]
 
-_SUBCOMMANDS = ("run", "status", "close", "etcd")
+_SUBCOMMANDS = ("run", "status", "close", "etcd", "report")
 
 # The environment as the user gave it, taken before main() changes anything in it
 # (GRPC_ENABLE_FORK_SUPPORT): the workers start from this one, as under torchrun.
@@ -91,6 +91,7 @@ def cli() -> None:
     elastic-run status --rdzv-id JOB ...     show a job's rendezvous
     elastic-run close --rdzv-id JOB ...      end a job
     elastic-run etcd                         run a local etcd for jobs
+    elastic-run report LOG_DIR...            a page of what happened to a job
     """
 
 
@@ -158,6 +159,9 @@ def _attach_optional_commands() -> None:
     from elastic_run.cli.etcd_cmd import etcd_command
 
     cli.add_command(etcd_command, "etcd")
+    from elastic_run.cli.report.command import report_command
+
+    cli.add_command(report_command, "report")
     try:
         from elastic_run.cli.status import close_command, status_command
     except ImportError:

@@ -39,6 +39,14 @@ PURE = [
     "elastic_run/agent/node_check/result.py",
     "elastic_run/agent/node_check/lines.py",
     "elastic_run/agent/node_check/device_request.py",
+    "elastic_run/cli/report/model.py",
+    "elastic_run/cli/report/events_file.py",
+    "elastic_run/cli/report/phases.py",
+    "elastic_run/cli/report/clocks.py",
+    "elastic_run/cli/report/markers.py",
+    "elastic_run/cli/report/rows.py",
+    "elastic_run/cli/report/build.py",
+    "elastic_run/cli/report/html_page.py",
 ] + sorted(
     str(p.relative_to(Path(__file__).resolve().parents[2]))
     for p in (Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rules").rglob("*.py")
