@@ -34,6 +34,10 @@ PURE = [
     "elastic_run/agent/progress/config.py",
     "elastic_run/agent/loop/snapshot.py",
     "elastic_run/agent/loop/goodput.py",
+    "elastic_run/agent/link_check/mode.py",
+    "elastic_run/agent/link_check/report.py",
+    "elastic_run/agent/link_check/schedule.py",
+    "elastic_run/agent/link_check/verdict.py",
 ] + sorted(
     str(p.relative_to(Path(__file__).resolve().parents[2]))
     for p in (Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rules").rglob("*.py")
@@ -213,6 +217,7 @@ def test_every_folder_is_one_concept_of_a_readable_size(folder: Path) -> None:
 # root ``elastic_run`` allows only itself.
 _MAY_IMPORT: dict[str, set[str]] = {
     "elastic_run.agent.health": {"elastic_run.descriptors", "elastic_run.errors"},
+    "elastic_run.agent.link_check": {"elastic_run.errors", "elastic_run.parent_death"},
     "elastic_run.agent.loop": {
         "elastic_run.agent.api",
         "elastic_run.agent.config",
