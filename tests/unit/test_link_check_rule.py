@@ -21,10 +21,12 @@ from elastic_run.agent.link_check import (
     slow_message,
     slow_nodes,
 )
+from elastic_run.agent.link_check.helper_process import HelperArgs
 from elastic_run.agent.link_check.report import (
     Measurement,
     decode_measurement,
     encode_measurement,
+    figures_from_table,
 )
 from elastic_run.agent.link_check.schedule import pairings, partner_in
 
@@ -193,6 +195,16 @@ def test_the_flag_row_for_the_settings_table() -> None:
 def test_a_record_round_trips() -> None:
     m = Measurement((1e9, 1e9), ((0, 1, 1e9),), 5e8, 0.4)
     assert decode_measurement(encode_measurement(m), 2) == m
+    again = Measurement((1e9, 1e9, 1e7), ((0, 1, 1e9), (1, 2, 1e7)), 5e6, 0.9, rechecked=(2,))
+    assert decode_measurement(encode_measurement(again), 3) == again
+
+
+def test_the_table_gives_each_pair_its_faster_side_and_each_node_its_best_pair() -> None:
+    # rows[a][b]: what a timed with b; a trailing column (the all-reduce) is ignored.
+    rows = [[0, 900, 10, 7], [600, 0, 0, 7], [12, 0, 0, 7]]
+    pairs, nodes = figures_from_table(rows, 3)
+    assert pairs == {(0, 1): 900.0, (0, 2): 12.0}
+    assert nodes == (900.0, 900.0, 12.0)
 
 
 @pytest.mark.parametrize(
@@ -215,6 +227,9 @@ def test_a_record_round_trips() -> None:
         '{"v": 1, "bandwidth": [1, 2], "pairs": {}, "all_reduce": 1, "measure_s": 1}',
         '{"v": 1, "bandwidth": [1, 2], "pairs": [], "measure_s": 1}',
         '{"v": 1, "bandwidth": [1, 2], "pairs": [], "all_reduce": 1e999, "measure_s": 1}',
+        '{"v": 1, "bandwidth": [1, 2], "pairs": [], "all_reduce": 1, "measure_s": 1}',
+        '{"v": 1, "bandwidth": [1, 2], "pairs": [], "all_reduce": 1, "measure_s": 1, '
+        '"rechecked": [5]}',
         '{"v": 1, "bandwidth": [' + "1," * 3_000_000 + "1]}",
     ],
 )
@@ -262,3 +277,34 @@ def test_arguments_out_of_range_are_refused_before_anything_starts(
     args.update(kwargs)
     with pytest.raises(ValueError):
         run_link_check(**args)  # type: ignore[arg-type]
+
+
+# -- the helper's arguments ---------------------------------------------------------------------
+
+
+def test_the_helpers_arguments_round_trip() -> None:
+    args = HelperArgs(1, 3, "10.0.0.1", 29500, "link-check/4/0", "gloo", 1 << 20, 30.0, 1.5, 3, 3)
+    assert HelperArgs.from_json(args.to_json() + "\n") == args
+
+
+@pytest.mark.parametrize(
+    "change",
+    [
+        {"rank": 3},
+        {"rank": True},
+        {"store_port": 0},
+        {"backend": "mpi"},
+        {"timeout_s": "30"},
+        {"size_bytes": 1.5},
+        {"timeout_s": math.nan},
+        {"timeout_s": -1.0},
+        {"factor": 1.0},
+        {"factor": math.inf},
+        {"extra": 1},
+    ],
+)
+def test_bad_helper_arguments_are_one_value_error(change: dict[str, object]) -> None:
+    raw = json.loads(HelperArgs(1, 3, "h", 1, "p", "gloo", 4, 30.0, 1.5, 3, 3).to_json())
+    raw.update(change)
+    with pytest.raises((ValueError, TypeError)):
+        HelperArgs.from_json(json.dumps(raw))

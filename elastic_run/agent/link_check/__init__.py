@@ -8,8 +8,9 @@ all-reduce the figures, so every node gets the same report. A node under ``1 /
 
 Owns: the flag (``mode.py``), who pairs with whom (``schedule.py``), the report and the helper's
 record of it (``report.py``), the rule (``verdict.py``), the collectives inside the helper
-(``measure.py``), the helper's entry (``helper_process.py``) and the agent's side that starts,
-bounds and reads it (``runner.py``). ``mode``, ``schedule``, ``report`` and ``verdict`` are pure.
+(``measure.py``), the helper's entry (``helper_process.py``), the agent's handle on one helper
+process (``helper.py``: start early, hand arguments, bound, read, reap) and the one call the
+loop makes (``runner.py``). ``mode``, ``schedule``, ``report`` and ``verdict`` are pure.
 
 May import: the top-level ``errors`` and ``parent_death``; nothing of the run loop, the
 rendezvous or the CLI (the loop calls ``run_link_check`` and ``link_verdict``).
@@ -17,6 +18,7 @@ rendezvous or the CLI (the loop calls ``run_link_check`` and ``link_verdict``).
 
 from __future__ import annotations
 
+from elastic_run.agent.link_check.helper import LinkHelper
 from elastic_run.agent.link_check.mode import (
     DEFAULT_MODE,
     FLAG_ROW,
@@ -45,6 +47,7 @@ __all__ = [
     "FLAG_ROW",
     "LinkCheckError",
     "LinkCheckMode",
+    "LinkHelper",
     "LinkReport",
     "LinkVerdict",
     "link_verdict",

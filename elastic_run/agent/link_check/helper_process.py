@@ -1,13 +1,19 @@
-"""The link check's helper process: ``python -m elastic_run.agent.link_check.helper_process ARGS``.
+"""The link check's helper process: ``python -m elastic_run.agent.link_check.helper_process``.
 
-``ARGS`` is one JSON object (``HelperArgs.to_json``). The helper connects as a client to the
-TCPStore at ``store_addr:store_port``, joins the process group under ``prefix`` there, measures
-(``measure.py``) and prints one JSON line (``report.py``) on stdout, exit 0. On any failure it
-prints one line on stderr, ``link check on node R: ...``, and exits 1; the agent's side
-(``runner.py``) bounds it by a timeout and kills it when it outlives it.
+The protocol, so that the agent may start it early (while its rendezvous runs) and pay
+``import torch`` off the round's clock:
 
-This is a process entry, the one place of the package that catches every exception: whatever
-torch raised becomes that one line.
+1. it imports torch's distributed package, then prints ``ready`` on stdout;
+2. it reads one line on stdin, its arguments (``HelperArgs.to_json``); end of input without a
+   line (the agent had no use for it) is a quiet exit 0;
+3. it connects as a client to the TCPStore at ``store_addr:store_port``, joins the process group
+   under ``prefix`` there, measures (``measure.py``) and prints one JSON line (``report.py``) on
+   stdout, exit 0. On any failure it prints one line on stderr, ``link check on node R: ...``,
+   and exits 1 (2 for arguments it cannot read).
+
+The agent's side (``helper.py``) bounds it by a timeout and kills it when it outlives it. This is
+a process entry, the one place of the package that catches every exception: whatever torch
+raised becomes that one line.
 """
 
 from __future__ import annotations
@@ -21,7 +27,10 @@ from typing import Any
 
 from elastic_run.agent.link_check.report import encode_measurement
 
-__all__ = ["HelperArgs", "main"]
+__all__ = ["READY", "HelperArgs", "main"]
+
+READY = "ready"
+"""The helper's first line: torch is imported, it waits for its arguments."""
 
 _BACKENDS = ("gloo", "nccl")
 
@@ -38,12 +47,13 @@ class HelperArgs:
     backend: str
     size_bytes: int
     timeout_s: float
+    factor: float
     repeats: int
     rounds: int
     device: str | None = None
 
     def to_json(self) -> str:
-        """The helper's command-line argument."""
+        """The helper's line of arguments (no newline)."""
         return json.dumps(asdict(self), separators=(",", ":"))
 
     @classmethod
@@ -66,6 +76,10 @@ class HelperArgs:
             raise ValueError("the helper's backend or timeout is not one it knows")
         if not math.isfinite(args.timeout_s) or args.timeout_s <= 0:
             raise ValueError("the helper's timeout is not a positive number")
+        if not isinstance(args.factor, (int, float)) or not (
+            math.isfinite(args.factor) and args.factor > 1
+        ):
+            raise ValueError("the helper's factor is not a number above 1")
         return args
 
 
@@ -88,6 +102,7 @@ def _run(args: HelperArgs) -> str:
         args.backend,
         args.size_bytes,
         args.timeout_s,
+        float(args.factor),
         device=args.device,
         repeats=args.repeats,
         rounds=args.rounds,
@@ -100,21 +115,26 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0][:300]
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Run one helper; return its exit status (0 measured, 1 failed, 2 bad argument)."""
-    args_text = (argv if argv is not None else sys.argv[1:]) or [""]
+def main() -> int:
+    """Run one helper; return its exit status (0 measured or unused, 1 failed, 2 bad argument)."""
+    import torch.distributed  # noqa: F401  (the slow part, done before the round needs it)
+
+    print(READY, flush=True)
+    line = sys.stdin.readline()
+    if not line.strip():
+        return 0
     try:
-        args = HelperArgs.from_json(args_text[0])
+        args = HelperArgs.from_json(line)
     except (ValueError, TypeError) as exc:
         print(f"link check: bad helper argument: {_first_line(exc)}", file=sys.stderr, flush=True)
         return 2
     try:
-        line = _run(args)
+        record = _run(args)
     except Exception as exc:  # the process's edge: every failure is one line
         reason: Any = _first_line(exc)
         print(f"link check on node {args.rank}: {reason}", file=sys.stderr, flush=True)
         return 1
-    print(line, flush=True)
+    print(record, flush=True)
     return 0
 
 

@@ -10,7 +10,11 @@ The helper joins a process group of the round's nodes (one helper per node) and 
    CPU (a busy host) spoils one sample, not its figure;
 2. one all-reduce of ``size_bytes``, warmed up and timed the same way (the whole group's figure,
    bounded by its slowest link);
-3. an all-reduce of a table of every node's figures, so every node ends with the same ones.
+3. an all-reduce of a table of every node's figures, so every node ends with the same ones;
+4. each node then under ``1 / factor`` of the median (a suspect) is measured again, one pair at
+   a time, with the fastest node while the rest wait, and keeps the better figure (a max
+   all-reduce of the table): a node that was only short of CPU (a busy host, or many simulated
+   nodes on one machine) clears itself, a slow link stays slow.
 
 Runs only in the helper process: the agent never joins a process group itself. Imports torch.
 """
@@ -22,8 +26,9 @@ import time
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any
 
-from elastic_run.agent.link_check.report import Measurement
+from elastic_run.agent.link_check.report import Measurement, figures_from_table
 from elastic_run.agent.link_check.schedule import DEFAULT_ROUNDS, pairings, partner_in
+from elastic_run.agent.link_check.verdict import slow_ranks
 
 if TYPE_CHECKING:
     import torch
@@ -75,6 +80,25 @@ def _best_time_s(run: Any, repeats: int, device: torch.device) -> float:
     return max(best, 1e-9)
 
 
+def _timed_passes(
+    send: torch.Tensor, recv: torch.Tensor, rank: int, backend: str, schedule: Any, repeats: int
+) -> list[float]:
+    """A warm-up pass, then ``repeats`` timed passes over every round: this node's best time
+    with each partner (inf where it had none)."""
+    best = [math.inf] * (max((max(p) for pairs in schedule for p in pairs), default=0) + 1)
+    for timed in [False] + [True] * repeats:
+        for pairs in schedule:
+            _barrier(send.device)
+            partner = partner_in(pairs, rank)
+            if partner is None:
+                continue
+            t0 = time.perf_counter()
+            _exchange(send, recv, partner, backend)
+            if timed:
+                best[partner] = min(best[partner], time.perf_counter() - t0)
+    return best
+
+
 def measure(
     store: Store,
     rank: int,
@@ -82,6 +106,7 @@ def measure(
     backend: str,
     size_bytes: int,
     timeout_s: float,
+    factor: float,
     *,
     device: str | None = None,
     repeats: int = DEFAULT_REPEATS,
@@ -96,6 +121,8 @@ def measure(
         backend: ``gloo`` or ``nccl``.
         size_bytes: the bytes each exchange moves each way.
         timeout_s: the process group's timeout for each collective and its set-up.
+        factor: ``--straggler-factor``: a node under ``1 / factor`` of the median after the
+            passes is measured again, alone with the fastest node.
         device: the tensors' device (default: ``cuda`` for NCCL, ``cpu`` otherwise).
         repeats: timed passes over the rounds (each pair's best time counts).
         rounds: how many pairing rounds (see ``schedule.py``).
@@ -122,20 +149,7 @@ def measure(
         moved = send.numel() * send.element_size()
         # Row r: node r's figure with each partner, then its all-reduce figure (last column).
         table = torch.zeros(world_size, world_size + 1, dtype=torch.float64, device=dev)
-        schedule = pairings(world_size, rounds)
-        # A warm-up pass, then `repeats` timed passes over every round: a node's samples are
-        # spread over the whole check, so one stall of its CPU spoils one sample, not a partner.
-        best = [math.inf] * world_size
-        for timed in [False] + [True] * repeats:
-            for pairs in schedule:
-                _barrier(dev)
-                partner = partner_in(pairs, rank)
-                if partner is None:
-                    continue
-                t0 = time.perf_counter()
-                _exchange(send, recv, partner, backend)
-                if timed:
-                    best[partner] = min(best[partner], time.perf_counter() - t0)
+        best = _timed_passes(send, recv, rank, backend, pairings(world_size, rounds), repeats)
         for partner, best_s in enumerate(best):
             if math.isfinite(best_s):
                 table[rank, partner] = moved / max(best_s, 1e-9)
@@ -148,25 +162,33 @@ def measure(
         table[rank, world_size] = moved / _best_time_s(reduce_once, repeats, dev)
         dist.all_reduce(table)
         _settle(dev)
+        _, bandwidth = figures_from_table(table.cpu().tolist(), world_size)
+        suspects = slow_ranks(bandwidth, factor)
+        if suspects:
+            # Measured again one pair at a time with the fastest node, the rest of the round
+            # idle: a node slowed by its CPU (a busy host) clears itself, a slow link does not.
+            fastest = max(
+                (r for r in range(world_size) if r not in suspects), key=lambda r: bandwidth[r]
+            )
+            for suspect in suspects:
+                _barrier(dev)
+                if rank in (suspect, fastest):
+                    other = fastest if rank == suspect else suspect
+                    again = _best_time_s(
+                        lambda o=other: _exchange(send, recv, o, backend), repeats, dev
+                    )
+                    table[rank, other] = max(float(table[rank, other]), moved / again)
+            dist.all_reduce(table, op=dist.ReduceOp.MAX)
+            _settle(dev)
         rows = table.cpu().tolist()
     finally:
         dist.destroy_process_group()
-    # Both sides timed the same exchange; the later starter's time is the transfer's own, the
-    # earlier one's also holds its wait for the partner: the faster figure is the pair's.
-    pair_bw = {
-        (a, b): max(rows[a][b], rows[b][a])
-        for a in range(world_size)
-        for b in range(a + 1, world_size)
-        if rows[a][b] > 0 or rows[b][a] > 0
-    }
-    bandwidth = [0.0] * world_size
-    for (a, b), bw in pair_bw.items():
-        bandwidth[a] = max(bandwidth[a], bw)
-        bandwidth[b] = max(bandwidth[b], bw)
+    pair_bw, bandwidth = figures_from_table(rows, world_size)
     return Measurement(
-        bandwidth_bytes_per_s=tuple(float(b) for b in bandwidth),
-        pairs=tuple((a, b, float(bw)) for (a, b), bw in sorted(pair_bw.items())),
+        bandwidth_bytes_per_s=bandwidth,
+        pairs=tuple((a, b, bw) for (a, b), bw in sorted(pair_bw.items())),
         # The group's all-reduce is as fast as its slowest member saw it.
         all_reduce_bytes_per_s=float(min(row[world_size] for row in rows)),
         measure_s=time.perf_counter() - started,
+        rechecked=suspects,
     )

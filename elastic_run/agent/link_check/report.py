@@ -19,10 +19,17 @@ from __future__ import annotations
 
 import json
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["LinkReport", "Measurement", "decode_measurement", "encode_measurement"]
+__all__ = [
+    "LinkReport",
+    "Measurement",
+    "decode_measurement",
+    "encode_measurement",
+    "figures_from_table",
+]
 
 _VERSION = 1
 _MAX_LINE_BYTES = 4 << 20
@@ -38,12 +45,14 @@ class Measurement:
         all_reduce_bytes_per_s: the whole group's all-reduce of ``size_bytes`` (size / time), the
             figure the slowest link bounds.
         measure_s: how long the collectives took, process group set-up included.
+        rechecked: the nodes measured again alone with the fastest node (see ``measure.py``).
     """
 
     bandwidth_bytes_per_s: tuple[float, ...]
     pairs: tuple[tuple[int, int, float], ...]
     all_reduce_bytes_per_s: float
     measure_s: float
+    rechecked: tuple[int, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -62,6 +71,7 @@ class LinkReport:
         duration_s: the whole check as the agent waited for it (the helper's start included).
         factor: the ``--straggler-factor`` the slow ranks were judged with.
         slow: the ranks under ``1 / factor`` of the median, lowest first.
+        rechecked: the ranks that were under it after the passes and were measured again.
     """
 
     world_size: int
@@ -74,6 +84,7 @@ class LinkReport:
     duration_s: float
     factor: float
     slow: tuple[int, ...]
+    rechecked: tuple[int, ...] = ()
 
     @property
     def measured(self) -> bool:
@@ -94,6 +105,7 @@ def encode_measurement(m: Measurement) -> str:
             "pairs": [list(p) for p in m.pairs],
             "all_reduce": m.all_reduce_bytes_per_s,
             "measure_s": m.measure_s,
+            "rechecked": list(m.rechecked),
         },
         separators=(",", ":"),
     )
@@ -151,9 +163,41 @@ def decode_measurement(line: str, world_size: int) -> Measurement:
         if a >= b:
             raise ValueError("a pair of the helper's record is not in order (a < b)")
         checked.append((a, b, _number(item[2], "a pair's bandwidth")))
+    rechecked = raw.get("rechecked")
+    if not isinstance(rechecked, list):
+        raise ValueError("the helper's record holds no list of rechecked nodes")
     return Measurement(
         bandwidth_bytes_per_s=figures,
         pairs=tuple(checked),
         all_reduce_bytes_per_s=_number(raw.get("all_reduce"), "the all-reduce's bandwidth"),
         measure_s=_number(raw.get("measure_s"), "the measuring time"),
+        rechecked=tuple(_rank(r, world_size, "a rechecked node") for r in rechecked),
     )
+
+
+def figures_from_table(
+    rows: Sequence[Sequence[float]], world_size: int
+) -> tuple[dict[tuple[int, int], float], tuple[float, ...]]:
+    """The pairs' and the nodes' figures from the helpers' table.
+
+    Args:
+        rows: ``rows[a][b]``: bytes/s node ``a`` timed with partner ``b`` (0: none), one row per
+            node (extra columns are ignored).
+        world_size: the node count.
+
+    Returns:
+        ``({(a, b): bytes/s} with a < b, per node its best pair)``. Both sides timed the same
+        exchange; the later starter's time is the transfer's own, the earlier one's also holds
+        its wait for the partner: the faster figure is the pair's.
+    """
+    pair_bw = {
+        (a, b): float(max(rows[a][b], rows[b][a]))
+        for a in range(world_size)
+        for b in range(a + 1, world_size)
+        if rows[a][b] > 0 or rows[b][a] > 0
+    }
+    bandwidth = [0.0] * world_size
+    for (a, b), bw in pair_bw.items():
+        bandwidth[a] = max(bandwidth[a], bw)
+        bandwidth[b] = max(bandwidth[b], bw)
+    return pair_bw, tuple(bandwidth)

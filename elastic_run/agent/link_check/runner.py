@@ -1,13 +1,14 @@
-"""The agent's side of the link check: start this node's helper, bound it, read its report.
+"""The agent's side of the link check: one call per node once the round formed.
 
-``run_link_check`` starts ``helper_process.py`` as a child of the agent (its own session, a
-parent-death signal, so it dies with the agent even when the agent is SIGKILLed), waits for it
-in short slices (``give_up`` runs between them and may raise, e.g. on a signal), and kills it at
-``timeout_s``. The agent's interpreter never joins a process group: the helper does.
+``run_link_check`` hands this node's helper (``helper.py``: one started early with
+``LinkHelper.start``, or a fresh one) its arguments, waits for it in short slices (``give_up``
+runs between them and may raise, e.g. on a signal), kills it at ``timeout_s`` and turns what it
+printed into a ``LinkReport``. The agent's interpreter never joins a process group: the helper
+does.
 
 Invariants:
 - When ``run_link_check`` returns or raises, its helper has exited and been reaped.
-- A round of fewer than two nodes starts nothing and measures nothing.
+- A round of fewer than two nodes measures nothing (a helper handed in is closed unused).
 - Every failure is one ``LinkCheckError`` line: a timeout (``timed_out``), a helper that
   failed (its own line), or a record that does not decode.
 """
@@ -15,20 +16,16 @@ Invariants:
 from __future__ import annotations
 
 import math
-import os
-import signal
-import subprocess
-import sys
 import time
 from collections.abc import Callable, Mapping
 
-from elastic_run.agent.link_check.helper_process import HelperArgs
+from elastic_run.agent.link_check.helper import LinkHelper, LinkHelperTimeout
+from elastic_run.agent.link_check.helper_process import READY, HelperArgs
 from elastic_run.agent.link_check.measure import DEFAULT_REPEATS
 from elastic_run.agent.link_check.report import LinkReport, decode_measurement
 from elastic_run.agent.link_check.schedule import DEFAULT_ROUNDS
 from elastic_run.agent.link_check.verdict import slow_ranks
 from elastic_run.errors import AgentError
-from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
 
 __all__ = [
     "DEFAULT_SIZE_BYTES",
@@ -41,8 +38,6 @@ __all__ = [
 DEFAULT_SIZE_BYTES = 4 << 20
 DEFAULT_TIMEOUT_S = 60.0
 MAX_SIZE_BYTES = 1 << 30
-_HELPER_MODULE = "elastic_run.agent.link_check.helper_process"
-_SLICE_S = 0.25
 
 
 class LinkCheckError(AgentError):
@@ -72,21 +67,12 @@ def _check(
         raise ValueError(f"the link check's timeout must be a positive number, got {timeout_s}")
 
 
-def _said(stderr: bytes) -> str | None:
+def _said(stderr: str) -> str | None:
     """The helper's own line (``link check ...``), else the last line it printed."""
-    lines = [ln.strip() for ln in stderr.decode("utf-8", "replace").splitlines() if ln.strip()]
+    lines = [ln.strip() for ln in stderr.splitlines() if ln.strip()]
     own = [ln for ln in lines if ln.startswith("link check")]
     chosen = own[-1] if own else (lines[-1] if lines else None)
     return chosen[:300] if chosen is not None else None
-
-
-def _kill(proc: subprocess.Popen[bytes]) -> None:
-    if proc.poll() is None:
-        try:
-            os.killpg(proc.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-    proc.communicate()  # reaps it and closes the pipes
 
 
 def run_link_check(
@@ -100,6 +86,7 @@ def run_link_check(
     timeout_s: float = DEFAULT_TIMEOUT_S,
     *,
     factor: float,
+    helper: LinkHelper | None = None,
     device: str | None = None,
     repeats: int = DEFAULT_REPEATS,
     rounds: int = DEFAULT_ROUNDS,
@@ -118,12 +105,14 @@ def run_link_check(
             (``f"link-check/{round}/{restart_count}"``), so no check reads another's keys.
         backend: the workers' backend, ``gloo`` or ``nccl``.
         size_bytes: the bytes each exchange moves each way (default 4 MiB).
-        timeout_s: the bound on the whole check, the helper's start included.
+        timeout_s: the bound on the check from this call on (a fresh helper's start included).
         factor: ``--straggler-factor``: slow is under ``1 / factor`` of the median.
+        helper: a helper started earlier (``LinkHelper.start``, e.g. when the agent began to
+            join), so ``import torch`` is already paid; default: start one now. Used up.
         device: the helper's device for NCCL (default ``cuda``, i.e. its current device).
         repeats: timed passes over the rounds (each pair's best time counts).
         rounds: pairing rounds (each node meets up to this many partners).
-        env: the helper's environment (default: the agent's; ``GLOO_SOCKET_IFNAME`` and
+        env: a fresh helper's environment (default: the agent's; ``GLOO_SOCKET_IFNAME`` and
             ``NCCL_SOCKET_IFNAME`` there choose its interface as for the workers).
         give_up: called between short waits; whatever it raises stops the check (the helper
             is killed first) and propagates.
@@ -135,53 +124,48 @@ def run_link_check(
         ValueError: an argument is out of range.
         LinkCheckError: the check timed out, its helper failed, or its record is garbage.
     """
-    _check(rank, world_size, store_port, backend, size_bytes, timeout_s)
-    if not (math.isfinite(factor) and factor > 1.0):
-        raise ValueError(f"the slow-link factor must be a number above 1, got {factor}")
-    if not (1 <= repeats <= 100 and 1 <= rounds <= 1000):
-        raise ValueError(
-            f"the link check needs 1..100 repeats and 1..1000 rounds, got {repeats}, {rounds}"
-        )
+    try:
+        _check(rank, world_size, store_port, backend, size_bytes, timeout_s)
+        if not (math.isfinite(factor) and factor > 1.0):
+            raise ValueError(f"the slow-link factor must be a number above 1, got {factor}")
+        if not (1 <= repeats <= 100 and 1 <= rounds <= 1000):
+            raise ValueError(
+                f"the link check needs 1..100 repeats and 1..1000 rounds, got {repeats}, {rounds}"
+            )
+    except ValueError:
+        if helper is not None:
+            helper.close()
+        raise
     if world_size < 2:
+        if helper is not None:
+            helper.close()
         return LinkReport(world_size, backend, size_bytes, (), (), 0.0, 0.0, 0.0, factor, ())
     args = HelperArgs(
         rank, world_size, store_addr, store_port, prefix, backend, size_bytes, float(timeout_s),
-        repeats, rounds, device,
+        float(factor), repeats, rounds, device,
     )  # fmt: skip
-    prefix_argv = death_signal_prefix()
     started = time.monotonic()
-    deadline = started + timeout_s
-    proc = subprocess.Popen(
-        [*prefix_argv, sys.executable, "-m", _HELPER_MODULE, args.to_json()],
-        stdin=subprocess.DEVNULL,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.PIPE,
-        env=dict(env) if env is not None else None,
-        start_new_session=True,
-        preexec_fn=None if prefix_argv else set_parent_death_signal,
-    )
     try:
-        while True:
-            left = deadline - time.monotonic()
-            if left <= 0:
-                raise LinkCheckError(
-                    f"link check on node {rank} of {world_size} timed out after "
-                    f"{timeout_s:g} s (a peer never joined, or a link is down)",
-                    timed_out=True,
-                )
-            try:
-                out, err = proc.communicate(timeout=min(_SLICE_S, left))
-                break
-            except subprocess.TimeoutExpired:
-                if give_up is not None:
-                    give_up()
+        if helper is None:
+            helper = LinkHelper.start(env)
+        helper.send(args)
+        code, out, err = helper.wait(started + timeout_s, give_up)
+    except LinkHelperTimeout:
+        raise LinkCheckError(
+            f"link check on node {rank} of {world_size} timed out after {timeout_s:g} s "
+            "(a peer never joined, or a link is down)",
+            timed_out=True,
+        ) from None
+    except AgentError as exc:
+        raise LinkCheckError(f"link check on node {rank}: {exc}") from None
     finally:
-        _kill(proc)
+        if helper is not None:
+            helper.close()
     duration_s = time.monotonic() - started
-    if proc.returncode != 0:
-        said = _said(err) or f"its helper exited with status {proc.returncode}"
+    if code is not None:  # it exited without its record
+        said = _said(err) or f"its helper exited with status {code}"
         raise LinkCheckError(said if said.startswith("link check") else f"link check: {said}")
-    lines = [ln for ln in out.decode("utf-8", "replace").splitlines() if ln.strip()]
+    lines = [ln for ln in out.splitlines() if ln.strip() and ln.strip() != READY]
     try:
         measured = decode_measurement(lines[-1] if lines else "", world_size)
     except ValueError as exc:
@@ -197,4 +181,5 @@ def run_link_check(
         duration_s=duration_s,
         factor=factor,
         slow=slow_ranks(measured.bandwidth_bytes_per_s, factor),
+        rechecked=measured.rechecked,
     )
