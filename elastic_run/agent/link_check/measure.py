@@ -12,7 +12,9 @@ The helper joins a process group of the round's nodes (one helper per node) and 
    bounded by its slowest link);
 3. an all-reduce of a table of every node's figures, so every node ends with the same ones;
 4. each node then under ``1 / factor`` of the median (a suspect) is measured again, one pair at
-   a time, with the fastest node while the rest wait, and keeps the better figure (a max
+   a time, with the fastest node while the rest wait (twice ``repeats`` timed exchanges: one
+   pair alone on the machine's time, the cheapest place for more samples), and keeps the
+   better figure (a max
    all-reduce of the table): a node that was only short of CPU (a busy host, or many simulated
    nodes on one machine) clears itself, a slow link stays slow.
 
@@ -175,7 +177,7 @@ def measure(
                 if rank in (suspect, fastest):
                     other = fastest if rank == suspect else suspect
                     again = _best_time_s(
-                        lambda o=other: _exchange(send, recv, o, backend), repeats, dev
+                        lambda o=other: _exchange(send, recv, o, backend), 2 * repeats, dev
                     )
                     table[rank, other] = max(float(table[rank, other]), moved / again)
             dist.all_reduce(table, op=dist.ReduceOp.MAX)
