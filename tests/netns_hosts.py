@@ -7,7 +7,9 @@
                     a veth whose other end is a port of ``br0``
 
 ``partition(i)`` takes host i's bridge port down: its packets are dropped silently (no reset, no
-"unreachable"), as when a cable or a switch port dies; ``heal(i)`` brings it back. ``run(i, argv)``
+"unreachable"), as when a cable or a switch port dies; ``heal(i)`` brings it back. ``limit(i,
+rate)`` rate-limits host i's link both ways (``tc ... tbf``, this kernel has no netem), as a
+slow NIC or a bad cable would. ``run(i, argv)``
 starts a process inside host i's namespace (``ip netns exec``). ``close()`` kills every process
 started through it and deletes the namespaces.
 
@@ -94,6 +96,18 @@ class Hosts:
     def heal(self, i: int) -> None:
         """Bring host i's bridge port back."""
         _ip("-n", self.bridge_ns, "link", "set", f"p{i}", "up")
+
+    def limit(self, i: int, rate: str) -> None:
+        """Rate-limit host i's link both ways to ``rate`` (tc's units, e.g. ``100mbit``): a token
+        bucket on its ``eth0`` (what it sends) and on its bridge port (what it receives)."""
+        tbf = ["root", "tbf", "rate", rate, "burst", "64kb", "latency", "200ms"]
+        for ns, dev in ((self.names[i - 1], "eth0"), (self.bridge_ns, f"p{i}")):
+            subprocess.run(
+                ["ip", "netns", "exec", ns, "tc", "qdisc", "add", "dev", dev, *tbf],
+                check=True,
+                capture_output=True,
+                timeout=30,
+            )
 
     def run(
         self,

@@ -11,7 +11,9 @@ Read the layout as the design:
 - ``warm/``: warm starts (the zygote);
 - ``progress/``: progress beats, hang verdicts, stragglers, a script's end, stacks;
 - ``watchdog/``: the file-timer watchdog;
-- ``health/``: the health-check server.
+- ``health/``: the health-check server;
+- ``link_check/``: the link check after a round forms (a helper process per node times the
+  links between the nodes and names a slow one).
 
 Imports flow one way: ``cli -> agent -> rendezvous``; the agent knows nothing of click or rich.
 """

@@ -47,6 +47,10 @@ PURE = [
     "elastic_run/cli/report/rows.py",
     "elastic_run/cli/report/build.py",
     "elastic_run/cli/report/html_page.py",
+    "elastic_run/agent/link_check/mode.py",
+    "elastic_run/agent/link_check/report.py",
+    "elastic_run/agent/link_check/schedule.py",
+    "elastic_run/agent/link_check/verdict.py",
 ] + sorted(
     str(p.relative_to(Path(__file__).resolve().parents[2]))
     for p in (Path(__file__).resolve().parents[2] / "elastic_run" / "agent" / "rules").rglob("*.py")
@@ -236,6 +240,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.parent_death",
         "elastic_run.rendezvous.settings",
     },
+    "elastic_run.agent.link_check": {"elastic_run.errors", "elastic_run.parent_death"},
     "elastic_run.agent.loop": {
         "elastic_run.agent.api",
         "elastic_run.agent.config",
