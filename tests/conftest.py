@@ -272,3 +272,22 @@ class _SkipGuard:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_SkipGuard(), "elastic-run-skip-guard")
+
+
+LINK_CHECK_VARIABLE = "PET_LINK_CHECK"
+
+
+@pytest.fixture(autouse=True, scope="session")
+def _no_link_check_by_default() -> Iterator[None]:
+    """The session's agents run with ``--link-check off`` unless a test asks for it: the
+    check's helper imports torch (about 2 s of CPU per node of a multi-node job, several
+    hundred agents a run), and only the link check's own tests are about it
+    (``tests/integration/test_link_check.py``, ``tests/e2e/test_link_netns.py``, the agent-level
+    case in ``tests/e2e/test_bad_nodes.py``, each giving ``--link-check`` itself)."""
+    previous = os.environ.get(LINK_CHECK_VARIABLE)
+    os.environ.setdefault(LINK_CHECK_VARIABLE, "off")
+    try:
+        yield
+    finally:
+        if previous is None:
+            os.environ.pop(LINK_CHECK_VARIABLE, None)

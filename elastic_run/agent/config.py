@@ -74,6 +74,7 @@ class AgentOptions:
         node_check_timeout_s: the whole node check's bound.
         node_check_cmd: the user's own check (a shell command; None: none).
         node_devices: the devices the flags ask of this node, for the node check.
+        link_check: ``off``, ``warn`` or ``exclude`` (``--link-check``).
     """
 
     signals: tuple[signal.Signals, ...] = settings.SIGNALS_TO_HANDLE.default
@@ -96,6 +97,7 @@ class AgentOptions:
     node_check_timeout_s: float = settings.NODE_CHECK_TIMEOUT.default
     node_check_cmd: str | None = settings.NODE_CHECK_CMD.default
     node_devices: DeviceRequest = NOTHING
+    link_check: str = settings.LINK_CHECK.default
 
 
 @dataclass(frozen=True)
@@ -164,6 +166,7 @@ class LaunchConfig:
     node_check: bool
     node_check_timeout_s: float
     node_check_cmd: str | None
+    link_check: str
     auto_progress: bool
     script_exit_timeout_s: float | None
     timer_file: str | None

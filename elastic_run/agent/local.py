@@ -27,7 +27,16 @@ from elastic_run.agent.api import RunResult, WorkerGroup, WorkerSpec, WorkerStat
 from elastic_run.agent.config import AgentOptions
 from elastic_run.agent.events import EventLog
 from elastic_run.agent.health.server import AgentHealthServer, Liveness
-from elastic_run.agent.loop.parts import MonitoredWorkers, NodeFitness, WorkerPart
+from elastic_run.agent.link_check import (
+    LinkCheckError,
+    LinkHelper,
+    link_verdict,
+    parse_link_check_mode,
+    run_link_check,
+    slow_event_fields,
+    slow_message,
+)
+from elastic_run.agent.loop.parts import LinkFindings, MonitoredWorkers, NodeFitness, WorkerPart
 from elastic_run.agent.loop.simple import SimpleElasticAgent
 from elastic_run.agent.node_check import (
     NodeCheckOptions,
@@ -130,6 +139,9 @@ class LocalElasticAgent(SimpleElasticAgent):
             max_node_failures=opts.max_node_failures,
             node_check=_NodeCheck(opts, lambda: self._run_dir, self._host, self._base_env)
             if opts.node_check
+            else None,
+            link_check=_LinkCheck(opts, self._base_env)
+            if opts.link_check != "off" and spec.rdzv_handler.get_backend() != "static"
             else None,
         )
         self._options = opts
@@ -441,3 +453,67 @@ class _NodeCheck:
             result.duration_s,
             result.as_record(),
         )
+
+
+class _LinkCheck:
+    """The link check of ``agent/link_check/`` as the loop's part: a helper started when the
+    node begins to join (torch imported before the round forms), the round's links timed over
+    the workers' backend (NCCL when GPUs are asked for, else gloo), the verdict of
+    ``--link-check``. A check that fails is a warning: it never stops the job."""
+
+    def __init__(self, opts: AgentOptions, env: Callable[[], dict[str, str]]) -> None:
+        self._mode = parse_link_check_mode(opts.link_check)
+        self._factor = opts.progress.straggler_factor
+        self._backend = "nccl" if opts.node_devices.kind == "cuda" else "gloo"
+        self._env = env
+        self._helper: LinkHelper | None = None
+
+    def prepare(self) -> None:
+        """Start a helper now (the loop's thread: its parent-death signal follows that thread)."""
+        if self._helper is None:
+            try:
+                self._helper = LinkHelper.start(env=self._env())
+            except (LinkCheckError, OSError) as exc:
+                log.warning("the link check's helper did not start: %s", exc)
+
+    def measure(
+        self,
+        rank: int,
+        world_size: int,
+        addr: str,
+        port: int,
+        prefix: str,
+        spares: int,
+        give_up: Callable[[], None],
+    ) -> LinkFindings:
+        """Time the round's links; name the slow nodes; say whether this one leaves."""
+        helper, self._helper = self._helper, None
+        try:
+            report = run_link_check(
+                rank,
+                world_size,
+                addr,
+                port,
+                prefix,
+                self._backend,
+                factor=self._factor,
+                helper=helper,
+                env=self._env(),
+                give_up=give_up,
+            )
+        except LinkCheckError as exc:
+            log.warning("the link check did not complete: %s", exc)
+            return LinkFindings()
+        verdict = link_verdict(report, self._mode, self._factor, spares)
+        named = tuple(slow_message(report, r) for r in verdict.named)
+        mine = None
+        exclude = None
+        if rank in verdict.named:
+            excluded = rank in verdict.excluded
+            mine = (
+                slow_message(report, rank),
+                slow_event_fields(report, rank, self._mode, excluded),
+            )
+            if excluded:
+                exclude = slow_message(report, rank).removeprefix("link check: ")
+        return LinkFindings(named, mine, exclude, report.duration_s)

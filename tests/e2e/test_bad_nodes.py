@@ -161,3 +161,21 @@ def test_a_node_that_fails_its_check_never_joins_and_the_job_runs_at_min(job: Jo
         assert job.wait_exit(name) == 0, job.report()
     assert "node excluded during the job" in job.nodes["a"].output(), job.report()
     job.assert_no_survivors()
+
+
+def test_the_link_check_runs_when_a_round_of_several_nodes_forms(job: Job) -> None:
+    """``--link-check warn`` on a fair loopback: every node times the links once the round
+    forms, before its workers start, and names nobody."""
+    for name in "abc":
+        job.start(name, nnodes="3", host=name == "a", extra=("--link-check", "warn"))
+    job.wait_running(["a", "b", "c"], 3)
+    job.go()
+    for name in "abc":
+        assert job.wait_exit(name) == 0, job.report()
+    for name in "abc":
+        (checked,) = _events(job, name, "link.checked")
+        assert checked["fields"]["nodes"] == 3 and checked["fields"]["slow"] == 0, checked
+        assert not _events(job, name, "link.slow")
+        kinds = job.nodes[name].kinds()
+        assert kinds.index("link.checked") < kinds.index("workers.started"), kinds
+    job.assert_no_survivors()

@@ -10,6 +10,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import inspect
+import os
 import signal
 from collections.abc import Iterator
 from pathlib import Path
@@ -67,9 +68,14 @@ def test_the_text_of_a_default_reads_back_as_the_default(setting: Setting[Any]) 
     assert setting.parse(setting.show(setting.default), "X") == setting.default
 
 
-def test_the_rows_keep_torchruns_flags_spellings_and_defaults() -> None:
+def test_the_rows_keep_torchruns_flags_spellings_and_defaults(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
     from torch.distributed.run import get_args_parser
 
+    # torchrun's defaults read PET_* variables (the test session sets PET_LOG_DIR per test).
+    for name in [n for n in os.environ if n.startswith("PET_")]:
+        monkeypatch.delenv(name)
     # argparse lists a parser's actions only in this attribute.
     actions = [a for a in get_args_parser()._actions if a.option_strings and a.dest != "help"]
     differ = {

@@ -11,7 +11,8 @@ The loop (``simple.py``) holds three parts and asks each, once a turn, for one f
   ``LocalElasticAgent``; :class:`NoProgressWatch` otherwise: nothing watched);
 - the rendezvous (``rendezvous_part.py``);
 - optionally a :class:`NodeCheckPart`: is this node fit to join (asked before the first join
-  and before a suspect node rejoins).
+  and before a suspect node rejoins), and a :class:`LinkCheckPart`: are this round's links fast
+  (asked after a round of several nodes formed, when its size changed).
 
 The rules decide from those records; the loop applies the action, handing the progress rules'
 effects back to the progress part.
@@ -32,6 +33,8 @@ from elastic_run.errors import AgentError
 
 __all__ = [
     "Emit",
+    "LinkCheckPart",
+    "LinkFindings",
     "MonitoredWorkers",
     "NoProgressWatch",
     "NodeCheckPart",
@@ -99,6 +102,43 @@ class NodeCheckPart(Protocol):
 
     def check(self) -> NodeFitness:
         """Check this node now (bounded by its own timeout)."""
+
+
+@dataclass(frozen=True)
+class LinkFindings:
+    """What a link check found after a round formed.
+
+    Attributes:
+        named: one warning line per slow node (every node names the same ones).
+        mine: this node's own ``link.slow`` event (message, fields), when it is slow.
+        exclude: why this node leaves (``--link-check exclude`` with a spare waiting), or None.
+        took_s: how long the check took.
+    """
+
+    named: tuple[str, ...] = ()
+    mine: tuple[str, Mapping[str, Any]] | None = None
+    exclude: str | None = None
+    took_s: float = 0.0
+
+
+class LinkCheckPart(Protocol):
+    """The link check the loop runs after a round of several nodes formed, before the
+    workers start (``agent/link_check/``)."""
+
+    def prepare(self) -> None:
+        """This node begins to join: start what the check needs (a helper importing torch)."""
+
+    def measure(
+        self,
+        rank: int,
+        world_size: int,
+        addr: str,
+        port: int,
+        prefix: str,
+        spares: int,
+        give_up: Callable[[], None],
+    ) -> LinkFindings:
+        """Time this round's links (every node calls it at once); ``give_up`` raises to stop."""
 
 
 class NoProgressWatch:

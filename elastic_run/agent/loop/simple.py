@@ -45,6 +45,7 @@ from elastic_run.agent.loop import state_machine as sm
 from elastic_run.agent.loop.exit_barrier import RoundExit
 from elastic_run.agent.loop.node_ledger import NodeLedger
 from elastic_run.agent.loop.parts import (
+    LinkCheckPart,
     MonitoredWorkers,
     NodeCheckPart,
     NoProgressWatch,
@@ -87,6 +88,11 @@ _LOOP_PUBLISHED = frozenset(
         "closed",
         "signal",
         "worker.died_after_script",
+        "node.suspect",
+        "node.checked",
+        "node.check_failed",
+        "failure.followed_rank",
+        "link.slow",
     }
 )
 _PUBLISHED = _LOOP_PUBLISHED | published_events()
@@ -119,6 +125,8 @@ class SimpleElasticAgent(ElasticAgent):
             exclude it (``--max-node-failures``; at least 2).
         node_check: checks this node before its first join and before it rejoins as a suspect
             (None: no check).
+        link_check: times the round's links after a round of several nodes formed, when its
+            size changed (None: no check).
     """
 
     def __init__(
@@ -133,6 +141,7 @@ class SimpleElasticAgent(ElasticAgent):
         progress: ProgressPart | None = None,
         max_node_failures: int = settings.MAX_NODE_FAILURES.default,
         node_check: NodeCheckPart | None = None,
+        link_check: LinkCheckPart | None = None,
     ) -> None:
         self._spec = spec
         self._worker_group = WorkerGroup(spec)
@@ -151,6 +160,8 @@ class SimpleElasticAgent(ElasticAgent):
         self._progress: ProgressPart = progress if progress is not None else NoProgressWatch()
         self._ledger = NodeLedger(self._round.agent, socket.gethostname(), max_node_failures)
         self._node_check = node_check
+        self._link_check = link_check
+        self._link_checked_world = 1  # the round size the links were last checked at
         self._followed: list[str] = []  # failures that followed their rank (the script's)
         self._excluded: tuple[str, ...] = ()  # the other nodes excluded, as read at the end
         handler = spec.rdzv_handler
@@ -413,6 +424,8 @@ class SimpleElasticAgent(ElasticAgent):
         """Join the next round; set the group's ranks, store and master address."""
         spec, handler, rdzv = self._spec, self._spec.rdzv_handler, self._round.agent
         self._round.joining(spec.local_world_size, spec.role)
+        if self._link_check is not None:
+            self._link_check.prepare()
         self._publish_state("RENDEZVOUS")
         self._emit(
             "rendezvous.joining",
@@ -449,6 +462,7 @@ class SimpleElasticAgent(ElasticAgent):
                 self._give_up_waiting,
             )
         group.master_addr, group.master_port = addr, port
+        self._check_links(info.rank, info.world_size, addr, port, info.round)
         w0 = group.workers[0]
         self._emit(
             "rendezvous.complete",
@@ -1025,6 +1039,40 @@ class SimpleElasticAgent(ElasticAgent):
         self._set_state(action.state)
         self._publish_state("EXCLUDED", line)
         return RunResult(action.state, exit_code=action.exit_code, reason=line)
+
+    def _check_links(self, rank: int, world: int, addr: str, port: int, round_: int) -> None:
+        """After a round of several nodes formed, when its size changed since the last check:
+        time its links, name the slow nodes; raise ``_Unfit`` when this node must leave."""
+        if self._link_check is None or world < 2 or world == self._link_checked_world:
+            return
+        self._link_checked_world = world
+        found = self._link_check.measure(
+            rank,
+            world,
+            addr,
+            port,
+            f"link-check/{round_}/{self._restarts}",
+            self._round.last_poll.spares,
+            self._give_up_waiting,
+        )
+        self._emit(
+            "link.checked",
+            f"link check of {world} nodes in {found.took_s:.2f} s: "
+            + (f"{len(found.named)} slow" if found.named else "no node slow"),
+            nodes=world,
+            took_s=round(found.took_s, 3),
+            slow=len(found.named),
+        )
+        for line in found.named:
+            log.warning("%s", line)
+        if found.mine is not None:
+            message, fields = found.mine
+            self._emit("link.slow", message, **fields)
+        if found.exclude is not None:
+            self._ledger.charge(
+                Fault(round_, -1, rank, "link_slow", f"slow link: {found.exclude}"[:200])
+            )
+            raise _Unfit(sm.Exclude(f"slow link: {found.exclude}"))
 
     def _unfit(self, when: str) -> sm.Exclude | None:
         """Run the node check (``when``: for the event); None when the node may join, else

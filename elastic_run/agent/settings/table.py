@@ -23,6 +23,7 @@ from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
+from elastic_run.agent.link_check.mode import parse_link_check_mode
 from elastic_run.agent.node_check.options import DEFAULT_TIMEOUT_S as DEFAULT_NODE_CHECK_TIMEOUT_S
 from elastic_run.agent.node_check.options import parse_node_check_cmd, parse_node_check_timeout
 from elastic_run.agent.progress.config import ProgressOptions, parse_straggler_factor
@@ -80,6 +81,7 @@ __all__ = [
     "LOGS_SPECS",
     "MASTER_ADDR",
     "MASTER_PORT",
+    "LINK_CHECK",
     "MAX_NODE_FAILURES",
     "NODE_CHECK",
     "NODE_CHECK_CMD",
@@ -774,6 +776,15 @@ MAX_NODE_FAILURES: Setting[int] = Setting(
     (_options("max_node_failures"),),
     metavar="K",
 )
+
+
+def _link_mode(text: str, what: str) -> str:
+    try:
+        return parse_link_check_mode(text).value
+    except ValueError as exc:
+        raise ConfigurationError(str(exc).replace("--link-check", what, 1)) from None
+
+
 NODE_CHECK: Setting[bool] = Setting(
     "node_check",
     _BAD_NODES,
@@ -806,6 +817,18 @@ NODE_CHECK_CMD: Setting[str | None] = Setting(
     (_options("node_check_cmd"),),
     unset="none",
     metavar="CMD",
+)
+LINK_CHECK: Setting[str] = Setting(
+    "link_check",
+    _BAD_NODES,
+    "--link-check",
+    Kind(_link_mode, "off, warn or exclude"),
+    "warn",
+    "After a round of several nodes forms, time a few MB of collectives between the nodes "
+    "over the workers' backend and name a node whose bandwidth is under 1/--straggler-factor "
+    "of the median: off, warn, or exclude (a slow node leaves when a spare waits).",
+    (_options("link_check"),),
+    metavar="MODE",
 )
 PRINT_CONFIG: Setting[bool] = Setting(
     "print_config",
@@ -902,6 +925,7 @@ SETTINGS: tuple[Setting[Any], ...] = (
     NODE_CHECK,
     NODE_CHECK_TIMEOUT,
     NODE_CHECK_CMD,
+    LINK_CHECK,
     PRINT_CONFIG,
     TIMER_FILE,
     LOG_LINE_PREFIX_TEMPLATE,
