@@ -86,8 +86,12 @@ def test_a_bad_node_is_excluded_and_a_spare_takes_its_place(job: Job) -> None:
     # The restarts the bad node spent count (its two failures); the re-forming after its
     # exclusion does not.
     assert {job.newest(n)["TORCHELASTIC_RESTART_COUNT"] for n in "abd"} == {"2"}, job.report()
-    # The others name the excluded node in their summary.
-    assert "excluded" in job.nodes["a"].output()
+    # The others name the excluded node in their summary, and their goodput books what its
+    # rounds cost them.
+    assert "node excluded during the job" in job.nodes["a"].output(), job.report()
+    (goodput,) = _events(job, "a", "goodput")
+    assert goodput["fields"]["bad_node_s"] > 0, goodput
+    assert "to nodes excluded as unhealthy" in goodput["message"], goodput
     job.assert_no_survivors()
 
 
@@ -178,4 +182,26 @@ def test_the_link_check_runs_when_a_round_of_several_nodes_forms(job: Job) -> No
         assert not _events(job, name, "link.slow")
         kinds = job.nodes[name].kinds()
         assert kinds.index("link.checked") < kinds.index("workers.started"), kinds
+    job.assert_no_survivors()
+
+
+def test_an_excluded_store_host_keeps_serving_until_the_job_ends(job: Job) -> None:
+    """The bad node hosts the c10d store: it is excluded (its workers stop, it leaves every
+    round, the spare takes its place) but keeps the store up until the others finish, then
+    exits 6."""
+    env = {"MN_BAD_NODE": "a"}
+    for name in "abc":
+        job.start(
+            name, nnodes="2:3", conf=FAST_CONF, host=name == "a", env=env,
+            extra=("--max-restarts", "3"),
+        )  # fmt: skip
+    wait_until(lambda: "is suspect (1 of 2" in job.nodes["a"].output(), 120, message=job.report)
+    job.start("d", nnodes="2:3", conf=FAST_CONF, env=env, extra=("--max-restarts", "3"))
+    wait_until(lambda: _events(job, "a", "node.serving"), 120, message=job.report)
+    job.wait_running(["b", "c", "d"], 3, timeout_s=120)
+    assert job.nodes["a"].proc.poll() is None  # still serving the store
+    job.go()
+    for name in "bcd":
+        assert job.wait_exit(name) == 0, job.report()
+    assert job.wait_exit("a", 60) == 6, job.report()
     job.assert_no_survivors()

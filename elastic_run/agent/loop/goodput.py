@@ -28,7 +28,7 @@ count for nothing; a restart whose workers never beat ends at the next failure, 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -51,6 +51,7 @@ __all__ = [
     "merge",
     "on_event",
     "restart_decided",
+    "with_bad_nodes",
     "rendezvous_complete",
     "rendezvous_joining",
     "summary_line",
@@ -72,10 +73,12 @@ class RestartCost:
 
     Attributes:
         cause: ``failure`` (a local worker failed) or ``membership`` (the round changed).
+        by: the node whose failure or decision ended the round ("" when not known).
         detection_s, stop_s, rendezvous_s, worker_start_s, first_beat_s: the phases.
     """
 
     cause: str
+    by: str = ""
     detection_s: float = 0.0
     stop_s: float = 0.0
     rendezvous_s: float = 0.0
@@ -97,6 +100,8 @@ class RestartCost:
     def to_json(self) -> dict[str, Any]:
         """The JSON object of this restart (seconds rounded to ms)."""
         body: dict[str, Any] = {"cause": self.cause, "lost_s": _ms(self.lost_s)}
+        if self.by:
+            body["by"] = self.by
         body.update({f"{p}_s": _ms(getattr(self, f"{p}_s")) for p in RESTART_PHASES})
         return body
 
@@ -133,6 +138,8 @@ class GoodputAccount:
         restarts: the last restarts, one cost each (at most 64 kept; empty once merged).
         nodes: how many nodes' accounts this is (1 for a node's own).
         ended: whether the account is final (the agent's run ended).
+        bad_node_s: of the restarts' time, what the rounds ended by nodes that were excluded
+            as unhealthy cost (:func:`with_bad_nodes`; 0 until known).
     """
 
     wall_s: float
@@ -145,6 +152,7 @@ class GoodputAccount:
     restarts: tuple[RestartCost, ...] = ()
     nodes: int = 1
     ended: bool = False
+    bad_node_s: float = 0.0
 
     @property
     def lost_s(self) -> float:
@@ -181,6 +189,7 @@ class GoodputAccount:
             "restart_count": self.restart_count,
             "nodes": self.nodes,
             "ended": self.ended,
+            "bad_node_s": _ms(self.bad_node_s),
         }
         if with_restarts:
             body["restarts"] = [r.to_json() for r in self.restarts]
@@ -297,12 +306,13 @@ def worker_failed(fold: GoodputFold, failed_at_s: float, now_s: float) -> Goodpu
     return replace(_close(replace(fold, phase="detection"), now_s), phase="detection")
 
 
-def _stop_begins(fold: GoodputFold, cause: str, now_s: float) -> GoodputFold:
-    """A restart for ``cause`` begins: the current phase closes, stopping starts."""
+def _stop_begins(fold: GoodputFold, cause: str, now_s: float, by: str = "") -> GoodputFold:
+    """A restart for ``cause`` begins (the round ended by node ``by``): the current phase
+    closes, stopping starts."""
     if _over(fold):
         return fold
     fold = _end_restart(_close(fold, now_s))
-    current = RestartCost(cause, detection_s=fold.pending_detection_s)
+    current = RestartCost(cause, by, detection_s=fold.pending_detection_s)
     return replace(
         fold,
         phase="stop",
@@ -312,15 +322,17 @@ def _stop_begins(fold: GoodputFold, cause: str, now_s: float) -> GoodputFold:
     )
 
 
-def restart_decided(fold: GoodputFold, now_s: float) -> GoodputFold:
-    """The agent decided to restart its workers after a failure: stopping starts."""
-    return _stop_begins(fold, "failure", now_s)
+def restart_decided(fold: GoodputFold, now_s: float, by: str = "") -> GoodputFold:
+    """The agent decided to restart its workers after a failure (the round ended by node
+    ``by``): stopping starts."""
+    return _stop_begins(fold, "failure", now_s, by)
 
 
-def membership_changed(fold: GoodputFold, now_s: float) -> GoodputFold:
-    """The round changed (a lost member, waiting nodes): stopping to re-rendezvous starts.
-    This node cannot date the loss: the silence before it counts as a stall."""
-    return _stop_begins(fold, "membership", now_s)
+def membership_changed(fold: GoodputFold, now_s: float, by: str = "") -> GoodputFold:
+    """The round changed (a lost member, waiting nodes; ended by node ``by``): stopping to
+    re-rendezvous starts. This node cannot date the loss: the silence before it counts as a
+    stall."""
+    return _stop_begins(fold, "membership", now_s, by)
 
 
 def rendezvous_joining(fold: GoodputFold, now_s: float) -> GoodputFold:
@@ -384,10 +396,11 @@ def on_event(
     """
     if kind == "worker.failed":
         return worker_failed(fold, now_s if failed_at_s is None else failed_at_s, now_s)
+    by = str((fields or {}).get("ended_by") or "")
     if kind == "restart":
-        return restart_decided(fold, now_s)
+        return restart_decided(fold, now_s, by)
     if kind == "membership.changed":
-        return membership_changed(fold, now_s)
+        return membership_changed(fold, now_s, by)
     if kind == "rendezvous.joining":
         return rendezvous_joining(fold, now_s)
     if kind == "rendezvous.complete":
@@ -464,6 +477,7 @@ def from_json(body: Mapping[str, Any]) -> GoodputAccount:
         restart_count=count,
         nodes=nodes,
         ended=bool(body.get("ended", False)),
+        bad_node_s=_num(body, "bad_node_s") if "bad_node_s" in body else 0.0,
     )
 
 
@@ -489,7 +503,20 @@ def merge(accounts: Mapping[str, GoodputAccount]) -> GoodputAccount | None:
         restart_count=max(a.restart_count for a in items),
         nodes=sum(a.nodes for a in items),
         ended=all(a.ended for a in items),
+        bad_node_s=sum(a.bad_node_s for a in items),
     )
+
+
+def with_bad_nodes(acc: GoodputAccount, excluded: Iterable[str]) -> GoodputAccount:
+    """``acc`` with ``bad_node_s``: the restarts (of those kept) whose round a node of
+    ``excluded`` ended: what the bad nodes cost this node.
+
+    Args:
+        acc: a node's own account.
+        excluded: the ids of the nodes excluded as unhealthy during the job.
+    """
+    bad = set(excluded)
+    return replace(acc, bad_node_s=sum(r.lost_s for r in acc.restarts if r.by and r.by in bad))
 
 
 def summary_line(acc: GoodputAccount) -> str:
@@ -502,6 +529,8 @@ def summary_line(acc: GoodputAccount) -> str:
         if seconds >= 0.05
     )
     restarts = f"{acc.restart_count} restart{'' if acc.restart_count == 1 else 's'}"
+    if acc.bad_node_s >= 0.05:
+        restarts += f", {acc.bad_node_s:.1f} {unit} of them to nodes excluded as unhealthy"
     nodes = f" over {acc.nodes} nodes" if acc.nodes > 1 else ""
     return (
         f"goodput {100 * acc.share:.1f}%: training {acc.training_s:.1f} {unit} of "

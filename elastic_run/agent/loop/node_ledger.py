@@ -45,6 +45,7 @@ class NodeLedger:
         self._own = FaultHistory(node_id, host) if rendezvous is not None else None
         self._others: dict[str, FaultHistory] = {}
         self._warned: set[str] = set()
+        self._excluded_ids: frozenset[str] = frozenset()
 
     @property
     def own(self) -> FaultHistory | None:
@@ -105,11 +106,19 @@ class NodeLedger:
         except RendezvousError as exc:
             log.warning("could not read the job's excluded nodes: %s", exc)
             return ()
+        self._excluded_ids = frozenset(e["node"] for e in listed)
         return tuple(
             f"{e['host'] or e['node']}: {e['reason']}"
             for e in listed
             if e["node"] != self._own.node_id
         )
+
+    def excluded_ids(self) -> frozenset[str]:
+        """The ids of the nodes excluded during the job as :meth:`excluded_nodes` read them,
+        this node's own when it was excluded."""
+        own = self._own
+        mine = {own.node_id} if own is not None and own.excluded is not None else set()
+        return self._excluded_ids | mine
 
     def _read(self, node_ids: Iterable[str], host: TelemetryHost) -> None:
         ids = list(node_ids)

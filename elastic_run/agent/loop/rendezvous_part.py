@@ -185,6 +185,15 @@ class RendezvousPart:
         except RendezvousError:
             return "closed"
 
+    def is_closed_now(self) -> bool:
+        """Whether the job is closed, read from the store now (a store that fails: not)."""
+        try:
+            if self.agent is not None:
+                return self.agent.closed_reason() is not None
+            return self.handler.is_closed()
+        except RendezvousError:
+            return False
+
     def close(self, reason: ClosedReason) -> None:
         """Close the rendezvous (``succeeded``, ``failed`` or ``closed``); a failure is logged."""
         try:

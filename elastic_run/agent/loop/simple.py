@@ -164,6 +164,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._link_checked_world = 1  # the round size the links were last checked at
         self._followed: list[str] = []  # failures that followed their rank (the script's)
         self._excluded: tuple[str, ...] = ()  # the other nodes excluded, as read at the end
+        self._bad_ids: frozenset[str] = frozenset()  # their ids, and this node's when excluded
         handler = spec.rdzv_handler
         if isinstance(handler, InterruptibleRendezvous):
             handler.set_interrupt(lambda: self._signal_log.pending_stop() is not None)
@@ -368,7 +369,7 @@ class SimpleElasticAgent(ElasticAgent):
                 for w in view.workers
             ),
             job_progress=progress.job,
-            goodput=gp.account(self._goodput, time.monotonic()),
+            goodput=gp.with_bad_nodes(gp.account(self._goodput, time.monotonic()), self._bad_ids),
             watchdog_expiries=view.watchdog_expiries,
             node_health=self._node_health(),
             excluded_nodes=self._excluded,
@@ -595,11 +596,12 @@ class SimpleElasticAgent(ElasticAgent):
         try:
             result = self._run_to_end()
             self._excluded = self._ledger.excluded_nodes()  # before leaving: the store's there
+            self._bad_ids = self._ledger.excluded_ids()
             self._record_metrics(result)
             self.flush_events()
             self._goodput = gp.close(self._goodput, time.monotonic())
             self._publish_snapshot()
-            final = gp.account(self._goodput, time.monotonic())
+            final = gp.with_bad_nodes(gp.account(self._goodput, time.monotonic()), self._bad_ids)
             self._emit("goodput", gp.summary_line(final), publish=False, **final.to_json())
         finally:
             try:
@@ -857,6 +859,12 @@ class SimpleElasticAgent(ElasticAgent):
         text = ""
         if isinstance(action, sm.Restart):
             after = self._restarts + (1 if action.counted else 0)
+            own = self._ledger.own
+            ended_by = (
+                (own.node_id if own is not None else "")
+                if action.counted
+                else str(self._round.round_end_fields().get("ended_by", ""))
+            )
             self._emit(
                 "restart",
                 f"restarting the workers ({after}/{spec.max_restarts} restarts"
@@ -864,6 +872,7 @@ class SimpleElasticAgent(ElasticAgent):
                 restarts=after,
                 max_restarts=spec.max_restarts,
                 counted=action.counted,
+                ended_by=ended_by,
             )
         else:
             # Cut off from the store: nothing on the way to stopping the workers may wait on it
@@ -1038,7 +1047,27 @@ class SimpleElasticAgent(ElasticAgent):
         self._round.leave_round("node_excluded")
         self._set_state(action.state)
         self._publish_state("EXCLUDED", line)
+        agent = self._round.agent
+        if agent is not None and agent.is_hosting and group.group_rank is not None:
+            self._serve_until_closed(line)
         return RunResult(action.state, exit_code=action.exit_code, reason=line)
+
+    def _serve_until_closed(self, line: str) -> None:
+        """An excluded node that hosts the rendezvous store keeps serving it (its workers
+        stopped, out of every round) until the job ends: leaving would take the store, and the
+        job, with it. A signal ends the wait."""
+        self._emit(
+            "node.serving",
+            f"{line}; this node hosts the rendezvous store: it keeps serving it until the job "
+            "ends, then exits 6",
+        )
+        try:
+            self._spec.rdzv_handler.shutdown()  # out of the job: no heartbeat, no round
+        except RendezvousError as exc:
+            log.warning("leaving the rendezvous failed: %s", exc)
+        while self._signal_log.pending_stop() is None and not self._round.is_closed_now():
+            self._waker.wait(_SERVE_LOOK_S)
+        self._waker.wait(_SERVE_GRACE_S)  # the others read the close before the store goes
 
     def _check_links(self, rank: int, world: int, addr: str, port: int, round_: int) -> None:
         """After a round of several nodes formed, when its size changed since the last check:
@@ -1171,6 +1200,10 @@ class SimpleElasticAgent(ElasticAgent):
 
 
 _REJOIN_SUFFIX = ": stopping the workers to re-rendezvous"
+# An excluded store host: how often it looks whether the job ended, and how long it serves on
+# once it did (the others read the close and leave).
+_SERVE_LOOK_S = 1.0
+_SERVE_GRACE_S = 5.0
 
 
 def _first_failure(view: GroupView) -> tuple[str, dict[str, Any]]:
