@@ -284,6 +284,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.agent.progress.stack_report",
     },
     "elastic_run.agent.settings": {
+        "elastic_run.agent.link_check.mode",  # --link-check's parser
         "elastic_run.agent.node_check.options",  # the node check's parsers and its default
         "elastic_run.agent.progress.config",  # the progress settings' defaults and parsers
         "elastic_run.agent.rules.progress.beats",

@@ -8,7 +8,7 @@ value parsers the rows name (``values.py``) and the stream values of ``--redirec
 keyword defaults and the hand-over of values to ``WorkerSpec``, ``LocalElasticAgent``,
 ``AgentOptions`` and ``ProgressOptions`` are all generated from the table.
 
-May import: ``agent.node_check.options`` (the node check's parsers), ``agent.progress.config`` and the progress rules' parsers (``agent.rules.progress``:
+May import: ``agent.node_check.options`` and ``agent.link_check.mode`` (their parsers), ``agent.progress.config`` and the progress rules' parsers (``agent.rules.progress``:
 beats, script_end; the progress settings' defaults live in ``ProgressOptions``), the
 rendezvous's settings (``rendezvous.settings``: one set of bounds) and the top-level ``errors``.
 Never click, rich or the CLI; nothing here reads the environment.
