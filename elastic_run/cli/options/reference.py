@@ -3,8 +3,8 @@
 One concept: render :data:`~elastic_run.agent.settings.table.SETTINGS` as the Markdown page a
 user reads, one table per section, one line per setting: its flag and spellings, its variables
 (``PET_<NAME>``, torch's), what it takes, its default, where its value goes and its help; then
-the workers' environment and the logs' layout (prose kept here), and the ``status``, ``close``
-and ``etcd`` commands' options from their click commands.
+the workers' environment and the logs' layout (prose kept here), and the ``status``, ``close``,
+``report`` and ``etcd`` commands' options from their click commands.
 ``python -m elastic_run.cli.options.reference > docs/cli.md`` writes the page;
 ``tests/unit/test_settings_table.py`` fails when the committed page and the table disagree.
 """
@@ -34,6 +34,7 @@ _INTRO = f"""\
     elastic-run [OPTIONS] SCRIPT [SCRIPT_ARGS...]     run a job (the default command; also `elastic-run run`)
     elastic-run status --rdzv-id JOB ...              show a job's rendezvous
     elastic-run close --rdzv-id JOB ...               end a job
+    elastic-run report LOG_DIR...                     a page of what happened to a job
     elastic-run etcd                                  run a local etcd for jobs
 
 `python -m elastic_run` is the same program. Bad input is one line `Error: ...` and exit 2,
@@ -115,6 +116,11 @@ _COMMANDS = (
         "close",
         "elastic-run close --rdzv-endpoint node0:29400 --rdzv-id job42 [--wait [--timeout S]]",
         "What a close does: [Observability](observability.md#status-and-close).",
+    ),
+    (
+        "report",
+        "elastic-run report LOG_DIR... [-o job.html] [--json] [--run-id JOB]",
+        "What the page shows, and the JSON's fields: [Report](report.md).",
     ),
     (
         "etcd",
