@@ -156,6 +156,7 @@ def main() -> None:
     parser.add_argument("--steps", type=int, default=30)
     parser.add_argument("--bound", type=float, default=240.0)
     parser.add_argument("--only", choices=["elastic-run", "torchrun"], default=None)
+    parser.add_argument("--keep", action="store_true", help="keep the nodes' logs; print where")
     args = parser.parse_args()
     launchers = [args.only] if args.only else ["elastic-run", "torchrun"]
     tmp = Path(tempfile.mkdtemp(prefix="bench-bad-node-"))
@@ -186,7 +187,10 @@ def main() -> None:
                 f"({len(runs) - len(recovered)} never)"
             )
     finally:
-        shutil.rmtree(tmp, ignore_errors=True)
+        if args.keep:
+            print(f"logs kept in {tmp}")
+        else:
+            shutil.rmtree(tmp, ignore_errors=True)
 
 
 if __name__ == "__main__":

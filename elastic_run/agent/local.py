@@ -503,7 +503,7 @@ class _LinkCheck:
             )
         except LinkCheckError as exc:
             log.warning("the link check did not complete: %s", exc)
-            return LinkFindings()
+            return LinkFindings(completed=False)
         verdict = link_verdict(report, self._mode, self._factor, spares)
         named = tuple(slow_message(report, r) for r in verdict.named)
         mine = None

@@ -322,6 +322,8 @@ class Assignment:
         successor_index: the arrival index this member watches (a ring); -1 alone.
         restart_count: the job's restart count (TORCHELASTIC_RESTART_COUNT), the same for
             every member of the round.
+        links_untimed: how many of the round's members' links were never timed (the same
+            for every member: the round's links are timed when it is above 0).
     """
 
     rank: int
@@ -332,6 +334,7 @@ class Assignment:
     role_total: int
     successor_index: int = -1
     restart_count: int = 0
+    links_untimed: int = 0
 
 
 @dataclass(frozen=True)
@@ -437,6 +440,10 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
 
     def avoid_rank(self, rank: int | None) -> None:
         """Ask not to be given group rank ``rank`` in the next round (None: no wish)."""
+
+    def note_links_untimed(self, untimed: bool) -> None:
+        """Say in this node's next arrivals whether its links are still to be timed (True: it
+        takes part in link checks and none of its checks completed yet)."""
 
     @property
     def min_nodes(self) -> int:

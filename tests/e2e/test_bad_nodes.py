@@ -185,6 +185,39 @@ def test_the_link_check_runs_when_a_round_of_several_nodes_forms(job: Job) -> No
     job.assert_no_survivors()
 
 
+def test_the_link_check_times_a_spare_that_takes_a_places_and_not_a_shrink(job: Job) -> None:
+    """The link check runs when a round holds a node whose links were never timed, on every
+    member alike: the spare that takes the excluded node's place at the same size is timed with
+    the others (no node checks alone and waits out the helper's timeout), and a round that only
+    lost a node times nothing again."""
+    env = {"MN_BAD_NODE": "c"}
+    warn = ("--max-restarts", "3", "--link-check", "warn")
+    for name in "abc":
+        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a", env=env, extra=warn)
+    wait_until(lambda: "is suspect (1 of 2" in job.nodes["c"].output(), 120, message=job.report)
+    job.start("d", nnodes="2:3", conf=FAST_CONF, env=env, extra=warn)
+    assert job.wait_exit("c", 120) == 6, job.report()
+    job.wait_running(["a", "b", "d"], 3, timeout_s=120)
+    # d's round of three was timed on each of its members: d's one check, the last of a's and
+    # b's, all of three nodes; nobody's helper timed out.
+    for name in "abd":
+        checks = _events(job, name, "link.checked")
+        assert checks and checks[-1]["fields"]["nodes"] == 3, job.report()
+        assert "link check" not in "".join(
+            ln for ln in job.nodes[name].output().splitlines(True) if "timed out" in ln
+        ), job.report()
+    assert len(_events(job, "d", "link.checked")) == 1
+    before = {name: len(_events(job, name, "link.checked")) for name in "ab"}
+    # d's agent is killed: a and b re-form a round of two, whose links were all timed.
+    job.nodes["d"].proc.kill()
+    job.wait_running(["a", "b"], 2, timeout_s=120)
+    job.go()
+    for name in "ab":
+        assert job.wait_exit(name) == 0, job.report()
+        assert len(_events(job, name, "link.checked")) == before[name], job.report()
+    job.assert_no_survivors()
+
+
 def test_an_excluded_store_host_keeps_serving_until_the_job_ends(job: Job) -> None:
     """The bad node hosts the c10d store: it is excluded (its workers stop, it leaves every
     round, the spare takes its place) but keeps the store up until the others finish, then

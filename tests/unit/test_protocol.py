@@ -8,7 +8,7 @@ interleavings of joins, deaths, clock ticks, coordinator steps, re-forms and clo
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import pytest
 from hypothesis import HealthCheck, settings
@@ -21,7 +21,9 @@ from elastic_run.rendezvous.protocol.records import (
     HEARTBEAT_GONE,
     NodeRecord,
     SealRecord,
+    decode,
     decode_heartbeat,
+    encode,
     is_counter,
     ranges,
     read_heartbeat,
@@ -241,6 +243,24 @@ def test_assignment_worker_offsets_per_job_and_per_role() -> None:
     assert {a.total_workers for a in got if a} == {9}
     assert [a.role_offset for a in got if a] == [0, 2, 0, 4]
     assert [a.role_total for a in got if a] == [5, 5, 4, 5]
+
+
+def test_the_seal_counts_the_members_whose_links_were_never_timed() -> None:
+    # Arrivals 1 and 3 are new to link checks; 2 never wrote its record (left out, uncounted).
+    records = {i: replace(_record(i), links_untimed=int(i in (1, 3))) for i in (0, 1, 3)}
+    seal = proto.build_seal(0, [0, 1, 2, 3], records, "max", 4, 2)
+    assert seal is not None and seal.world_size == 3 and seal.links_untimed == 2
+    assert {proto.assignment_for(seal, i).links_untimed for i in (0, 1, 3)} == {2}  # type: ignore[union-attr]
+    # A round of members whose links were all timed (a node lost since) times nothing.
+    timed = proto.build_seal(1, [0, 1], {i: _record(i) for i in (0, 1)}, "reform", 2, 2)
+    assert timed is not None and timed.links_untimed == 0
+
+
+@pytest.mark.parametrize("untimed", [-1, 4])
+def test_a_seal_that_counts_more_untimed_members_than_it_has_is_refused(untimed: int) -> None:
+    raw = encode(replace(_seal([0, 1, 2]), links_untimed=untimed))
+    with pytest.raises(RendezvousStateError, match="links_untimed"):
+        decode(SealRecord, "seal", raw)
 
 
 def test_with_round_keeps_everything_else() -> None:

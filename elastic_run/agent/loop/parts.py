@@ -113,12 +113,15 @@ class LinkFindings:
         mine: this node's own ``link.slow`` event (message, fields), when it is slow.
         exclude: why this node leaves (``--link-check exclude`` with a spare waiting), or None.
         took_s: how long the check took.
+        completed: False when the check did not complete (a peer never came, a helper
+            failed: said in a warning); nothing was timed.
     """
 
     named: tuple[str, ...] = ()
     mine: tuple[str, Mapping[str, Any]] | None = None
     exclude: str | None = None
     took_s: float = 0.0
+    completed: bool = True
 
 
 class LinkCheckPart(Protocol):

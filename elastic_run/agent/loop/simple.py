@@ -162,6 +162,7 @@ class SimpleElasticAgent(ElasticAgent):
         self._node_check = node_check
         self._link_check = link_check
         self._link_checked_world = 1  # the round size the links were last checked at
+        self._links_timed = False  # a link check of this node's ran to its end
         self._followed: list[str] = []  # failures that followed their rank (the script's)
         self._excluded: tuple[str, ...] = ()  # the other nodes excluded, as read at the end
         self._bad_ids: frozenset[str] = frozenset()  # their ids, and this node's when excluded
@@ -425,6 +426,8 @@ class SimpleElasticAgent(ElasticAgent):
         """Join the next round; set the group's ranks, store and master address."""
         spec, handler, rdzv = self._spec, self._spec.rdzv_handler, self._round.agent
         self._round.joining(spec.local_world_size, spec.role)
+        if rdzv is not None:
+            rdzv.note_links_untimed(self._link_check is not None and not self._links_timed)
         if self._link_check is not None:
             self._link_check.prepare()
         self._publish_state("RENDEZVOUS")
@@ -1070,11 +1073,20 @@ class SimpleElasticAgent(ElasticAgent):
         self._waker.wait(_SERVE_GRACE_S)  # the others read the close before the store goes
 
     def _check_links(self, rank: int, world: int, addr: str, port: int, round_: int) -> None:
-        """After a round of several nodes formed, when its size changed since the last check:
-        time its links, name the slow nodes; raise ``_Unfit`` when this node must leave."""
-        if self._link_check is None or world < 2 or world == self._link_checked_world:
+        """After a round of several nodes formed, when it holds a node whose links were never
+        timed (the seal says so alike to every member; a torch-style rendezvous: when the
+        round's size changed since the last check): time its links, name the slow nodes;
+        raise ``_Unfit`` when this node must leave. A round that only lost nodes times
+        nothing again: its links were all timed."""
+        if self._link_check is None or world < 2:
             return
-        self._link_checked_world = world
+        rdzv = self._round.agent
+        assignment = rdzv.assignment if rdzv is not None else None
+        if assignment is not None:
+            if assignment.links_untimed == 0:
+                return
+        elif world == self._link_checked_world:
+            return
         found = self._link_check.measure(
             rank,
             world,
@@ -1084,6 +1096,12 @@ class SimpleElasticAgent(ElasticAgent):
             self._round.last_poll.spares,
             self._give_up_waiting,
         )
+        # Done, or failed for good (a peer that never came is not waited for again): a
+        # check cut short by the round's end stays to do.
+        self._link_checked_world = world
+        self._links_timed = True
+        if not found.completed:
+            return
         self._emit(
             "link.checked",
             f"link check of {world} nodes in {found.took_s:.2f} s: "

@@ -147,6 +147,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._local_world_size = 1
         self._role = "default"
         self._avoid_rank = -1
+        self._links_untimed = 0
         self._lock = threading.Lock()
         self._member: Membership | None = None
         self._notices = DeathNotices(
@@ -640,6 +641,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             prev_rank=self._rounds.last_rank,
             rank_round=self._rounds.rank_round,
             avoid_rank=self._avoid_rank,
+            links_untimed=self._links_untimed,
         )
 
     @property
@@ -655,6 +657,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
             rank: the rank to avoid (the one this node held when it was suspected).
         """
         self._avoid_rank = rank if rank is not None and rank >= 0 else -1
+
+    def note_links_untimed(self, untimed: bool) -> None:
+        """Say in this node's next arrivals whether its links are still to be timed: the seal
+        counts the members that say so, and every member times the round's links when any
+        does (``SealRecord.links_untimed``).
+
+        Args:
+            untimed: True while this node takes part in link checks and none of its own
+                completed; False once one did (or it takes no part).
+        """
+        self._links_untimed = 1 if untimed else 0
 
     # -- liveness -------------------------------------------------------------------------
 

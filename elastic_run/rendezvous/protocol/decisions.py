@@ -284,6 +284,7 @@ def assignment_for(seal: SealRecord, index: int) -> Assignment | None:
         role_total=role_totals.get(my_role, 0),
         successor_index=seal.index_at((rank + 1) % n) if n > 1 else -1,
         restart_count=seal.restarts,
+        links_untimed=seal.links_untimed,
     )
 
 
@@ -357,7 +358,10 @@ def build_seal(
     avoid = {i: records[i].avoid_rank for i in present if records[i].avoid_rank >= 0}
     live = list(stable_order(present, claims, avoid))
     workers = runs([(records[i].local_world_size, records[i].role) for i in live])
-    return SealRecord(r, sealed_arrivals, ranges(live), len(live), reason, workers, restarts)
+    untimed = sum(1 for i in live if records[i].links_untimed > 0)
+    return SealRecord(
+        r, sealed_arrivals, ranges(live), len(live), reason, workers, restarts, untimed
+    )
 
 
 @dataclass(frozen=True)

@@ -85,6 +85,10 @@ class NodeRecord:
             a node suspected after a failure asks for other ranks, so that a second failure
             tells a bad node (it fails again with other ranks) from a rank-dependent bug (the
             failure follows the rank to another node).
+        links_untimed: 1 when this node takes part in link checks and its links to the others
+            were never timed (it is new to the job, or every check it began was cut short);
+            the seal counts such members, so that every member of a round decides alike
+            whether the round's links are timed.
     """
 
     node_id: str
@@ -100,6 +104,7 @@ class NodeRecord:
     prev_rank: int = -1
     rank_round: int = -1
     avoid_rank: int = -1
+    links_untimed: int = 0
 
 
 @dataclass(frozen=True)
@@ -118,6 +123,8 @@ class SealRecord:
             encoded as (count, local_world_size, role): O(1) for a uniform job.
         restarts: the job's restart count when the round was sealed (every member's workers
             see it as TORCHELASTIC_RESTART_COUNT).
+        links_untimed: how many members' links were never timed (``NodeRecord.links_untimed``):
+            the round's links are timed when it is above 0.
     """
 
     round: int
@@ -127,6 +134,7 @@ class SealRecord:
     reason: SealReason
     workers: tuple[tuple[int, int, str], ...] = ()
     restarts: int = 0
+    links_untimed: int = 0
 
     def admitted_indices(self) -> list[int]:
         """Return the admitted arrival indices in rank order."""
@@ -165,6 +173,8 @@ class SealRecord:
                 f"world_size {self.world_size}, {admitted} admitted, "
                 f"{described} described in 'workers'"
             )
+        if not 0 <= self.links_untimed <= self.world_size:
+            return f"links_untimed {self.links_untimed} of {self.world_size} members"
         return None
 
 
