@@ -9,7 +9,8 @@ with ``--nnodes 2:3 --max-restarts 3``; C's workers crash (SIGSEGV) at every sta
 For each run and launcher it prints: whether the job completed (every healthy node exit 0), the
 four exit codes, the restarts spent (the highest TORCHELASTIC_RESTART_COUNT any worker saw),
 the time from C's second crash to the first step at full world (3) after it ("never" when
-none came), node A's goodput line, and elastic-run's node check as its start-up line says it.
+none came), node A's goodput line, and what elastic-run's node check and link checks took on A
+(their own lines).
 Then the distributions (first / median / p90 / last) over the runs. Runs alternate between the
 launchers; each gets ``--bound`` seconds. Runs itself in a loopback-only network namespace when
 root. No assertions: figures only; the load average is printed with them.
@@ -57,6 +58,7 @@ class Run:
     recovery_s: float | None = None
     goodput: str = ""
     node_check: str = ""
+    link_checks: list[str] = field(default_factory=list)
     wall_s: float = 0.0
 
     @property
@@ -135,6 +137,7 @@ def run_once(launcher: str, steps: int, bound_s: float, tmp: Path) -> Run:
     run.goodput = found.group(0)[:110] if found else "-"
     check = re.search(r"node check [^\n]*", a_log)
     run.node_check = check.group(0)[:110] if check else "-"
+    run.link_checks = re.findall(r"link check of (\d+ nodes in [0-9.]+ s)", a_log)
     return run
 
 
@@ -178,6 +181,10 @@ def main() -> None:
                 print(f"    A: {run.goodput}", flush=True)
                 if launcher == "elastic-run":
                     print(f"    A: {run.node_check}", flush=True)
+                    links = "; ".join(run.link_checks) or "none ran"
+                    print(
+                        f"    A: link checks (the default --link-check warn): {links}", flush=True
+                    )
         print()
         for launcher, runs in results.items():
             recovered = [r.recovery_s for r in runs if r.recovery_s is not None]

@@ -1,8 +1,9 @@
-"""bench_bad_node.py: a tiny gloo training loop whose bad node crashes at every start.
+"""bench_bad_node.py: a tiny DDP training loop (gloo) whose bad node crashes at every start.
 
 Usage: bad_node_steps.py STEP_FILE STEPS. The worker appends ``start <time> <node> <restart>``
 before torch loads, then ``step <time> <node> <world_size> <restart> <step>`` after each of
-STEPS all_reduces (0.1 s apart), and exits 0. On the node whose agent has ``BENCH_BAD=1`` it
+STEPS optimizer steps of a small DDP model (0.1 s apart: each step is a progress beat, as in
+any training script), and exits 0. On the node whose agent has ``BENCH_BAD=1`` it
 appends ``crash <time> <node> <restart>`` and kills itself with SIGSEGV instead (a bad host).
 """
 
@@ -36,8 +37,12 @@ import torch.distributed as dist  # noqa: E402
 
 dist.init_process_group("gloo", timeout=timedelta(seconds=60))
 world = dist.get_world_size()
+model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(16, 16))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 for step in range(steps):
-    dist.all_reduce(torch.ones(1))
+    optimizer.zero_grad()
+    model(torch.randn(8, 16)).sum().backward()
+    optimizer.step()
     stamp(f"step {time.time()!r} {node} {world} {restart} {step}")
     time.sleep(0.1)
 dist.destroy_process_group()
