@@ -5,7 +5,8 @@ plain lines, ``EventLog`` writes them as JSON lines to ``<log dir>/events.jsonl`
 agent publishes a few to the rendezvous backend for ``elastic-run status``.
 
 Kinds (stable, documented in the README):
-    agent.started        the agent is up (fields: run_id, nproc_per_node, backend, endpoint)
+    agent.started        the agent is up (fields: run_id, nproc_per_node, backend, endpoint,
+                         node: its node id in the rendezvous, "" for a torch-style one; host)
     rendezvous.joining   joining round (fields: attempt)
     rendezvous.complete  a round completed (fields: round, group_rank, group_world_size,
                          world_size, master_addr, master_port)

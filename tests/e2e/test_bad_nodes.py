@@ -80,6 +80,9 @@ def test_a_bad_node_is_excluded_and_a_spare_takes_its_place(job: Job) -> None:
     job.wait_running(["a", "b", "d"], 3, timeout_s=120)
     status = _status(job)
     assert any("root cause of 2 failed rounds" in line for line in status["excluded"]), status
+    # Each agent's first event names its node as status and the others' records name it.
+    started = {n: _events(job, n, "agent.started")[0]["fields"]["node"] for n in "abd"}
+    assert sorted(started.values()) == sorted(m["node_id"] for m in status["members"]), status
     job.go()
     for name in "abd":
         assert job.wait_exit(name) == 0, job.report()

@@ -648,6 +648,8 @@ class SimpleElasticAgent(ElasticAgent):
                 nproc_per_node=self._spec.local_world_size,
                 backend=handler.get_backend(),
                 endpoint=self._round.endpoint,
+                node=str(self._round.agent.node_id) if self._round.agent is not None else "",
+                host=socket.gethostname(),
             )
             unfit = self._unfit("before joining")
             if unfit is not None:
