@@ -16,6 +16,8 @@ The workers are ``mn_scripts/worker.py`` (they record their environment, then wa
 from __future__ import annotations
 
 import json
+import os
+import signal
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -241,3 +243,33 @@ def test_an_excluded_store_host_keeps_serving_until_the_job_ends(job: Job) -> No
         assert job.wait_exit(name) == 0, job.report()
     assert job.wait_exit("a", 60) == 6, job.report()
     job.assert_no_survivors()
+
+
+def test_a_spare_whose_store_host_dies_says_so_once(job: Job) -> None:
+    """Four nodes, ``--nnodes 2:3``, the fourth waits as a spare; then the store's host (a
+    member) is SIGKILLed with its whole process group. The spare exits 4 and says the store is
+    gone once: its one ``Error:`` line, after at most one warning (the first failed call, which
+    it retries within its heartbeat budget), not a warning from every part on every turn."""
+    for name in "abcd":
+        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
+    seen: dict[str, Any] = {}
+
+    def spare_shown() -> bool:
+        seen.update(_status(job))
+        return [w.get("health") for w in seen.get("waiting", [])] == ["spare"]
+
+    wait_until(spare_shown, 120, message=lambda: json.dumps(seen)[-2000:])
+    (waiting,) = seen["waiting"]
+    names = {
+        e["fields"]["node"]: name for name in "abcd" for e in _events(job, name, "agent.started")
+    }
+    spare = names[waiting["node_id"]]
+    assert spare != "a", job.report()  # the store's host is a member
+    before = len(job.nodes[spare].output().splitlines())
+    os.killpg(job.nodes["a"].proc.pid, signal.SIGKILL)
+    assert job.wait_exit(spare, 120) == 4, job.report()
+    lines = job.nodes[spare].output().splitlines()[before:]
+    errors = [ln for ln in lines if ln.startswith("Error:")]
+    assert len(errors) == 1 and "cannot be reached" in errors[0], lines
+    warnings = [ln for ln in lines if "WARNING" in ln]
+    assert len(warnings) <= 1, "\n".join(warnings)

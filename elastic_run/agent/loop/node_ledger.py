@@ -22,6 +22,7 @@ from elastic_run.agent.rules.observation import NodeView
 from elastic_run.rendezvous.api import AgentRendezvous
 from elastic_run.rendezvous.dynamic.telemetry import TelemetryHost
 from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 
 __all__ = ["NodeLedger"]
 
@@ -92,7 +93,7 @@ class NodeLedger:
             ids = [m.node_id for m in snapshot.members] if snapshot is not None else []
             self._read([i for i in ids if i != self._own.node_id], rdzv)
         except RendezvousError as exc:
-            log.warning("could not read the other nodes' fault histories: %s", exc)
+            BACKEND_OUTAGE.warn(log, "could not read the other nodes' fault histories", exc)
         return self.view()
 
     def excluded_nodes(self) -> tuple[str, ...]:
@@ -104,7 +105,7 @@ class NodeLedger:
         try:
             listed = rdzv.telemetry().read_excluded()
         except RendezvousError as exc:
-            log.warning("could not read the job's excluded nodes: %s", exc)
+            BACKEND_OUTAGE.warn(log, "could not read the job's excluded nodes", exc)
             return ()
         self._excluded_ids = frozenset(e["node"] for e in listed)
         return tuple(

@@ -21,6 +21,7 @@ from typing import Any
 from elastic_run.agent.rules.observation import ClosedReason, RoundView
 from elastic_run.rendezvous.api import AgentRendezvous, RendezvousHandler, RoundPoll
 from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 
 __all__ = ["RendezvousPart", "closed_reason"]
 
@@ -148,7 +149,7 @@ class RendezvousPart:
         try:
             self.agent.leave_round(reason)
         except RendezvousError as exc:
-            log.warning("could not record why this node left the round: %s", exc)
+            BACKEND_OUTAGE.warn(log, "could not record why this node left the round", exc)
 
     def round_end_fields(self) -> dict[str, Any]:
         """Who ended this node's round and why (event fields); none when it cannot be read."""

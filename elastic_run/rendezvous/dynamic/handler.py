@@ -60,6 +60,7 @@ from elastic_run.rendezvous.errors import (
 )
 from elastic_run.rendezvous.liveness.notices import DeathNotices
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import (
@@ -597,7 +598,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         try:
             self._backend.forget_node(self.node_id)
         except RendezvousError as exc:
-            log.warning("could not drop this node's heartbeat: %s", exc)
+            BACKEND_OUTAGE.warn(log, "could not drop this node's heartbeat", exc)
             return False
         return True
 
@@ -624,7 +625,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     return
                 pause.wait(0.1)
         except RendezvousError as exc:
-            log.warning("rendezvous '%s': waiting for the spares: %s", self._run_id, exc)
+            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': waiting for the spares", exc)
 
     def _my_record(self) -> NodeRecord:
         return NodeRecord(

@@ -45,6 +45,7 @@ from elastic_run.rendezvous.errors import (
     RendezvousTimeoutError,
     RendezvousUnreachableError,
 )
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import (
@@ -195,8 +196,8 @@ class Rounds:
                 if self._clock() >= deadline or self._is_interrupted():
                     raise
                 if not said:
-                    log.warning(
-                        "rendezvous '%s': %s; trying until the join timeout", self._run_id, exc
+                    BACKEND_OUTAGE.warn(
+                        log, f"rendezvous '{self._run_id}'", exc, "trying until the join timeout"
                     )
                     said = True
                 self._clock.sleep(min(0.5, max(0.0, deadline - self._clock())))  # then retry
@@ -212,7 +213,7 @@ class Rounds:
         try:
             end_round(self._backend, r, LostRecord(r, "rejoin", (), self._node_id))
         except RendezvousUnreachableError as exc:
-            log.warning("rendezvous '%s': could not end round %d: %s", self._run_id, r, exc)
+            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': could not end round {r}", exc)
 
     def _join_once(self, deadline: float) -> Membership | None:
         """One attempt: join the forming round, or wait at the door of a completed one."""

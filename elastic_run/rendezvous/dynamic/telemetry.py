@@ -36,6 +36,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.errors import RendezvousError
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import SCHEMA_VERSION, decode_int, load_versioned
 
@@ -133,7 +134,9 @@ class Telemetry:
         try:
             self._backend.set(keys.state(self._node_id), _json_bytes(body))
         except RendezvousError as exc:
-            log.warning("rendezvous '%s': could not publish the agent state: %s", self._run_id, exc)
+            BACKEND_OUTAGE.warn(
+                log, f"rendezvous '{self._run_id}': could not publish the agent state", exc
+            )
 
     def publish_event(
         self, kind: str, message: str, fields: Mapping[str, Any] | None = None
@@ -153,7 +156,9 @@ class Telemetry:
             }
             self._backend.set(keys.event_slot(seq), _json_bytes(body))
         except RendezvousError as exc:
-            log.warning("rendezvous '%s': could not publish an event: %s", self._run_id, exc)
+            BACKEND_OUTAGE.warn(
+                log, f"rendezvous '{self._run_id}': could not publish an event", exc
+            )
 
     def publish_progress(self, body: Mapping[str, Any]) -> None:
         """Write this node's progress record (one O(1) write). Never raises."""
@@ -185,8 +190,8 @@ class Telemetry:
                     return
             log.warning("rendezvous '%s': could not list this node as excluded", self._run_id)
         except RendezvousError as exc:
-            log.warning(
-                "rendezvous '%s': could not list this node as excluded: %s", self._run_id, exc
+            BACKEND_OUTAGE.warn(
+                log, f"rendezvous '{self._run_id}': could not list this node as excluded", exc
             )
 
     def read_excluded(self) -> tuple[dict[str, str], ...]:
@@ -215,7 +220,7 @@ class Telemetry:
         try:
             self._backend.set(key, _json_bytes(record))
         except RendezvousError as exc:
-            log.warning("rendezvous '%s': could not publish %s: %s", self._run_id, what, exc)
+            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': could not publish {what}", exc)
 
 
 def excluded_entries(raw: bytes | None) -> list[dict[str, str]]:

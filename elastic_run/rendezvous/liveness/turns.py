@@ -35,6 +35,7 @@ from elastic_run.rendezvous.api import LivenessReport
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.liveness.pool import Turns, liveness_pool
+from elastic_run.rendezvous.outage import BACKEND_OUTAGE
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.settings import RendezvousSettings
@@ -169,8 +170,9 @@ class LivenessThread:
                 first = self._error is None
                 self._error = str(exc)
             if first:
-                log.warning("rendezvous heartbeat of %s failed: %s", self._node_id, exc)
+                BACKEND_OUTAGE.warn(log, f"rendezvous heartbeat of {self._node_id} failed", exc)
         else:
+            BACKEND_OUTAGE.over()
             with self._lock:
                 if self._error is not None:
                     log.warning("rendezvous heartbeat of %s works again", self._node_id)
@@ -179,7 +181,7 @@ class LivenessThread:
             try:
                 step()
             except RendezvousError as exc:
-                log.warning("rendezvous %s of %s failed: %s", what, self._node_id, exc)
+                BACKEND_OUTAGE.warn(log, f"rendezvous {what} of {self._node_id} failed", exc)
 
     def _watch(self) -> None:
         position = self._position()
