@@ -84,6 +84,7 @@ __all__ = [
 ]
 
 DEFAULT_PORT = C10D_DEFAULT_PORT
+FILE_STORE_TIMEOUT_S = 300.0  # a FileStore's own timeout: torch's store_type=file default
 CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
 
@@ -336,7 +337,7 @@ def create_c10d_backend(
     ``localhost:29400``, as torch reads it).
     Config keys: ``is_host`` (true: host the store, fail if the port is taken; false:
     connect only; unset: host when the endpoint is this machine and its port is free),
-    ``read_timeout`` (s, default 60), ``use_libuv`` (the TCPStore's server loop, default
+    ``read_timeout`` (s, default 60; 300 for a file store, as torch's), ``use_libuv`` (the TCPStore's server loop, default
     torch's), ``store_type`` (``tcp``, or ``file``: a FileStore at the path given as
     the endpoint, or at a new temporary file when the endpoint is empty).
 
@@ -352,7 +353,9 @@ def create_c10d_backend(
     store_type = settings.store_type
     timeout_s = settings.read_timeout_s
     if store_type == "file":
-        return _create_file_backend(params, timeout_s)
+        # torch leaves a FileStore at its own timeout; a read_timeout given is honoured.
+        given = params.get("read_timeout") is not None
+        return _create_file_backend(params, timeout_s if given else FILE_STORE_TIMEOUT_S)
     if store_type != "tcp":
         raise ConfigurationError(
             f"the c10d rendezvous supports store_type=tcp or file, not '{store_type}'"
