@@ -84,7 +84,6 @@ __all__ = [
 ]
 
 DEFAULT_PORT = C10D_DEFAULT_PORT
-FILE_STORE_TIMEOUT_S = 300.0  # a FileStore's own timeout: torch's store_type=file default
 CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
 
@@ -353,9 +352,7 @@ def create_c10d_backend(
     store_type = settings.store_type
     timeout_s = settings.read_timeout_s
     if store_type == "file":
-        # torch leaves a FileStore at its own timeout; a read_timeout given is honoured.
-        given = params.get("read_timeout") is not None
-        return _create_file_backend(params, timeout_s if given else FILE_STORE_TIMEOUT_S)
+        return _create_file_backend(params, timeout_s)
     if store_type != "tcp":
         raise ConfigurationError(
             f"the c10d rendezvous supports store_type=tcp or file, not '{store_type}'"
