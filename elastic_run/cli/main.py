@@ -135,7 +135,14 @@ def run_command(ctx: click.Context, /, **params: Any) -> None:
     config = dataclasses.replace(parsed.config, base_env=user_env)
     from elastic_run.cli.run import run_job
 
-    _exit_now(run_job(config))
+    code = run_job(config)
+    if isinstance(ctx.obj, _InProcess):  # elastic_run.run.main: the caller's process goes on
+        sys.exit(code)
+    _exit_now(code)
+
+
+class _InProcess:
+    """``ctx.obj`` of a run from :func:`main` with ``in_process=True``: end by ``SystemExit``."""
 
 
 def _exit_now(code: int) -> NoReturn:
@@ -179,8 +186,18 @@ def _fail(message: str, code: int) -> NoReturn:
     sys.exit(code)
 
 
-def main(argv: Sequence[str] | None = None) -> None:
-    """The console script: run the CLI, turning every expected error into one line."""
+def main(argv: Sequence[str] | None = None, *, in_process: bool = False) -> None:
+    """The console script: run the CLI, turning every expected error into one line.
+
+    Args:
+        argv: the arguments (``sys.argv[1:]`` when None).
+        in_process: end a job by ``SystemExit`` with its code, as any other end, so that the
+            caller's process goes on (``elastic_run.run.main``); the console script leaves at
+            once when the job is over (``_exit_now``).
+
+    Raises:
+        SystemExit: always, with the exit code.
+    """
     from elastic_run.rendezvous.etcd.grpc_fork import disable_grpc_fork_handlers
     from elastic_run.rendezvous.owned_dir import reclaim_every_orphan
 
@@ -193,7 +210,12 @@ def main(argv: Sequence[str] | None = None) -> None:
     reclaim_every_orphan()
     args = list(sys.argv[1:] if argv is None else argv)
     try:
-        cli.main(args=args, prog_name="elastic-run", standalone_mode=False)
+        cli.main(
+            args=args,
+            prog_name="elastic-run",
+            standalone_mode=False,
+            obj=_InProcess() if in_process else None,
+        )
     except click.exceptions.Abort:
         _fail("aborted", 130)
     except click.ClickException as exc:

@@ -57,6 +57,7 @@ __all__ = [
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
     "DEFAULT_KEY_PREFIX",
     "DEFAULT_READ_TIMEOUT_S",
+    "FILE_STORE_READ_TIMEOUT_S",
     "BACKEND_KEYS",
     "HANDLER_KEYS",
     "MAX_DURATION_S",
@@ -101,6 +102,8 @@ DEFAULT_JOIN_TIMEOUT_S = 600.0  # torch's, for join_timeout and its older name t
 DEFAULT_KEEP_ALIVE_INTERVAL_S = 1.0
 DEFAULT_KEEP_ALIVE_MAX_ATTEMPT = 5
 DEFAULT_READ_TIMEOUT_S = 60.0  # one store call of an agent (c10d's TCPStore timeout, etcd's)
+# c10d's store_type=file when no read_timeout is given: torch leaves the FileStore at its own.
+FILE_STORE_READ_TIMEOUT_S = 300.0
 DEFAULT_KEY_PREFIX = "/elastic-run/"  # where every job's keys live on etcd
 STATUS_READ_TIMEOUT_S = 5.0
 """The ``read_timeout`` of ``elastic-run status`` and ``close`` when ``--rdzv-conf`` gives none.
@@ -277,7 +280,9 @@ CONF_TABLE: Mapping[str, ConfKey] = {
         "heartbeat intervals without a beat after which a node is gone",
     ),
     "read_timeout": ConfKey(
-        "seconds", DEFAULT_READ_TIMEOUT_S, "how long one store call may take (s)"
+        "seconds",
+        DEFAULT_READ_TIMEOUT_S,
+        "how long one store call may take (s; a c10d file store: 300, as torch's)",
     ),
     "is_host": ConfKey("bool", None, "c10d: host the store here (unset: when it is this host)"),
     "use_libuv": ConfKey("bool", None, "c10d: the TCPStore server's libuv loop (torch's default)"),
@@ -846,6 +851,8 @@ class RendezvousSettings:
         }
         if "join_timeout" not in values and "timeout" in values:
             fields["join_timeout_s"] = values["timeout"]
+        if "read_timeout" not in values and values.get("store_type") == "file":
+            fields["read_timeout_s"] = FILE_STORE_READ_TIMEOUT_S  # torch's: the FileStore's own
         return cls(**fields)
 
     @classmethod

@@ -51,6 +51,19 @@ def test_etcd_server_as_torch_documents_it() -> None:
     assert not data_dir.exists(), "stop() removes the data directory it made"
 
 
+def test_etcd_server_host_is_the_address_it_listens_on_where_torchs_says_localhost(
+    tmp_path: Path,
+) -> None:
+    """A documented difference (docs/python-api.md): torch's ``get_host()`` is ``localhost``,
+    ours the address the member listens on; both answer before ``start()``."""
+    from torch.distributed.elastic.rendezvous.etcd_server import EtcdServer as Theirs
+
+    from elastic_run.elastic.rendezvous.etcd_server import EtcdServer as Mirrored
+
+    assert Theirs(data_dir=str(tmp_path / "theirs")).get_host() == "localhost"
+    assert Mirrored(data_dir=str(tmp_path / "ours")).get_host() == "127.0.0.1"
+
+
 def test_a_given_data_dir_is_used_and_kept(tmp_path: Path) -> None:
     server = EtcdServer(data_dir=str(tmp_path / "etcd"))
     server.start(timeout=60)
@@ -105,6 +118,24 @@ def test_etcd_create_backend_returns_a_backend_and_a_store_beside_it() -> None:
             handler.shutdown()
     finally:
         server.stop()
+
+
+@pytest.mark.parametrize("read_timeout", [None, "1"])
+def test_etcd_create_backend_raises_a_connection_error_when_etcd_is_unreachable(
+    read_timeout: str | None,
+) -> None:
+    """torch's ``create_backend`` connects before it returns (its client fetches the members)
+    and raises ``RendezvousConnectionError`` for an etcd it cannot reach: a free port with
+    nothing listening, here."""
+    from elastic_run.elastic.rendezvous import RendezvousConnectionError as Mirrored
+    from elastic_run.elastic.rendezvous.etcd_rendezvous_backend import create_backend
+    from tests.helpers import free_port
+
+    conf = {} if read_timeout is None else {"read_timeout": read_timeout}
+    params = RendezvousParameters("etcd", f"127.0.0.1:{free_port()}", "compat-down", 1, 1, **conf)
+    with pytest.raises(Mirrored) as caught:
+        create_backend(params)
+    assert "cannot be reached" in str(caught.value)
 
 
 def test_etcd_store_takes_torchs_parameter_names() -> None:

@@ -434,6 +434,57 @@ def test_c10d_create_backend_on_a_file_store_as_torchs(tmp_path: Path) -> None:
     assert kinds[0] == kinds[1] == ("FileStore", b"v", True)
 
 
+@pytest.mark.parametrize("conf", [{}, {"read_timeout": "10"}], ids=str)
+def test_c10d_file_store_timeout_as_torchs(tmp_path: Path, conf: dict[str, str]) -> None:
+    """torch leaves a FileStore at its own 300 s when no read_timeout is given (its test:
+    ``_expected_read_timeout = timedelta(seconds=300)``); a read_timeout torch ignores there is
+    honoured by ours (the docs' table)."""
+    theirs, ours = both("rendezvous.c10d_rendezvous_backend")
+    timeouts = []
+    for side, path in ((theirs, tmp_path / "theirs"), (ours, tmp_path / "ours")):
+        params = importlib.import_module(side.__name__.rsplit(".", 1)[0]).RendezvousParameters(
+            "c10d", str(path), "mirror-file", 1, 1, store_type="file", **conf
+        )
+        _, store = side.create_backend(params)
+        timeouts.append(store.timeout)
+    if conf:
+        assert timeouts == [timedelta(seconds=300), timedelta(seconds=10)]
+    else:
+        assert timeouts[0] == timeouts[1] == timedelta(seconds=300)
+
+
+def test_c10d_create_backend_without_a_port_hosts_on_29400_as_torchs() -> None:
+    """An endpoint with no port is that host at port 29400, on both (one at a time)."""
+    import gc
+    import socket
+
+    from tests.helpers import wait_until
+
+    def port_free() -> bool:
+        with socket.socket() as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+            try:
+                sock.bind(("127.0.0.1", 29400))
+            except OSError:
+                return False
+            return True
+
+    if not port_free():
+        pytest.skip("port 29400 is taken on this host")
+    theirs, ours = both("rendezvous.c10d_rendezvous_backend")
+    got = []
+    for side in (theirs, ours):
+        params = importlib.import_module(side.__name__.rsplit(".", 1)[0]).RendezvousParameters(
+            "c10d", "127.0.0.1", "mirror-port", 1, 1, is_host="true"
+        )
+        backend, store = side.create_backend(params)
+        got.append((type(store).__name__, store.host, store.port, store.timeout))
+        del backend, store
+        gc.collect()
+        wait_until(port_free, 30, "the store on port 29400 to close")
+    assert got[0] == got[1] == ("TCPStore", "127.0.0.1", 29400, timedelta(seconds=60))
+
+
 @pytest.mark.parametrize(
     ("endpoint", "conf"),
     [

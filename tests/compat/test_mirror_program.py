@@ -4,7 +4,8 @@ one textual rewrite, ``torch.distributed.elastic`` -> ``elastic_run.elastic``.
 The same text runs first as written (under torch, the reference) and then rewritten (under
 ours), each in its own process: a c10d backend on a real TCPStore, a DynamicRendezvousHandler
 from it, a LocalElasticAgent with one node of two workers, once with a script entrypoint and
-once with a function entrypoint. Both must report SUCCEEDED with the same ranks and returns.
+once with a function entrypoint. Both must report SUCCEEDED with the same ranks and returns
+(a function worker's ``torch.distributed.is_torchelastic_launched()`` among them: True).
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ import os
 import sys
 import uuid
 
+import torch.distributed
 from torch.distributed.elastic.agent.server.api import WorkerSpec, WorkerState
 from torch.distributed.elastic.agent.server.local_elastic_agent import LocalElasticAgent
 from torch.distributed.elastic.multiprocessing import DefaultLogsSpecs
@@ -35,7 +37,8 @@ from torch.distributed.elastic.rendezvous.dynamic_rendezvous import DynamicRende
 
 
 def square(base):
-    return base * base + int(os.environ["RANK"])
+    # torch.distributed.is_torchelastic_launched(): what a worker asks of its launcher
+    return [base * base + int(os.environ["RANK"]), torch.distributed.is_torchelastic_launched()]
 
 
 def main():
@@ -108,4 +111,4 @@ def test_a_torch_program_runs_on_elastic_run_after_one_rewrite(tmp_path: Path, k
     if kind == "script":
         assert ours["ranks"] == {"0": "2 0", "1": "2 1"}
     else:
-        assert ours["returns"] == {"0": 9, "1": 10}
+        assert ours["returns"] == {"0": [9, True], "1": [10, True]}

@@ -188,6 +188,62 @@ def test_process_failure_reads_torchs_own_error_file(tmp_path: Path) -> None:
     )
 
 
+@pytest.mark.parametrize("timestamp", [10, "10"], ids=["an int", "a str"])
+def test_process_failure_reads_the_flat_form_as_torchs(tmp_path: Path, timestamp: object) -> None:
+    """``{"message": "...", "timestamp": ...}``, the form torch's test names new (and "mast"),
+    read side by side: the message and the timestamp given."""
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
+
+    error_file = tmp_path / "error.json"
+    error_file.write_text(json.dumps({"message": "test error message", "timestamp": timestamp}))
+    theirs = TorchFailure(0, 997, 1, str(error_file))
+    mine = ours.ProcessFailure(0, 997, 1, str(error_file))
+    assert (
+        (mine.message, mine.timestamp, mine.error_file)
+        == (
+            theirs.message,
+            theirs.timestamp,
+            theirs.error_file,
+        )
+        == ("test error message", 10, str(error_file))
+    )
+
+
+@pytest.mark.parametrize("path", ["", "."], ids=["empty", "a folder"])
+def test_an_error_file_path_that_is_no_file_is_none_as_torchs(path: str) -> None:
+    from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
+
+    theirs, mine = TorchFailure(0, 997, 1, path), ours.ProcessFailure(0, 997, 1, path)
+    assert mine.error_file == theirs.error_file == "<N/A>"
+    assert mine.error_file_data == theirs.error_file_data
+
+
+RECORDS_A_CHILD_WITHOUT_A_FILE = """
+import os
+from {module} import ChildFailedError, ProcessFailure, record
+
+@record
+def main():
+    raise ChildFailedError("trainer", {{0: ProcessFailure(0, 997, 1, "")}})
+
+try:
+    main()
+except ChildFailedError:
+    print("re-raised")
+"""
+
+
+@pytest.mark.parametrize("kind", ["ours", "torch"])
+def test_record_passes_a_child_failure_without_an_error_file_up(tmp_path: Path, kind: str) -> None:
+    """torch's test: ``@record`` re-raises a ``ChildFailedError`` whose failure has no error file
+    and writes no error file of its own."""
+    mine = tmp_path / "mine.json"
+    proc = run_child(RECORDS_A_CHILD_WITHOUT_A_FILE.format(module=MODULES[kind]), mine)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.strip() == "re-raised"
+    assert not mine.exists()
+
+
 def test_a_malformed_error_file_is_reported_not_raised(tmp_path: Path) -> None:
     error_file = tmp_path / "error.json"
     error_file.write_text("{not json")

@@ -245,3 +245,31 @@ def test_importing_the_timer_api_imports_no_torch_and_no_agent() -> None:
     ).stdout
     assert out.strip() == "[]"
     assert ours.FileTimerServer.__module__ == "elastic_run.agent.watchdog.server"
+
+
+def test_is_process_running_answers_as_torchs() -> None:
+    """``FileTimerServer.is_process_running(pid)``, a static method on both: this process, a
+    child that exited but is not reaped yet (a zombie: running, for torch's), the same pid once
+    reaped, and pid values that are no process."""
+    from torch.distributed.elastic.timer.file_based_local_timer import FileTimerServer as Theirs
+
+    from elastic_run.elastic.timer.file_based_local_timer import FileTimerServer as Mirrored
+
+    def both(pid: int) -> tuple[bool, bool]:
+        return Theirs.is_process_running(pid), Mirrored.is_process_running(pid)
+
+    assert both(os.getpid()) == (True, True)
+    child = subprocess.Popen([sys.executable, "-c", "pass"])
+    try:
+        wait_until(
+            lambda: os.waitid(os.P_PID, child.pid, os.WEXITED | os.WNOWAIT | os.WNOHANG),
+            60,
+            "the child to exit",
+        )
+        assert both(child.pid) == (True, True)  # a zombie
+    finally:
+        child.wait()
+    assert both(child.pid) == (False, False)
+    with open("/proc/sys/kernel/pid_max") as f:
+        beyond = int(f.read()) + 1
+    assert both(beyond) == (False, False)

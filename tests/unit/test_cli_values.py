@@ -77,6 +77,10 @@ def test_parse_nproc_forms() -> None:
     assert parse_nproc("auto", cpu_count=8, cuda_device_count=_no_cuda) == 8
     assert parse_nproc("auto", cpu_count=8, cuda_device_count=lambda: 2) == 2
     assert parse_nproc("GPU", cpu_count=8, cuda_device_count=lambda: 2) == 2
+    # torch's auto: the accelerator's devices (CUDA, else XPU), else the CPUs
+    xpus = {"xpu_device_count": lambda: 3}
+    assert parse_nproc("auto", cpu_count=8, cuda_device_count=_no_cuda, **xpus) == 3
+    assert parse_nproc("auto", cpu_count=8, cuda_device_count=lambda: 2, **xpus) == 2
     assert parse_nproc(str(MAX_NPROC_PER_NODE), cpu_count=1, cuda_device_count=_no_cuda) == 1024
 
 
@@ -284,7 +288,9 @@ def test_a_safe_run_id_is_a_plain_directory_name(given: str) -> None:
 def test_parse_rdzv_conf() -> None:
     assert parse_rdzv_conf("") == ()
     assert parse_rdzv_conf(" a = 1 ,b=2, a=3") == (("a", "3"), ("b", "2"))
-    assert parse_rdzv_conf("k=") == (("k", ""),)
+    for empty in ("k=", "a=1, k = "):  # torch refuses an empty value too
+        with pytest.raises(ConfigurationError, match="'k' has no value"):
+            parse_rdzv_conf(empty)
     for bad in ("timeout", "=1", "a=1,,b=2"):
         with pytest.raises(ConfigurationError, match="expected key=value"):
             parse_rdzv_conf(bad)
@@ -318,7 +324,7 @@ def test_parse_rdzv_conf() -> None:
         # Unknown keys: not this check's to read; the etcd TLS files and the static rank are
         # rows of the table.
         ("no_such_key=nan,rank=3,ca_cert=/x", {"rank": 3, "ca_cert": "/x"}),
-        ("cacert=/old,ca_cert=/new,cert= ", {"ca_cert": "/new"}),  # the key's own name wins
+        ("cacert=/old,ca_cert=/new", {"ca_cert": "/new"}),  # the key's own name wins
     ],
 )
 def test_validate_rdzv_conf_accepts(text: str, parsed: dict[str, object]) -> None:

@@ -46,6 +46,7 @@ from elastic_run.agent.settings.values import (
     check_endpoint_ports,
     check_seconds,
     count_cuda_devices,
+    count_usable_cpus,
     count_xpu_devices,
     parse_filters,
     parse_local_ranks,
@@ -184,11 +185,9 @@ def _cli(words: str) -> Place:
 
 
 def _nproc(text: str, what: str) -> int:
-    import os
-
     return parse_nproc(
         text,
-        cpu_count=os.cpu_count() or 1,
+        cpu_count=count_usable_cpus(),
         cuda_device_count=count_cuda_devices,
         xpu_device_count=count_xpu_devices,
         what=what,

@@ -40,6 +40,7 @@ __all__ = [
     "check_port",
     "check_seconds",
     "count_cuda_devices",
+    "count_usable_cpus",
     "count_xpu_devices",
     "parse_filters",
     "parse_int",
@@ -102,7 +103,8 @@ def parse_nproc(
         cpu_count: this machine's cores (for ``cpu`` and a GPU-less ``auto``).
         cuda_device_count: returns the CUDA devices available (0 if none); called only for
             ``gpu`` and ``auto``.
-        xpu_device_count: returns the Intel XPU devices available; called only for ``xpu``.
+        xpu_device_count: returns the Intel XPU devices available; called only for ``xpu``,
+            and for ``auto`` when there is no CUDA device.
         what: where the text came from, for the message.
 
     Returns:
@@ -126,7 +128,8 @@ def parse_nproc(
             return devices
         if value == "gpu":
             raise ConfigurationError(f"{what} gpu: no CUDA device is available")
-        return max(1, cpu_count)
+        # torch's auto: the accelerator's devices (CUDA, else XPU), else the CPUs
+        return xpu_device_count() or max(1, cpu_count)
     if not value.lstrip("+-").isascii() or not value.lstrip("+-").isdigit():
         raise ConfigurationError(f"{what} {shown(text)} is not a number, cpu, gpu, xpu or auto")
     count = parse_int(value, what)
@@ -395,6 +398,16 @@ def parse_truthy(text: str, what: str) -> bool:
     true, yes, y, t or on in any case is on, anything else off (never an error, as torch reads
     it)."""
     return text.strip().lower() in ("1", "true", "yes", "y", "t", "on")
+
+
+def count_usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask, as torch's ``--nproc-per-node cpu``
+    counts them: a job under ``taskset`` or a cpuset starts one worker per CPU it was given)."""
+    import os
+
+    if hasattr(os, "sched_getaffinity"):
+        return max(1, len(os.sched_getaffinity(0)))
+    return os.cpu_count() or 1
 
 
 def count_cuda_devices() -> int:

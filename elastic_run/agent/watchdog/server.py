@@ -195,6 +195,20 @@ class FileTimerServer:
         """Return a snapshot of the timers held now, earliest expiry first."""
         return self._table.armed()
 
+    @staticmethod
+    def is_process_running(pid: int) -> bool:
+        """Return whether a signal could be sent to ``pid`` now (torch's ``is_process_running``).
+
+        As torch's: ``os.kill(pid, 0)`` answers, so a zombie still runs and a process of another
+        user (no permission) does not. The server itself drops a worker's timers only once it
+        has exited or is a zombie.
+        """
+        try:
+            os.kill(pid, 0)
+        except OSError:
+            return False
+        return True
+
     def clear_pid(self, pid: int) -> None:
         """Drop every timer of ``pid`` (the agent calls this when it stops a worker).
 

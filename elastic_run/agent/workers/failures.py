@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import datetime
 import json
+import os
 import signal
 import time
 from collections.abc import Sequence
@@ -88,8 +89,8 @@ def _parse_error(data: Any) -> WorkerErrorInfo | None:
     if not isinstance(data, dict):
         return None
     outer = data.get("message")
-    if isinstance(outer, str):
-        return WorkerErrorInfo(message=outer)
+    if isinstance(outer, str):  # the flat form: {"message": "...", "timestamp": ...}
+        return WorkerErrorInfo(message=outer, timestamp=_as_float(data.get("timestamp")))
     if not isinstance(outer, dict):
         return None
     message = outer.get("message")
@@ -183,7 +184,8 @@ class ProcessFailure:
     def _read_error_file(self) -> WorkerErrorInfo | None:
         """Set ``error_file`` (N/A without a file), ``error_file_data`` and ``message``."""
         info, data = (None, None)
-        if self.error_file != NOT_AVAILABLE:
+        # as torch reads it: a path that is no regular file (empty, a folder) is no error file
+        if self.error_file != NOT_AVAILABLE and os.path.isfile(self.error_file):
             info, data = load_error_file(self.error_file)
         if info is None:
             self.error_file = NOT_AVAILABLE

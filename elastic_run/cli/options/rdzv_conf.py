@@ -30,7 +30,8 @@ __all__ = [
 
 
 def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
-    """Parse ``k1=v1,k2=v2`` into pairs (keys and values stripped; a repeated key: last wins).
+    """Parse ``k1=v1,k2=v2`` into pairs (keys and values stripped; a repeated key: last wins),
+    as torch's launcher splits it (quotes are characters like any other).
 
     Args:
         text: the ``--rdzv-conf`` value; empty (or blank) gives no pairs.
@@ -39,7 +40,7 @@ def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
         The pairs, in the order their keys first appear.
 
     Raises:
-        ConfigurationError: an item is not ``key=value`` with a non-empty key.
+        ConfigurationError: an item is not ``key=value`` with a non-empty key and value.
     """
     conf: dict[str, str] = {}
     if not text.strip():
@@ -49,6 +50,10 @@ def parse_rdzv_conf(text: str) -> tuple[tuple[str, str], ...]:
         if not sep or not key.strip():
             raise ConfigurationError(
                 f"--rdzv-conf {shown(text)}: expected key=value pairs, got {shown(item)}"
+            )
+        if not value.strip():  # torch's parse refuses it too (ValueError)
+            raise ConfigurationError(
+                f"--rdzv-conf {shown(text)}: {shown(key.strip())} has no value"
             )
         conf[key.strip()] = value.strip()
     return tuple(conf.items())

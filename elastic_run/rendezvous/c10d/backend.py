@@ -336,7 +336,7 @@ def create_c10d_backend(
     ``localhost:29400``, as torch reads it).
     Config keys: ``is_host`` (true: host the store, fail if the port is taken; false:
     connect only; unset: host when the endpoint is this machine and its port is free),
-    ``read_timeout`` (s, default 60), ``use_libuv`` (the TCPStore's server loop, default
+    ``read_timeout`` (s, default 60; 300 for a file store, as torch's), ``use_libuv`` (the TCPStore's server loop, default
     torch's), ``store_type`` (``tcp``, or ``file``: a FileStore at the path given as
     the endpoint, or at a new temporary file when the endpoint is empty).
 

@@ -51,6 +51,7 @@ if TYPE_CHECKING:
 __all__ = [
     "CONF_KEYS",
     "DEFAULT_KEY_PREFIX",
+    "FIRST_READ_TIMEOUT_S",
     "EtcdRendezvousBackend",
     "create_backend",
     "create_etcd_backend",
@@ -60,6 +61,10 @@ __all__ = [
 ]
 
 CONF_KEYS = BACKEND_KEYS["etcd"]
+
+# The longest torch's ``create_backend`` waits for etcd's first answer (the launcher's own
+# check before an agent starts waits as long).
+FIRST_READ_TIMEOUT_S = 5.0
 
 log = logging.getLogger(__name__)
 
@@ -413,11 +418,23 @@ def create_backend(params: RendezvousParameters) -> tuple[EtcdRendezvousBackend,
     Args:
         params: the rendezvous parameters.
 
+    Like torch's, it reads from etcd once before it returns (within the read timeout, at most
+    :data:`FIRST_READ_TIMEOUT_S`): an etcd that cannot be reached is said here, not at the
+    first rendezvous call.
+
     Returns:
         The backend, and an ``EtcdStore`` on the same client under the job's ``store/`` prefix.
 
     Raises:
         ConfigurationError: the endpoint or a config value is invalid (a ValueError).
+        RendezvousConnectionError: etcd did not answer the first read.
+        RendezvousError: etcd refused it (credentials, TLS).
     """
     backend = create_etcd_backend(params)
+    try:
+        read_timeout_s = RendezvousSettings.from_params(params).read_timeout_s
+        backend.check_reachable(min(read_timeout_s, FIRST_READ_TIMEOUT_S))
+    except BaseException:
+        backend.close()
+        raise
     return backend, backend.round_store("store/")
