@@ -115,7 +115,7 @@ class Call:
         threading.Thread(target=run, daemon=True).start()
 
     def get(self) -> Any:
-        assert self.done.wait(10), "the call did not return"
+        assert self.done.wait(60), "the call did not return"  # real time: a loaded host
         if self.error is not None:
             raise self.error
         return self.result

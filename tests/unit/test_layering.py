@@ -254,6 +254,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.errors",
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.errors",
+        "elastic_run.rendezvous.outage",  # an unreachable backend said once
     },
     "elastic_run.agent.progress": {
         "elastic_run",  # its path: library frames apart from the script's
@@ -327,6 +328,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",
         "elastic_run.rendezvous.errors",
+        "elastic_run.rendezvous.outage",  # an unreachable backend said once
         "elastic_run.rendezvous.liveness",
         "elastic_run.rendezvous.protocol",
         "elastic_run.rendezvous.settings",
@@ -357,6 +359,7 @@ _MAY_IMPORT: dict[str, set[str]] = {
         "elastic_run.rendezvous.api",
         "elastic_run.rendezvous.backend",
         "elastic_run.rendezvous.errors",
+        "elastic_run.rendezvous.outage",  # an unreachable backend said once
         "elastic_run.rendezvous.protocol",
         "elastic_run.rendezvous.settings",
     },

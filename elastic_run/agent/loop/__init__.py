@@ -12,7 +12,7 @@ folds its events and beats into (``goodput.py``).
 May import: ``elastic_run.agent`` (api, config, events, the settings table for the keyword
 defaults), ``agent.rules`` (the observation
 records, the actions, the registry), ``agent.workers.failures``, the rendezvous's API and errors
-(``rendezvous.api``, ``rendezvous.errors``), the telemetry seam (``rendezvous.dynamic.telemetry``:
+(``rendezvous.api``, ``rendezvous.errors``, ``rendezvous.outage``), the telemetry seam (``rendezvous.dynamic.telemetry``:
 the fault records) and the top-level ``errors``, ``metrics`` and
 ``torch_events`` (the metrics and events torch's agent records). Never
 ``agent.progress`` (it reads the loop's snapshot, so the loop must not read it), never the CLI,

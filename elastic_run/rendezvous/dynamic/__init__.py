@@ -6,5 +6,5 @@ a forming round's coordinator duties (``coordinator.py``), what a member knows o
 agent's telemetry (``status_reader.py``, ``telemetry.py``).
 
 May import: ``rendezvous.protocol``, ``rendezvous.liveness``, the seam (``rendezvous.backend``),
-the API, errors and settings, and the top-level ``clock``. Never a concrete backend, never the agent.
+the API, errors (and ``rendezvous.outage``) and settings, and the top-level ``clock``. Never a concrete backend, never the agent.
 """

@@ -3,6 +3,7 @@
 Owns one node's liveness turns (``turns.py``), the threads that run them (``pool.py``), death
 notices in milliseconds (``peerwatch.py``, ``notices.py``, ``notice_loop.py``).
 
-May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), the API, errors,
-settings, and the top-level ``descriptors`` and ``clock``. Never the handler, a concrete backend or the agent.
+May import: ``rendezvous.protocol``, the seam (``rendezvous.backend``), the API, errors (and
+``rendezvous.outage``), settings, and the top-level ``descriptors`` and ``clock``. Never the
+handler, a concrete backend or the agent.
 """
