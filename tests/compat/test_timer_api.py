@@ -273,3 +273,73 @@ def test_is_process_running_answers_as_torchs() -> None:
     with open("/proc/sys/kernel/pid_max") as f:
         beyond = int(f.read()) + 1
     assert both(beyond) == (False, False)
+
+
+def _recording_client(base: type, calls: list[tuple[object, ...]]) -> type:
+    """A subclass of ``base`` (a ``TimerClient``) that records its calls in ``calls``."""
+
+    class Recording(base):  # type: ignore[misc,valid-type]
+        def acquire(self, scope_id: str, expiration_time: float) -> None:
+            calls.append(("acquire", scope_id, type(expiration_time)))
+
+        def release(self, scope_id: str) -> None:
+            calls.append(("release", scope_id))
+
+    return Recording
+
+
+def test_expires_calls_the_client_as_torchs(monkeypatch: pytest.MonkeyPatch) -> None:
+    """torch's file timer tests: ``expires(after, scope, client)`` acquires ``(scope, expiry)``
+    and releases ``scope`` on the client given, an exception inside propagates, and with
+    ``configure(None)`` (and no ``TORCHELASTIC_TIMER_FILE``) it raises ``RuntimeError``. The
+    default scope is a documented difference: torch's reads the frame of contextlib, ours the
+    caller's ``file#line``."""
+    import torch.distributed.elastic.timer as theirs
+
+    monkeypatch.delenv("TORCHELASTIC_TIMER_FILE", raising=False)
+    seen: dict[str, list[tuple[object, ...]]] = {}
+    for name, side in (("torch", theirs), ("ours", ours)):
+        calls: list[tuple[object, ...]] = []
+        Recording = _recording_client(side.TimerClient, calls)
+        with side.expires(after=1, scope="test", client=Recording()):
+            pass
+        with pytest.raises(RuntimeError, match="foobar"):
+            with side.expires(after=1, scope="inner", client=Recording()):
+                raise RuntimeError("foobar")
+        with side.expires(after=1, client=Recording()):
+            pass
+        side.configure(None)
+        with pytest.raises(RuntimeError):
+            with side.expires(after=1):
+                pass
+        seen[name] = calls
+    # the last two calls: the block with the default scope, acquired then released
+    default_scope = {}
+    for name, calls in seen.items():
+        (_, acquired, _), (_, released) = calls[-2:]
+        assert acquired == released
+        default_scope[name] = str(acquired)
+        del calls[-2:]
+    assert (
+        seen["ours"]
+        == seen["torch"]
+        == [
+            ("acquire", "test", float),
+            ("release", "test"),
+            ("acquire", "inner", float),
+            ("release", "inner"),
+        ]
+    )
+    assert default_scope["torch"].rsplit("#", 1)[0].endswith("contextlib.py")
+    assert default_scope["ours"].rsplit("#", 1)[0] == __file__
+
+
+@pytest.mark.parametrize("pid", [0, -3])
+def test_a_timer_request_for_no_process_is_refused_where_torchs_is_sent(pid: int) -> None:
+    """A documented difference: torch's request takes any pid (its server would ``os.kill`` a
+    process group at expiry); ours refuses a pid that is not positive with a ValueError."""
+    from torch.distributed.elastic.timer import FileTimerRequest as Theirs
+
+    assert Theirs(worker_pid=pid, scope_id="s", expiration_time=-1).worker_pid == pid
+    with pytest.raises(ValueError, match="positive"):
+        ours.FileTimerRequest(worker_pid=pid, scope_id="s", expiration_time=-1)
