@@ -187,10 +187,29 @@ def _child(args: argparse.Namespace) -> None:
     errors: list[str] = []
     keep: list[Any] = []  # node 0's workers' store server, kept for the hold
 
+    as_torch = args.caller == "torch"
+    built_ok = [threading.Event() for _ in range(count)]
+
     def node(i: int) -> None:
+        if as_torch:  # torch's call sequence: the handler exists before the clock starts
+            try:
+                built[i] = _build(args.impl, args)
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            built_ok[i].set()
         gates[i].wait()
         starts[i] = time.monotonic()
         try:
+            if as_torch:
+                handler = built[i]
+                if handler is None:
+                    return
+                connected[i] = time.monotonic()
+                info = handler.next_rendezvous()  # and nothing else
+                ends[i] = ready[i] = time.monotonic()
+                ranks[i] = info.rank
+                rounds[i] = int(getattr(info, "round", -1) or 0)
+                return
             built[i] = handler = _build(args.impl, args)  # connecting is part of the figure
             connected[i] = time.monotonic()
             _as_the_agent(args.impl, handler)
@@ -209,6 +228,9 @@ def _child(args: argparse.Namespace) -> None:
     threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
     for t in threads:
         t.start()
+    if as_torch:
+        for event in built_ok:
+            event.wait()
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
     for gate in gates:
@@ -323,11 +345,16 @@ def _spread(values: list[float]) -> str:
     return f"{s[0]:.2f}/{statistics.median(s):.2f}/{p90:.2f}/{s[-1]:.2f}"
 
 
+def _uptime() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
 def _busy() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     from torch.distributed import PrefixStore, TCPStore
 
     timeout_s = args.timeout if impl == "ours" else args.torch_timeout
@@ -347,9 +374,9 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         command = [sys.executable, __file__, "--child", "--impl", impl, "--endpoint", endpoint]
         command += ["--run-id", run_id, "--n", str(n), "--count", str(count)]
         command += ["--child-index", str(i), "--control-port", str(control.port)]
-        command += ["--timeout", str(timeout_s)]
+        command += ["--timeout", str(timeout_s), "--caller", caller]
         children.append(subprocess.Popen(command, env=env, stderr=stderr))
-    row: dict[str, Any] = {"impl": impl, "n": n}
+    row: dict[str, Any] = {"impl": impl, "n": n, "caller": caller}
     load_at_start = os.getloadavg()[0]
     try:
         control.wait([f"ready/{i}" for i in range(procs)])
@@ -427,7 +454,7 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
 
 
 def _print_row(row: dict[str, Any]) -> None:
-    label = f"{row['impl']:5s} N={row['n']:5d}"
+    label = f"{row['impl']:5s} --caller {row['caller']:5s} N={row['n']:5d}"
     if "error" in row:
         for line in row.get("stderr", []):
             print(f"    stderr: {line[:200]}", flush=True)
@@ -472,6 +499,12 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     parser.add_argument("--progress", action="store_true", help="print store keys every 2 s")
+    parser.add_argument(
+        "--caller",
+        default="agent,torch",
+        help="who drives the handlers, comma-separated: agent (built after go, the agent's calls "
+        "and store exchange) and/or torch (built before go, next_rendezvous only)",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
@@ -484,6 +517,9 @@ def main() -> None:
         args.n = int(args.n)
         _child(args)
         return
+    callers = [c for c in args.caller.split(",") if c]
+    if not callers or any(c not in ("agent", "torch") for c in callers):
+        parser.error(f"--caller: agent and/or torch, not '{args.caller}'")
     if not args.no_unshare:
         reexec_in_netns(__file__)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -496,9 +532,11 @@ def main() -> None:
         for run in range(args.runs):
             if args.runs > 1:
                 print(f"-- run {run + 1} of {args.runs}", flush=True)
-            _print_row(_trial("ours", n, args))
-            if not args.no_torch and n <= args.torch_max_n:
-                _print_row(_trial("torch", n, args))
+            for caller in callers:
+                print(f"   {time.strftime('%H:%M:%S')} uptime: {_uptime()}", flush=True)
+                _print_row(_trial("ours", caller, n, args))
+                if not args.no_torch and n <= args.torch_max_n:
+                    _print_row(_trial("torch", caller, n, args))
 
 
 if __name__ == "__main__":
