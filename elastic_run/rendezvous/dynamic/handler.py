@@ -15,6 +15,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     notice_loop.py    the one select loop (thread) per process serving every death-notice socket
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
+    shared_epoch.py   one epoch read a tick shared by a process's nodes of one job
 
 Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
 """
@@ -160,6 +161,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._notify_change,
             lambda n: n in self._notices.closed_peers,
             max_nodes,
+            # A fake clock is a logic test's: every node reads for itself there.
+            epoch_max_age_s=self._settings.keep_alive_interval_s / 2,
+            clock=clock if clock is SYSTEM_CLOCK else None,
         )
         self._shut_down = False
         self._death_notices = death_notices
