@@ -89,11 +89,15 @@ def _os_threads() -> int:
 
 def _build(impl: str, args: argparse.Namespace) -> Any:
     conf = {"local_addr": "127.0.0.1", "is_host": "false", "join_timeout": str(int(args.timeout))}
+    if args.backend != "c10d":
+        del conf["is_host"]  # a c10d key
     if impl == "ours":
         from elastic_run.rendezvous.api import RendezvousParameters
         from elastic_run.rendezvous.registry import rendezvous_handler_registry
 
-        params = RendezvousParameters("c10d", args.endpoint, args.run_id, args.n, args.n, **conf)
+        params = RendezvousParameters(
+            args.backend, args.endpoint, args.run_id, args.n, args.n, **conf
+        )
         return rendezvous_handler_registry.create_handler(params)
     from torch.distributed.elastic.rendezvous import RendezvousParameters as TorchParams
     from torch.distributed.elastic.rendezvous import (
@@ -187,10 +191,29 @@ def _child(args: argparse.Namespace) -> None:
     errors: list[str] = []
     keep: list[Any] = []  # node 0's workers' store server, kept for the hold
 
+    as_torch = args.caller == "torch"
+    built_ok = [threading.Event() for _ in range(count)]
+
     def node(i: int) -> None:
+        if as_torch:  # torch's call sequence: the handler exists before the clock starts
+            try:
+                built[i] = _build(args.impl, args)
+            except Exception as exc:  # noqa: BLE001 - reported to the parent
+                errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
+            built_ok[i].set()
         gates[i].wait()
         starts[i] = time.monotonic()
         try:
+            if as_torch:
+                handler = built[i]
+                if handler is None:
+                    return
+                connected[i] = time.monotonic()
+                info = handler.next_rendezvous()  # and nothing else
+                ends[i] = ready[i] = time.monotonic()
+                ranks[i] = info.rank
+                rounds[i] = int(getattr(info, "round", -1) or 0)
+                return
             built[i] = handler = _build(args.impl, args)  # connecting is part of the figure
             connected[i] = time.monotonic()
             _as_the_agent(args.impl, handler)
@@ -209,6 +232,9 @@ def _child(args: argparse.Namespace) -> None:
     threads = [threading.Thread(target=node, args=(i,), daemon=True) for i in range(count)]
     for t in threads:
         t.start()
+    if as_torch:
+        for event in built_ok:
+            event.wait()
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
     for gate in gates:
@@ -225,7 +251,7 @@ def _child(args: argparse.Namespace) -> None:
                 "ready": ready,
                 "ranks": ranks,
                 "rounds": rounds,
-                "errors": errors[:5],
+                "errors": sorted(set(errors))[:5],
             }
         ),
     )
@@ -265,10 +291,11 @@ def _child(args: argparse.Namespace) -> None:
 # -- the parent: one trial per (implementation, N) -----------------------------------------
 
 
-def _server_traffic(port: int) -> tuple[int, int, int]:
-    """(connections, data segments in, bytes in) of the server's established connections."""
+def _server_traffic(ports: list[int]) -> tuple[int, int, int]:
+    """(connections, data segments in, bytes in) of the servers' established connections."""
+    where = " or ".join(f"sport = :{p}" for p in ports)
     out = subprocess.run(
-        ["ss", "-tinH", "state", "established", f"( sport = :{port} )"],
+        ["ss", "-tinH", "state", "established", f"( {where} )"],
         capture_output=True,
         text=True,
         check=False,
@@ -285,7 +312,7 @@ def _wait_results(
     """Wait for every child's result; with ``progress``, say what the store holds every 2 s."""
     from torch.distributed import PrefixStore
 
-    view = PrefixStore(f"elastic-run/{run_id}/", store)
+    view = PrefixStore(f"elastic-run/{run_id}/", store) if progress else None
     wanted = [f"result/{i}" for i in range(procs)]
     while time.monotonic() - t0 < limit_s:
         if control.check(wanted):
@@ -295,7 +322,7 @@ def _wait_results(
             return True
         except Exception:  # noqa: BLE001, S112 - not yet
             pass
-        if progress:
+        if view is not None:
             seen = {k: view.get(k).decode() if view.check([k]) else "-" for k in _PROGRESS_KEYS}
             print(f"    {time.monotonic() - t0:6.1f} s: {seen}", flush=True)
     return control.check(wanted)
@@ -323,19 +350,28 @@ def _spread(values: list[float]) -> str:
     return f"{s[0]:.2f}/{statistics.median(s):.2f}/{p90:.2f}/{s[-1]:.2f}"
 
 
+def _uptime() -> str:
+    one, five, fifteen = os.getloadavg()
+    return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
+
+
 def _busy() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
 
-def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
+def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
     from torch.distributed import PrefixStore, TCPStore
 
     timeout_s = args.timeout if impl == "ours" else args.torch_timeout
     control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     control.set_timeout(timedelta(seconds=timeout_s + 900))  # building 4,096 nodes included
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-    store.set_timeout(timedelta(seconds=30))
-    endpoint = f"127.0.0.1:{store.port}"
+    store: Any = None
+    if args.backend == "c10d":
+        store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+        store.set_timeout(timedelta(seconds=30))
+        endpoint, ports = f"127.0.0.1:{store.port}", [store.port]
+    else:  # the cluster started once for every trial (main)
+        endpoint, ports = args.endpoint, args.etcd_ports
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
     procs = max(1, min(args.procs, n))
     counts = [n // procs + (1 if i < n % procs else 0) for i in range(procs)]
@@ -347,28 +383,32 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         command = [sys.executable, __file__, "--child", "--impl", impl, "--endpoint", endpoint]
         command += ["--run-id", run_id, "--n", str(n), "--count", str(count)]
         command += ["--child-index", str(i), "--control-port", str(control.port)]
-        command += ["--timeout", str(timeout_s)]
+        command += ["--timeout", str(timeout_s), "--caller", caller, "--backend", args.backend]
         children.append(subprocess.Popen(command, env=env, stderr=stderr))
-    row: dict[str, Any] = {"impl": impl, "n": n}
+    row: dict[str, Any] = {"impl": impl, "n": n, "caller": caller}
     load_at_start = os.getloadavg()[0]
     try:
         control.wait([f"ready/{i}" for i in range(procs)])
-        before = _server_traffic(store.port)
+        before = _server_traffic(ports)
         sealed: list[float] = []
-        if impl == "ours":  # when round 0's seal reached the store (a waiter of our own)
+        if impl == "ours" and store is not None:  # when round 0's seal reached the store
             threading.Thread(target=_wait_seal, args=(store, run_id, sealed), daemon=True).start()
         t0 = time.monotonic()
         control.set("go", "1")
-        if not _wait_results(control, store, run_id, procs, timeout_s + 40, args.progress, t0):
+        progress = args.progress and store is not None
+        if not _wait_results(control, store, run_id, procs, timeout_s + 40, progress, t0):
             row["error"] = f"no result within {timeout_s + 40:g} s"
             return row
-        after = _server_traffic(store.port)
+        after = _server_traffic(ports)
         results = [json.loads(control.get(f"result/{i}")) for i in range(procs)]
-        hold_end = time.monotonic() + args.hold
+        hold_start = time.monotonic()
+        hold_end = hold_start + args.hold
         while time.monotonic() < hold_end:  # the figure: what happens while nodes stay
             time.sleep(0.1)
+        held = _server_traffic(ports)  # the steady state: every node in its round, beating
+        row["steady"] = (held[1] - after[1]) / n / (time.monotonic() - hold_start)
         raw_round = b""
-        if impl == "ours":  # the key as our c10d backend names it (a PrefixStore view)
+        if impl == "ours" and store is not None:  # the key as our c10d backend names it
             raw_round = PrefixStore(f"elastic-run/{run_id}/", store).get("round")
         control.set("hold-over", "1")
         control.wait([f"during/{i}" for i in range(procs)])
@@ -421,13 +461,15 @@ def _trial(impl: str, n: int, args: argparse.Namespace) -> dict[str, Any]:
         shut=[s for d in shuts for s in d["shut"] if s >= 0],
         shut_errors=[e for d in shuts for e in d["errors"]],
     )
+    row["errors"] = sorted(set(errors))
     if errors or ranks != list(range(n)):
-        row["error"] = (errors or [f"ranks are not 0..N-1 ({ranks.count(-1)} missing)"])[0]
+        missing = [f"ranks are not 0..N-1 ({ranks.count(-1)} missing)"]
+        row["error"] = (row["errors"] or missing)[0]
     return row
 
 
 def _print_row(row: dict[str, Any]) -> None:
-    label = f"{row['impl']:5s} N={row['n']:5d}"
+    label = f"{row['impl']:5s} --caller {row['caller']:5s} N={row['n']:5d}"
     if "error" in row:
         for line in row.get("stderr", []):
             print(f"    stderr: {line[:200]}", flush=True)
@@ -450,11 +492,13 @@ def _print_row(row: dict[str, Any]) -> None:
         f"    threads per node: {row['py_threads']:.2f} Python, {row['os_threads']:.2f} OS;"
         f" server connections {row['conns']}\n"
         f"    store traffic per node (server side): {row['segs']:.1f} data segments,"
-        f" {row['kb']:.2f} KB\n"
+        f" {row['kb']:.2f} KB; in the hold: {row['steady']:.2f} segments per node per s\n"
         f"    shutdown s (first/median/p90/last): {_spread(row['shut'])}"
         f"{'; errors: ' + '; '.join(row['shut_errors']) if row['shut_errors'] else ''}",
         flush=True,
     )
+    for error in row.get("errors", [])[1:]:
+        print(f"    also raised: {error}", flush=True)
     for msg, count in sorted(row["warnings"].items(), key=lambda kv: -kv[1]):
         print(f"    seen {count}x: {msg}", flush=True)
 
@@ -472,6 +516,18 @@ def main() -> None:
     parser.add_argument("--load", action="store_true", help="keep one core busy meanwhile")
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     parser.add_argument("--progress", action="store_true", help="print store keys every 2 s")
+    parser.add_argument(
+        "--caller",
+        default="agent,torch",
+        help="who drives the handlers, comma-separated: agent (built after go, the agent's calls "
+        "and store exchange) and/or torch (built before go, next_rendezvous only)",
+    )
+    parser.add_argument(
+        "--backend",
+        default="c10d",
+        choices=("c10d", "etcd"),
+        help="c10d: one TCPStore server here; etcd: a 3-member etcd cluster started here",
+    )
     parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--impl", default="ours", help=argparse.SUPPRESS)
     parser.add_argument("--endpoint", default="", help=argparse.SUPPRESS)
@@ -484,6 +540,9 @@ def main() -> None:
         args.n = int(args.n)
         _child(args)
         return
+    callers = [c for c in args.caller.split(",") if c]
+    if not callers or any(c not in ("agent", "torch") for c in callers):
+        parser.error(f"--caller: agent and/or torch, not '{args.caller}'")
     if not args.no_unshare:
         reexec_in_netns(__file__)
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
@@ -492,13 +551,39 @@ def main() -> None:
         f"{args.procs} processes; hold {args.hold:g} s; one busy core: {args.load}",
         flush=True,
     )
+    cluster = None
+    if args.backend == "etcd":
+        from elastic_run.rendezvous.etcd.server import EtcdServer
+
+        cluster = EtcdServer(members=3)
+        cluster.start(timeout_s=60)
+        args.endpoint = ",".join(cluster.endpoints)
+        args.etcd_ports = [int(e.rsplit(":", 1)[1]) for e in cluster.endpoints]
+        if args.torch_max_n > 0 and not args.no_torch:
+            print(
+                "torch: not run on etcd (its etcd handlers need the python-etcd v2 client, "
+                "not installed; its c10d handler needs a TCPStore)",
+                flush=True,
+            )
+            args.no_torch = True
+        print(f"etcd: 3 members at {args.endpoint}", flush=True)
+    try:
+        _run_all(args, callers)
+    finally:
+        if cluster is not None:
+            cluster.stop()
+
+
+def _run_all(args: argparse.Namespace, callers: list[str]) -> None:
     for n in (int(x) for x in args.n.split(",") if x):
         for run in range(args.runs):
             if args.runs > 1:
                 print(f"-- run {run + 1} of {args.runs}", flush=True)
-            _print_row(_trial("ours", n, args))
-            if not args.no_torch and n <= args.torch_max_n:
-                _print_row(_trial("torch", n, args))
+            for caller in callers:
+                print(f"   {time.strftime('%H:%M:%S')} uptime: {_uptime()}", flush=True)
+                _print_row(_trial("ours", caller, n, args))
+                if not args.no_torch and n <= args.torch_max_n:
+                    _print_row(_trial("torch", caller, n, args))
 
 
 if __name__ == "__main__":

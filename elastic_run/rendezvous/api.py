@@ -525,8 +525,17 @@ def _build_store_info(
         if rank == 0:
             store.set(RendezvousStoreInfo.MASTER_ADDR_KEY, local_addr or socket.getfqdn())
             store.set(RendezvousStoreInfo.MASTER_PORT_KEY, str(server_port or _free_port()))
-        addr = bytes(store.get(RendezvousStoreInfo.MASTER_ADDR_KEY)).decode()
-        port_text = bytes(store.get(RendezvousStoreInfo.MASTER_PORT_KEY)).decode()
+        # One multi_get (a TCPStore waits for the keys, then reads both: two requests where two
+        # gets make four); a store without one reads them one by one.
+        wanted = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
+        multi_get = getattr(store, "multi_get", None)
+        try:
+            values = list(multi_get(wanted)) if multi_get is not None else None
+        except NotImplementedError:
+            values = None
+        if values is None:
+            values = [store.get(key) for key in wanted]
+        addr, port_text = (bytes(v).decode() for v in values)
     except (RuntimeError, OSError, UnicodeDecodeError) as exc:
         raise RendezvousConnectionError(
             f"cannot agree on the workers' store address through the rendezvous store: {exc}"

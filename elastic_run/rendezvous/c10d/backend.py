@@ -40,6 +40,7 @@ from __future__ import annotations
 
 import errno
 import functools
+import logging
 import os
 import threading
 from collections.abc import Callable, Mapping, Sequence
@@ -49,6 +50,7 @@ from typing import TYPE_CHECKING, Any, TypeVar, cast
 from elastic_run.errors import ConfigurationError
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.backend import RendezvousBackend, heartbeat_values
+from elastic_run.rendezvous.c10d.descriptors import raise_for_store
 from elastic_run.rendezvous.c10d.link import (
     is_link_failure,
     is_local_host,
@@ -86,6 +88,7 @@ __all__ = [
 DEFAULT_PORT = C10D_DEFAULT_PORT
 CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
+log = logging.getLogger(__name__)
 
 
 class C10dRendezvousBackend(RendezvousBackend):
@@ -369,6 +372,8 @@ def create_c10d_backend(
 
     server: TCPStore | None = None
     if want_host:
+        # Before the server starts: its clients' connections are this process's descriptors.
+        budget = raise_for_store(params.max_nodes)
         try:
             server = connect(host, port, timeout_s, master=True, use_libuv=use_libuv)
         except (RuntimeError, OSError) as exc:
@@ -394,6 +399,10 @@ def create_c10d_backend(
 
     port = port if server is None else server.port
     endpoint = f"{host}:{port}"
+    if server is not None:
+        shortfall = budget.shortfall(endpoint)
+        if shortfall is not None:
+            log.warning("%s", shortfall)  # one line, before any round
     client: TCPStore | None = server
     if client is None:
         try:

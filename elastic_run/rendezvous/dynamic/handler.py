@@ -15,6 +15,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     notice_loop.py    the one select loop (thread) per process serving every death-notice socket
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
+    shared_epoch.py   one epoch read a tick shared by a process's nodes of one job
 
 Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
 """
@@ -98,7 +99,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-_BOOTSTRAP_SLICE_S = 0.5  # one wait for rank 0's address, between two interrupt checks
+_BOOTSTRAP_SLICE_S = 0.5  # with an interrupt check: one wait for rank 0's address between two
 
 
 class DynamicRendezvousHandler(RendezvousHandler):
@@ -161,6 +162,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._notify_change,
             lambda n: n in self._notices.closed_peers,
             max_nodes,
+            # A fake clock is a logic test's: every node reads for itself there.
+            epoch_max_age_s=self._settings.keep_alive_interval_s / 2,
+            clock=clock if clock is SYSTEM_CLOCK else None,
         )
         self._shut_down = False
         self._death_notices = death_notices
@@ -545,31 +549,39 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def _bootstrap(self, rank: int, store: Store, deadline: float) -> RendezvousStoreInfo:
         """torch's agreement on the workers' store address (``RendezvousStoreInfo.build``).
 
-        A rank other than 0 waits for rank 0's keys as every wait of the handler does: in
-        slices, up to the join deadline, giving up when the interrupt check turns true.
+        A rank other than 0 blocks on the store's wait for rank 0's keys, so rank 0's write
+        wakes it. Without an interrupt check that is one wait, up to the join deadline: nothing
+        needs looking at meanwhile. With one, the wait is sliced (``_BOOTSTRAP_SLICE_S``) and the
+        check looked at between slices. Each slice that runs out costs the store a wait, its
+        cancel and a check: 0.5 s slices of every rank but 0 were most of the store's work at
+        4,096 nodes, and held up rank 0's own requests behind them (issue 38).
 
         Raises:
             RendezvousTimeoutError: rank 0 did not publish before the join deadline.
             RendezvousInterruptedError: the interrupt check turned true.
             RendezvousConnectionError: the round's store failed, or holds no valid port.
         """
-        if rank != 0:
-            wanted = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
-            while not _holds(store, wanted):
-                if self._is_interrupted is not None and self._is_interrupted():
-                    raise RendezvousInterruptedError(
-                        "interrupted while waiting for rank 0's workers' store address"
-                    )
-                left = deadline - self._clock()
-                if left <= 0:
-                    raise RendezvousTimeoutError(
-                        "rank 0 did not publish the workers' store address before the join "
-                        f"timeout ({self._settings.join_timeout_s:g} s)"
-                    )
-                try:
-                    store.wait(wanted, timedelta(seconds=min(_BOOTSTRAP_SLICE_S, left)))
-                except RuntimeError:
-                    pass  # a slice ran out (a store that failed says so at the next check)
+        wanted = [RendezvousStoreInfo.MASTER_ADDR_KEY, RendezvousStoreInfo.MASTER_PORT_KEY]
+        while rank != 0:
+            interrupted = self._is_interrupted
+            if interrupted is not None and interrupted():
+                raise RendezvousInterruptedError(
+                    "interrupted while waiting for rank 0's workers' store address"
+                )
+            left = deadline - self._clock()
+            if left <= 0:
+                raise RendezvousTimeoutError(
+                    "rank 0 did not publish the workers' store address before the join "
+                    f"timeout ({self._settings.join_timeout_s:g} s)"
+                )
+            if interrupted is not None:
+                left = min(_BOOTSTRAP_SLICE_S, left)
+            try:
+                store.wait(wanted, timedelta(seconds=left))
+                break  # woken by rank 0's write (or it had written already)
+            except RuntimeError:
+                if _holds(store, wanted):  # a store that failed raises here
+                    break
         return RendezvousStoreInfo.build(rank, store, self._addr)
 
     def shutdown(self) -> bool:

@@ -2,7 +2,8 @@
 
 The agent asks (``RoundState.poll``, no I/O); the liveness thread writes: its ring verdicts
 (``apply_verdict``) and, each tick, the safety-net read (``refresh``: the job's epoch counter,
-one request; the round, the closed record and the arrival count only when the epoch moved).
+one request, shared by the nodes of one job in one process (``shared_epoch.py``); the round, the
+closed record and the arrival count only when the epoch moved).
 
 Invariants:
 - Every update names the round it is about and is dropped unless that round is the one this
@@ -22,6 +23,7 @@ from elastic_run.rendezvous.api import RoundPoll
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
+from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
 from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -55,6 +57,9 @@ class RoundState:
         on_change: called (from the liveness thread) when something the agent acts on changed.
         is_notice: whether a node id was seen dead by a death notice (for the log line).
         max_nodes: the job's MAX: nodes waiting beyond it are spares, not counted as waiting.
+        epoch_max_age_s: the oldest epoch value this node takes from another node of the same
+            job in this process instead of reading it (``shared_epoch.py``; 0: always read).
+        clock: the monotonic clock the age is measured on (None: no sharing).
     """
 
     def __init__(
@@ -65,8 +70,13 @@ class RoundState:
         on_change: Callable[[], None],
         is_notice: Callable[[str], bool],
         max_nodes: int = 1 << 30,
+        *,
+        epoch_max_age_s: float = 0.0,
+        clock: Callable[[], float] | None = None,
     ) -> None:
         self._backend = backend
+        self._epoch_max_age_s = epoch_max_age_s if clock is not None else 0.0
+        self._now = clock or (lambda: 0.0)
         self._max_nodes = max_nodes
         self._run_id = run_id
         self._node_id = node_id
@@ -112,7 +122,13 @@ class RoundState:
             return
         r = flags.round
         try:
-            epoch: int | None = self._backend.read_counter(keys.EPOCH)
+            backend = self._backend
+            epoch: int | None = read_shared(
+                (backend.name, backend.endpoint, self._run_id),
+                lambda: backend.read_counter(keys.EPOCH),
+                self._epoch_max_age_s,
+                self._now,
+            )
         except RendezvousStateError as exc:
             # Not a counter (forged): read the round's keys on every tick until it is one
             # again (a close or a round's end replaces it), never skip them.

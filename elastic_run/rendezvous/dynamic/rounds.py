@@ -145,7 +145,9 @@ class Rounds:
         seed_beats: what this node's liveness thread has seen (seeds each coordinator).
         with_notices: applies this node's death notices to a heartbeat view.
         slices_needed: whether anything must be looked at between store reads (an interrupt
-            check is installed); when not, a watcher waits for the seal until its next look.
+            check is installed); when not, a watcher waits for the seal until its next look
+            (the seal's write ends that wait on torch's default libuv TCPStore server and on
+            etcd; the legacy TCPStore server wakes no waiter on a compare-set).
     """
 
     def __init__(
