@@ -151,10 +151,17 @@ class RoundState:
         flags = self._flags
         if flags is None or flags.over:
             return
-        self._read(flags, "notice", notice_from)
+        if not self._read(flags, "notice", notice_from):
+            log.debug(
+                "rendezvous '%s': looked after a round notice from %s: round %d goes on",
+                self._run_id,
+                notice_from[:80],
+                flags.round,
+            )
 
-    def _read(self, flags: _Flags, learned_by: str, notice_from: str = "") -> None:
-        """One read of round ``flags.round``'s keys (the round, closed, arrivals, its end)."""
+    def _read(self, flags: _Flags, learned_by: str, notice_from: str = "") -> bool:
+        """One read of round ``flags.round``'s keys (the round, closed, arrivals, its end);
+        return whether it found news (the round over, the job closed, more nodes waiting)."""
         r = flags.round
         raw_round, raw_closed, raw_arrivals, raw_lost = self._backend.get_unwaited(
             [keys.ROUND, keys.CLOSED, keys.arrivals(r), keys.lost(r)]
@@ -187,6 +194,7 @@ class RoundState:
             changed = True
         if changed:
             self._on_change()
+        return changed
 
     def apply_verdict(self, r: int, verdict: proto.RingVerdict) -> None:
         """The liveness thread's verdict about round ``r``; dropped unless ``r`` is current."""

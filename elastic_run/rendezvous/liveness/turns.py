@@ -136,7 +136,13 @@ class LivenessThread:
             liveness_pool().poke(self._turns)
 
     def look_now(self) -> None:
-        """Have ``look()`` run at once, on this node's turn (a member's round notice came)."""
+        """Have ``look()`` run at once, on this node's turn (a member's round notice came).
+
+        A look asked for and not yet begun covers the notices that come meanwhile: they cost
+        no wake-up of their own.
+        """
+        if self._look_wanted:
+            return
         self._look_wanted = True
         self.poke()
 
