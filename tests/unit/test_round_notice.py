@@ -85,9 +85,11 @@ def test_a_line_that_is_not_a_notice_is_refused_with_one_error(line: bytes) -> N
 @given(st.binary(max_size=2 * MAX_LINE))
 def test_no_bytes_crash_the_parse(line: bytes) -> None:
     try:
-        parse_notice(line)
-    except RendezvousStateError:
-        pass
+        notice = parse_notice(line)
+    except RendezvousStateError as exc:
+        assert "not a round notice" in str(exc)
+    else:
+        assert isinstance(notice, RoundNotice)
 
 
 def test_an_encoded_line_too_long_is_refused_at_the_sender() -> None:
