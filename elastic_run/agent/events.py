@@ -28,7 +28,10 @@ Kinds (stable, documented in the README):
                          time (fields: rank, host, node, time_s, median_s, ratio)
     watchdog.expired     the watchdog killed a worker (fields: pid, scope_id, signal)
     membership.changed   nodes wait or a member was lost: re-rendezvous (fields: reason, waiting;
-                         when the round ended: cause, ended_by, lost (node ids))
+                         when the round ended: cause, ended_by, lost (node ids); learned_by:
+                         how this node learned it, notice (a member told it, the store
+                         confirmed), look (its own read) or verdict (it judged a member lost);
+                         notice_from: the node id that told it)
     restart              restarting the workers (fields: restarts, max_restarts, counted)
     workers.stopped      this node's agent stopped its workers, once per attempt (fields: by
                          ("agent"), reason (member_lost, nodes_waiting, round_ended,

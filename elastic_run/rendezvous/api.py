@@ -365,6 +365,11 @@ class RoundPoll:
             or still running).
         spares: nodes waiting at the door beyond what a next round has room for (the round
             is at MAX): they replace a member that is lost or leaves.
+        learned_by: how this node first learned that its round ended or should end (closed,
+            over, nodes waiting): ``notice`` (a member told it, and one store read confirmed
+            it), ``look`` (its own read of the store), ``verdict`` (it judged a member lost);
+            None while nothing ends the round.
+        notice_from: the node id whose notice it was (``learned_by == "notice"``), else "".
     """
 
     closed: str | None = None
@@ -373,6 +378,8 @@ class RoundPoll:
     nodes_waiting: int = 0
     end_cause: str | None = None
     spares: int = 0
+    learned_by: str | None = None
+    notice_from: str = ""
 
 
 @dataclass(frozen=True)

@@ -884,7 +884,8 @@ class SimpleElasticAgent(ElasticAgent):
             # (a read or a publication would wait out the link's deadline, read_timeout on etcd).
             cut_off = action.reason == "liveness_lost"
             fields = {} if cut_off else self._round.round_end_fields()
-            waiting = self._round.last_poll.nodes_waiting
+            poll = self._round.last_poll
+            waiting = poll.nodes_waiting
             who = ", ".join(fields.get("lost", ())) or fields.get("ended_by", "")
             text = _rejoin_text(action.reason, waiting)
             if who and action.reason in ("member_lost", "round_ended"):
@@ -893,7 +894,15 @@ class SimpleElasticAgent(ElasticAgent):
                 text += self._round.liveness_text()
             text += _REJOIN_SUFFIX
             fields.update(reason=action.reason, waiting=waiting)
+            if poll.learned_by is not None:
+                fields["learned_by"] = poll.learned_by
+                if poll.notice_from:
+                    fields["notice_from"] = poll.notice_from
             self._emit("membership.changed", text, publish=not cut_off, **fields)
+            if action.reason == "nodes_waiting":
+                # This node ends the round for the nodes waiting, now rather than once its
+                # workers are down: the others are told at once (the first to decide tells).
+                self._round.leave_round(action.reason)
         self._publish_snapshot()
         if isinstance(action, sm.Restart):
             self._progress.before_failed_stop(self._group_view.running)
@@ -918,8 +927,9 @@ class SimpleElasticAgent(ElasticAgent):
         self._progress.attempt_ended(isinstance(action, sm.Restart))
         if isinstance(action, sm.Rejoin) and action.reason != "liveness_lost":
             self._say_finished()
-        if isinstance(action, sm.Rejoin) and action.reason in ("nodes_waiting", "liveness_lost"):
-            # This node ends the round: record why, so the others tell the same story.
+        if isinstance(action, sm.Rejoin) and action.reason == "liveness_lost":
+            # This node ends the round: record why, so the others tell the same story (once
+            # its workers are down: cut off from the store, the write may wait out its link).
             self._round.leave_round(action.reason)
 
     def _say_finished(self) -> None:
@@ -1035,13 +1045,18 @@ class SimpleElasticAgent(ElasticAgent):
             host=self._ledger.host,
             reason=action.reason,
         )
-        self._progress.before_failed_stop(self._group_view.running)
-        self._stop_workers(self._worker_group)
-        self._say_stopped("excluded", line)
         group = self._worker_group
         poll = self._round.last_poll
         left = (group.group_world_size or 1) - 1
-        if group.group_rank is not None and left < self._min_nodes() and poll.spares == 0:
+        fails = group.group_rank is not None and left < self._min_nodes() and poll.spares == 0
+        if not fails:
+            # The others re-form without this node at once (they are told as it ends the round),
+            # while its own workers stop.
+            self._round.leave_round("node_excluded")
+        self._progress.before_failed_stop(self._group_view.running)
+        self._stop_workers(self._worker_group)
+        self._say_stopped("excluded", line)
+        if fails:
             self._round.close("failed")
             self._emit(
                 "failed",
@@ -1049,7 +1064,7 @@ class SimpleElasticAgent(ElasticAgent):
                 reason=line,
                 exit_code=action.exit_code,
             )
-        self._round.leave_round("node_excluded")
+            self._round.leave_round("node_excluded")
         self._set_state(action.state)
         self._publish_state("EXCLUDED", line)
         agent = self._round.agent

@@ -13,11 +13,15 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     turns.py          the heartbeat and ring-watch thread (verdicts tagged with their round)
     peerwatch.py      death notices between agents, in milliseconds
     notice_loop.py    the one select loop (thread) per process serving every death-notice socket
+    round_notice.py   a round's end told to its other members at once (checked here, confirmed
+                      by one read of the store before anything stops)
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
     shared_epoch.py   one epoch read a tick shared by a process's nodes of one job
 
 Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
+The node that ends a round (first writer of its end record) also reads the round's member
+records once (one O(N) read) to tell each member at once.
 """
 
 from __future__ import annotations
@@ -58,7 +62,9 @@ from elastic_run.rendezvous.errors import (
     RendezvousInterruptedError,
     RendezvousStateError,
     RendezvousTimeoutError,
+    RendezvousUnreachableError,
 )
+from elastic_run.rendezvous.liveness.notice_send import NoticeTarget
 from elastic_run.rendezvous.liveness.notices import DeathNotices
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
 from elastic_run.rendezvous.outage import BACKEND_OUTAGE
@@ -74,6 +80,12 @@ from elastic_run.rendezvous.protocol.records import (
     decode_int,
     encode,
     read_closed,
+)
+from elastic_run.rendezvous.protocol.round_notice import (
+    RoundNotice,
+    encode_notice,
+    parse_notice,
+    skip_reason,
 )
 from elastic_run.rendezvous.settings import (
     DEFAULT_KEEP_ALIVE_INTERVAL_S,
@@ -153,14 +165,21 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._lock = threading.Lock()
         self._member: Membership | None = None
         self._notices = DeathNotices(
-            run_id, self.node_id, self._addr, lambda _: self._liveness.poke()
+            run_id,
+            self.node_id,
+            self._addr,
+            lambda _: self._liveness.poke(),
+            self._on_notice_line,
         )
+        self._notice_from = ""  # the sender of the last notice that asked for a look
+        self._notices_said: set[str] = set()  # the kinds of dropped notices logged already
         self._state = RoundState(
             backend,
             run_id,
             self.node_id,
             self._notify_change,
             lambda n: n in self._notices.closed_peers,
+            self._end_current_round,
             max_nodes,
             # A fake clock is a logic test's: every node reads for itself there.
             epoch_max_age_s=self._settings.keep_alive_interval_s / 2,
@@ -179,6 +198,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._with_notices,
             self._state.apply_verdict,
             self._state.refresh,
+            lambda: self._state.look(self._notice_from),
         )
         self._on_change: Callable[[], None] | None = None
         self._is_interrupted: Callable[[], bool] | None = None
@@ -377,11 +397,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     member.round,
                     exc,
                 )
-        return end_round(
-            self._backend,
-            member.round,
-            LostRecord(member.round, "worker_failure", (), self.node_id),
-        )
+        return self._end_round(member, LostRecord(member.round, "worker_failure", (), self.node_id))
 
     def leave_round(self, reason: str) -> None:
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing.
@@ -395,7 +411,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if member is None:
             return
         why = LostRecord(member.round, cast(LostReason, reason), (), self.node_id)
-        end_round(self._backend, member.round, why)
+        self._end_round(member, why)
 
     def publish_state(self, state: str, restarts: int, message: str = "") -> None:
         """Publish this agent's state for ``elastic-run status`` (best-effort)."""
@@ -474,6 +490,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         outcome = close_job(
             self._backend, reason, self.node_id, self._settings.close_timeout_s, self._clock
         )
+        member = self._member
+        if outcome.wrote and member is not None:
+            self._tell(member, "closed")
         if outcome.replaced is not None:
             log.warning(
                 "rendezvous '%s': closed (%s), replacing what the closed key held: %s",
@@ -527,7 +546,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._member = None
         self._state.begin(None)
         if previous is not None:
-            self._rounds.end_before_rejoin(previous.round)
+            self._end_before_rejoin(previous)
         member = self._rounds.join(deadline)
         self._notices.watch(member.successor)
         with self._lock:
@@ -681,6 +700,120 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 completed; False once one did (or it takes no part).
         """
         self._links_untimed = 1 if untimed else 0
+
+    # -- a round's end, told to its members ---------------------------------------------
+
+    def _end_round(self, member: Membership, why: LostRecord) -> bool:
+        """End ``member``'s round in the store (first writer wins, ``rounds.end_round``); the
+        first writer tells the round's other members at once. True when this node's record
+        stands."""
+        first = end_round(self._backend, member.round, why)
+        if first:
+            self._tell(member, why.reason)
+        return first
+
+    def _end_current_round(self, r: int, why: LostRecord) -> bool:
+        """``_end_round`` for round ``r`` (a liveness verdict), told when it is this node's."""
+        member = self._member
+        if member is not None and member.round == r:
+            return self._end_round(member, why)
+        return end_round(self._backend, r, why)
+
+    def _end_before_rejoin(self, previous: Membership) -> None:
+        """End the round this node leaves to rejoin; a store that does not answer is left to
+        the join's retries (the others end the round when they see this node gone)."""
+        r = previous.round
+        try:
+            self._end_round(previous, LostRecord(r, "rejoin", (), self.node_id))
+        except RendezvousUnreachableError as exc:
+            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': could not end round {r}", exc)
+
+    def _tell(self, member: Membership, cause: str) -> None:
+        """Tell the other members of ``member``'s round that it ended (or the job closed).
+
+        Best-effort and after the store holds the end: one read of the members' records, then
+        one line to each one's death-notice port from the notice loop. A member not told
+        finds the end at its next look, as it would without notices.
+        """
+        if not self._death_notices:
+            return
+        r = member.round
+        others = [i for i in member.seal.admitted_indices() if i != member.index]
+        if not others:
+            return
+        node_keys = [keys.node(r, i) for i in others]
+        try:
+            raws = self._backend.get_many(node_keys)
+        except RendezvousError as exc:
+            log.info("rendezvous '%s': could not tell round %d's members: %s", self._run_id, r, exc)
+            return
+        targets = []
+        for key, raw in zip(node_keys, raws, strict=True):
+            if raw is None:
+                continue
+            try:
+                record = decode(NodeRecord, key, raw)
+            except RendezvousStateError as exc:
+                log.warning("rendezvous '%s': not telling a member: %s", self._run_id, exc)
+                continue
+            if record.alive_port and record.node_id != self.node_id:
+                targets.append(NoticeTarget(record.node_id, record.addr, record.alive_port))
+        line = encode_notice(RoundNotice(self._run_id, r, self.node_id, member.index, cause))
+
+        def done(sent: int, missed: list[str]) -> None:
+            if missed:
+                log.info(
+                    "rendezvous '%s': told %d member(s) that round %d ended; not told: %s",
+                    self._run_id,
+                    sent,
+                    r,
+                    "; ".join(missed[:4])
+                    + (f" (and {len(missed) - 4} more)" if missed[4:] else ""),
+                )
+
+        self._notices.tell(line, targets, done)
+
+    def _on_notice_line(self, line: bytes) -> bool:
+        """A line on this node's death-notice port (the notice loop's thread; quick, no I/O).
+
+        A notice about this node's current round that is news asks for one look at the store
+        (on the liveness thread); the store, not the notice, decides. Anything else is dropped
+        (its kind logged once); a line that is not a notice drops its client.
+        """
+        try:
+            notice = parse_notice(line)
+        except RendezvousStateError as exc:
+            self._say_dropped("garbage", f"dropped a client of the death-notice port: {exc}")
+            return False
+        member = self._member
+        poll = self._state.poll()
+        skip = skip_reason(
+            notice,
+            self._run_id,
+            self.node_id,
+            member.round if member is not None else None,
+            member.seal if member is not None else None,
+            poll.round_over or poll.closed is not None,
+        )
+        if skip is not None:
+            if skip not in ("known", "no round"):  # a member's notice that came late: no news
+                self._say_dropped(
+                    skip,
+                    f"ignored a round notice from {notice.by[:80]} about round {notice.round} "
+                    f"({skip})",
+                )
+            return True
+        self._notice_from = notice.by
+        self._liveness.look_now()
+        return True
+
+    def _say_dropped(self, kind: str, text: str) -> None:
+        """Log a dropped notice: the first of each kind as a warning, the rest at debug."""
+        first = kind not in self._notices_said
+        self._notices_said.add(kind)
+        level = logging.WARNING if first else logging.DEBUG
+        suffix = " (more like it are logged at debug level)" if first else ""
+        log.log(level, "rendezvous '%s': %s%s", self._run_id, text, suffix)
 
     # -- liveness -------------------------------------------------------------------------
 

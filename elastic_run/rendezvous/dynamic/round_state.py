@@ -1,9 +1,13 @@
 """What one node knows of the round it is a member of, kept current by its liveness thread.
 
 The agent asks (``RoundState.poll``, no I/O); the liveness thread writes: its ring verdicts
-(``apply_verdict``) and, each tick, the safety-net read (``refresh``: the job's epoch counter,
-one request, shared by the nodes of one job in one process (``shared_epoch.py``); the round, the
-closed record and the arrival count only when the epoch moved).
+(``apply_verdict``), each tick the safety-net read (``refresh``: the job's epoch counter, one
+request, shared by the nodes of one job in one process (``shared_epoch.py``); the round, the
+closed record, the arrival count and the round's end record only when the epoch moved), and the
+look a member's round notice asks for (``look``: the same read of the round's keys at once,
+``protocol/round_notice.py``). The poll says how this node learned that its round ended
+(``learned_by``): ``notice`` (a member's notice, confirmed by that look), ``look`` (the periodic
+read, or a look of its own) or ``verdict`` (this node judged a member lost).
 
 Invariants:
 - Every update names the round it is about and is dropped unless that round is the one this
@@ -22,12 +26,12 @@ from dataclasses import dataclass, replace
 from elastic_run.rendezvous.api import RoundPoll
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
-from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
+from elastic_run.rendezvous.dynamic.rounds import Membership
 from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
 from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
-from elastic_run.rendezvous.protocol.records import LostRecord, decode_int
+from elastic_run.rendezvous.protocol.records import LostRecord, decode, decode_int
 
 __all__ = ["RoundState"]
 
@@ -45,6 +49,8 @@ class _Flags:
     closed: str | None = None
     waiting: int = 0
     spares: int = 0
+    learned_by: str | None = None
+    notice_from: str = ""
 
 
 class RoundState:
@@ -56,6 +62,8 @@ class RoundState:
         node_id: this node's id.
         on_change: called (from the liveness thread) when something the agent acts on changed.
         is_notice: whether a node id was seen dead by a death notice (for the log line).
+        end_round: ends round ``r`` with the record given (``rounds.end_round`` and the notice
+            to the round's members); True when this node's record stands.
         max_nodes: the job's MAX: nodes waiting beyond it are spares, not counted as waiting.
         epoch_max_age_s: the oldest epoch value this node takes from another node of the same
             job in this process instead of reading it (``shared_epoch.py``; 0: always read).
@@ -69,6 +77,7 @@ class RoundState:
         node_id: str,
         on_change: Callable[[], None],
         is_notice: Callable[[str], bool],
+        end_round: Callable[[int, LostRecord], bool],
         max_nodes: int = 1 << 30,
         *,
         epoch_max_age_s: float = 0.0,
@@ -77,6 +86,7 @@ class RoundState:
         self._backend = backend
         self._epoch_max_age_s = epoch_max_age_s if clock is not None else 0.0
         self._now = clock or (lambda: 0.0)
+        self._end_round = end_round
         self._max_nodes = max_nodes
         self._run_id = run_id
         self._node_id = node_id
@@ -113,6 +123,8 @@ class RoundState:
             nodes_waiting=flags.waiting,
             end_cause=flags.cause,
             spares=flags.spares,
+            learned_by=flags.learned_by,
+            notice_from=flags.notice_from,
         )
 
     def refresh(self) -> None:
@@ -141,14 +153,38 @@ class RoundState:
             self._epoch_garbled = False
         if epoch is not None and (epoch, r) == self._epoch_seen:
             return
-        raw_round, raw_closed, raw_arrivals = self._backend.get_unwaited(
-            [keys.ROUND, keys.CLOSED, keys.arrivals(r)]
+        self._read(flags, "look")
+        self._epoch_seen = (epoch, r)
+
+    def look(self, notice_from: str) -> None:
+        """Read the round's keys now, as a member's notice asks (liveness thread; one read).
+
+        What the read finds is applied as the periodic read would apply it; a round found over
+        is marked learned by ``notice`` from ``notice_from``. Nothing happens when the round
+        goes on: the notice alone changes nothing.
+        """
+        flags = self._flags
+        if flags is None or flags.over:
+            return
+        if not self._read(flags, "notice", notice_from):
+            log.debug(
+                "rendezvous '%s': looked after a round notice from %s: round %d goes on",
+                self._run_id,
+                notice_from[:80],
+                flags.round,
+            )
+
+    def _read(self, flags: _Flags, learned_by: str, notice_from: str = "") -> bool:
+        """One read of round ``flags.round``'s keys (the round, closed, arrivals, its end);
+        return whether it found news (the round over, the job closed, more nodes waiting)."""
+        r = flags.round
+        raw_round, raw_closed, raw_arrivals, raw_lost = self._backend.get_unwaited(
+            [keys.ROUND, keys.CLOSED, keys.arrivals(r), keys.lost(r)]
         )
         # Never raises: a value under `closed` that is not a record must not blind this read
         # to the round and the door; it reads as open until a close replaces it.
         closed = closed_record(raw_closed, f"{self._backend.name} {self._backend.endpoint}")
         arrivals = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
-        self._epoch_seen = (epoch, r)
         waiting = proto.waiting_with_room(
             arrivals, flags.sealed_arrivals, flags.members, self._max_nodes
         )
@@ -157,12 +193,23 @@ class RoundState:
             closed=closed.reason if closed is not None else None,
             waiting=waiting,
             spares=max(0, arrivals - flags.sealed_arrivals - waiting),
+            learned_by=learned_by,
+            notice_from=notice_from,
         )
         if raw_round is not None and decode_int(keys.ROUND, raw_round) != r:
-            self.note_round_end(r)
+            # The end record is written before the round advances: read after it, it is there.
+            why = decode(LostRecord, keys.lost(r), raw_lost) if raw_lost is not None else None
+            self._set_over(
+                r,
+                lost=why is not None and why.reason == "member_lost",
+                cause=why.reason if why is not None else None,
+                learned_by=learned_by,
+                notice_from=notice_from,
+            )
             changed = True
         if changed:
             self._on_change()
+        return changed
 
     def apply_verdict(self, r: int, verdict: proto.RingVerdict) -> None:
         """The liveness thread's verdict about round ``r``; dropped unless ``r`` is current."""
@@ -178,8 +225,8 @@ class RoundState:
                 r,
             )
             why = LostRecord(r, "member_lost", verdict.node_ids, self._node_id)
-            end_round(self._backend, r, why)
-            self._set_over(r, lost=True, cause="member_lost")
+            self._end_round(r, why)
+            self._set_over(r, lost=True, cause="member_lost", learned_by="verdict")
         elif isinstance(verdict, proto.RoundEnded):
             self.note_round_end(r)
         else:
@@ -193,23 +240,49 @@ class RoundState:
     def note_end_record(self, r: int, why: LostRecord | None) -> None:
         """Mark round r over with its end record ``why``, already read (None: not known)."""
         cause = why.reason if why is not None else None
-        self._set_over(r, lost=cause == "member_lost", cause=cause)
+        self._set_over(r, lost=cause == "member_lost", cause=cause, learned_by="look")
 
-    def _set_over(self, r: int, *, lost: bool, cause: str | None) -> None:
+    def _set_over(
+        self,
+        r: int,
+        *,
+        lost: bool,
+        cause: str | None,
+        learned_by: str,
+        notice_from: str = "",
+    ) -> None:
         with self._lock:
             flags = self._flags
             if flags is not None and flags.round == r:
+                first = flags.learned_by is None
                 self._flags = replace(
-                    flags, over=True, lost=flags.lost or lost, cause=flags.cause or cause
+                    flags,
+                    over=True,
+                    lost=flags.lost or lost,
+                    cause=flags.cause or cause,
+                    learned_by=learned_by if first else flags.learned_by,
+                    notice_from=notice_from if first else flags.notice_from,
                 )
 
-    def _update(self, r: int, *, closed: str | None, waiting: int, spares: int = 0) -> bool:
-        """Record what the epoch read saw of round ``r``; return whether it is news."""
+    def _update(
+        self,
+        r: int,
+        *,
+        closed: str | None,
+        waiting: int,
+        spares: int = 0,
+        learned_by: str = "look",
+        notice_from: str = "",
+    ) -> bool:
+        """Record what a read saw of round ``r``; return whether it is news (the job closed, or
+        more nodes wait). News that ends the round is marked with how it was learned."""
         with self._lock:
             flags = self._flags
             if flags is None or flags.round != r:
                 return False
-            self._flags = replace(
-                flags, closed=flags.closed or closed, waiting=waiting, spares=spares
-            )
-            return self._flags.closed != flags.closed or waiting > flags.waiting
+            new = replace(flags, closed=flags.closed or closed, waiting=waiting, spares=spares)
+            news = new.closed != flags.closed or waiting > flags.waiting
+            if news and flags.learned_by is None:
+                new = replace(new, learned_by=learned_by, notice_from=notice_from)
+            self._flags = new
+            return news

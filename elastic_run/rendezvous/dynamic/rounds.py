@@ -209,14 +209,6 @@ class Rounds:
                 self.last_rank, self.rank_round = member.assign.rank, member.round
                 return member
 
-    def end_before_rejoin(self, r: int) -> None:
-        """End round ``r``, which this node leaves to rejoin; a store that does not answer is
-        left to the join's retries (the others end the round when they see this node gone)."""
-        try:
-            end_round(self._backend, r, LostRecord(r, "rejoin", (), self._node_id))
-        except RendezvousUnreachableError as exc:
-            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': could not end round {r}", exc)
-
     def _join_once(self, deadline: float) -> Membership | None:
         """One attempt: join the forming round, or wait at the door of a completed one."""
         self.check_closed()

@@ -8,7 +8,11 @@ and the member before it in the ring holds one connection to it (:class:`PeerWat
 connections per node, whatever N.
 
 Wire protocol: on accept the listener sends one line, ``elastic-run alive <node id>\\n``, and
-nothing else ever; whatever a client sends is read and dropped. It executes nothing.
+nothing else ever. A client may send lines of at most ``MAX_LINE`` bytes (a round's end told by a
+member, ``protocol/round_notice.py``): each whole line is handed to the listener's ``on_line``,
+which only parses it (and may ask for one look at the store); a client whose line is longer, or
+whose line ``on_line`` rejects, is dropped. Without ``on_line`` whatever a client sends is read
+and dropped. Nothing a client sends is executed.
 
 The verdict "dead" needs both facts, so nothing on the path can fake one:
 - a connection that greeted with the watched node id ends (EOF or reset), and
@@ -66,6 +70,7 @@ from dataclasses import dataclass
 
 from elastic_run.descriptors import AcceptPause, accept_some
 from elastic_run.rendezvous.liveness.notice_loop import notice_loop
+from elastic_run.rendezvous.protocol.round_notice import MAX_LINE
 
 __all__ = [
     "CONNECT_TIMEOUT_S",
@@ -106,13 +111,20 @@ class AliveListener:
     Args:
         node_id: this node's id (sent in the greeting).
         addr: the address to listen on (the node's advertised address).
+        on_line: called on the loop's thread with each whole line a client sends (without its
+            newline); it must be quick, and returns False to have that client dropped. None:
+            what clients send is dropped unread.
 
     Raises:
         OSError: the address cannot be listened on.
     """
 
-    def __init__(self, node_id: str, addr: str) -> None:
+    def __init__(
+        self, node_id: str, addr: str, on_line: Callable[[bytes], bool] | None = None
+    ) -> None:
         self._greeting = greeting(node_id)
+        self._on_line = on_line
+        self._partial: dict[socket.socket, bytes] = {}
         self._server = socket.create_server((addr, 0), family=_family_of(addr), backlog=16)
         self._server.setblocking(False)
         self.port: int = self._server.getsockname()[1]
@@ -219,8 +231,27 @@ class AliveListener:
             data = b""
         if not data:
             self._drop(conn)
+            return
+        if self._on_line is not None:
+            self._lines(conn, data)
+
+    def _lines(self, conn: socket.socket, data: bytes) -> None:
+        """Hand each whole line of ``conn`` to ``on_line``; drop a client that oversteps."""
+        assert self._on_line is not None
+        buffer = self._partial.pop(conn, b"") + data
+        *lines, rest = buffer.split(b"\n")
+        for line in lines:
+            if not self._on_line(line):  # a line too long is rejected there too
+                self._drop(conn)
+                return
+        if len(rest) >= MAX_LINE:
+            self._on_line(rest)  # rejected (too long): said so by whoever parses it
+            self._drop(conn)
+        elif rest:
+            self._partial[conn] = rest
 
     def _drop(self, conn: socket.socket) -> None:
+        self._partial.pop(conn, None)
         self._clients.discard(conn)
         self._loop.unregister(conn)
         conn.close()

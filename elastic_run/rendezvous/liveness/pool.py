@@ -9,7 +9,8 @@ interpreter lock, and starting a node starts no thread once the workers exist.
 
 Invariants:
 - A node's turns never overlap: a turn is taken off the queue before it runs and queued again
-  after it ends (at once when it was poked meanwhile, else one interval later).
+  after it ends (at once when it was poked meanwhile, else one interval later, or when the turn
+  said).
 - ``stop`` returns once the node's running turn (if any) ended, or after its bound.
 - A turn's exception is logged and the worker goes on.
 - The first turn of a node is drawn at random within its first interval, so nodes started
@@ -38,11 +39,12 @@ class Turns:
     """One node's place in the pool: its turn and its interval.
 
     Args:
-        turn: the node's turn (runs on a worker thread).
+        turn: the node's turn (runs on a worker thread); it may return the seconds until its
+            next turn (None: ``interval_s``), so a turn poked early keeps the node's cadence.
         interval_s: the time between the end of one turn and the start of the next.
     """
 
-    def __init__(self, turn: Callable[[], None], interval_s: float) -> None:
+    def __init__(self, turn: Callable[[], float | None], interval_s: float) -> None:
         self.turn = turn
         self.interval_s = interval_s
         self.gen = 0
@@ -118,14 +120,16 @@ class _Pool:
     def _work(self) -> None:
         while True:
             node = self._next()
+            delay: float | None = None
             try:
-                node.turn()
+                delay = node.turn()
             except Exception:
                 log.exception("a rendezvous liveness turn failed; going on")
             with self._cond:
                 node.running_on = None
                 if not node.stopped:
-                    wait = 0.0 if node.repoke else node.interval_s
+                    later = node.interval_s if delay is None else max(0.0, delay)
+                    wait = 0.0 if node.repoke else later
                     self._push(node, time.monotonic() + wait)
                 self._cond.notify_all()
 

@@ -17,6 +17,12 @@ most ``MAX_WORKERS`` for a process holding many), does:
 4. calls ``refresh()``: the handler's safety-net read (one epoch counter; the round's keys only
    when it moved), so the agent's loop itself never waits on the store.
 
+A member's round notice asks for a look at once (``look_now``): the next turn, run at once, calls
+``look()`` (the handler's one read of the round's keys) and, unless a full turn is due by now,
+nothing else, and the full turn stays at its time: a flood of notices costs one read per turn
+it wakes (notices that come while one runs wake one more, not one each) and never moves the
+heartbeat.
+
 Between rounds it keeps watching the last successor, so the next round's coordinator judges a
 successor that died meanwhile from when it died, not from when the next round began.
 
@@ -68,6 +74,7 @@ class LivenessThread:
         with_notices: applies this node's death notices to a heartbeat view.
         on_verdict: receives ``(round, verdict)`` for verdicts other than Keep.
         refresh: the handler's per-tick read of what changed around its round.
+        look: the handler's read of its round's keys, when a notice asks (``look_now``).
     """
 
     def __init__(
@@ -80,8 +87,12 @@ class LivenessThread:
         with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
         on_verdict: Callable[[int, proto.RingVerdict], None],
         refresh: Callable[[], None],
+        look: Callable[[], None] = lambda: None,
     ) -> None:
         self._backend = backend
+        self._look = look
+        self._look_wanted = False
+        self._last_full = float("-inf")
         self._node_id = node_id
         self._settings = settings
         self._clock = clock
@@ -125,6 +136,17 @@ class LivenessThread:
         if self._turns is not None:
             liveness_pool().poke(self._turns)
 
+    def look_now(self) -> None:
+        """Have ``look()`` run at once, on this node's turn (a member's round notice came).
+
+        A look asked for and not yet begun covers the notices that come meanwhile: they cost
+        no wake-up of their own.
+        """
+        if self._look_wanted:
+            return
+        self._look_wanted = True
+        self.poke()
+
     def stop(self, timeout_s: float | None = None) -> bool:
         """Stop the turns; return whether a running one ended within ``timeout_s``.
 
@@ -161,7 +183,17 @@ class LivenessThread:
         with self._lock:
             self._last_ok = self._clock()
 
-    def _turn(self) -> None:
+    def _turn(self) -> float | None:
+        if self._look_wanted:
+            self._look_wanted = False
+            try:
+                self._look()
+            except RendezvousError as exc:
+                log.warning("rendezvous look of %s failed: %s", self._node_id, exc)
+            since = self._clock() - self._last_full
+            if since < self._settings.keep_alive_interval_s:
+                return self._settings.keep_alive_interval_s - since  # the full turn's time
+        self._last_full = self._clock()
         try:
             with self._beat_lock:
                 self._backend.heartbeat(self._node_id)
@@ -182,6 +214,7 @@ class LivenessThread:
                 step()
             except RendezvousError as exc:
                 BACKEND_OUTAGE.warn(log, f"rendezvous {what} of {self._node_id} failed", exc)
+        return None
 
     def _watch(self) -> None:
         position = self._position()
