@@ -137,8 +137,14 @@ def _member_status(hosts: Hosts, i: int) -> tuple[str, str] | None:
     """(member id, leader id) of host i's etcd member, asked from inside host i."""
     proc = hosts.run(
         i,
-        ["etcdctl", f"--endpoints=http://{hosts.addr(i)}:{CLIENT_PORT}", "endpoint", "status",
-         "-w", "json"],  # fmt: skip
+        [
+            "etcdctl",
+            f"--endpoints=http://{hosts.addr(i)}:{CLIENT_PORT}",
+            "endpoint",
+            "status",
+            "-w",
+            "json",
+        ],  # fmt: skip
         env=dict(os.environ, ETCDCTL_API="3"),
         stdout=subprocess.PIPE,
     )
@@ -252,7 +258,9 @@ def run_once(launcher: str, victim_kind: str, window_s: float, bound_s: float) -
             for i in survivors:
                 url = f"http://{hosts.addr(i)}:{CLIENT_PORT}/v3/maintenance/status"
                 out = (tmp / f"leader-{NAMES[i - 1]}").open("wb")
-                pollers.append(hosts.run(i, [sys.executable, "-c", _LEADER_POLLER, url], stdout=out))
+                pollers.append(
+                    hosts.run(i, [sys.executable, "-c", _LEADER_POLLER, url], stdout=out)
+                )
             ready = time.monotonic() + 10
             while time.monotonic() < ready and not all(
                 (tmp / f"leader-{NAMES[i - 1]}").stat().st_size for i in survivors
@@ -328,7 +336,9 @@ def _read_phases(
     run.round_s = max(rounds) - killed if rounds and None not in rounds else None  # type: ignore[operator]
     run.started_s = max(starts) - killed if starts and None not in starts else None  # type: ignore[operator]
     if run.victim_led:
-        found = [_led_changes(tmp / f"leader-{NAMES[i - 1]}", killed, old_leader) for i in survivors]
+        found = [
+            _led_changes(tmp / f"leader-{NAMES[i - 1]}", killed, old_leader) for i in survivors
+        ]
         known = [t for t in found if t is not None]
         run.leader_s = min(known) - killed if known else None
 
@@ -359,7 +369,9 @@ def _f(value: float | None) -> str:
 
 def _uptime() -> str:
     try:
-        return subprocess.run(["uptime"], capture_output=True, text=True, check=False).stdout.strip()
+        return subprocess.run(
+            ["uptime"], capture_output=True, text=True, check=False
+        ).stdout.strip()
     except OSError:
         return f"load average {os.getloadavg()}"
 
@@ -413,8 +425,10 @@ def _print_torch(runs: list[Run], label: str) -> None:
     print(f"torchrun c10d (--max-restarts 3, torch's defaults otherwise), {label}: trains again "
           f"at WORLD_SIZE 2 in {len(trains)}/{len(runs)} runs: {_stats(trains)} s")  # fmt: skip
     for k, r in enumerate(runs, start=1):
-        took = f"{r.trains_s:.2f} s" if r.trains_s is not None else (
-            f"survivors exited after {r.exit_s:.2f} s" if r.exit_s is not None else "neither"
+        took = (
+            f"{r.trains_s:.2f} s"
+            if r.trains_s is not None
+            else (f"survivors exited after {r.exit_s:.2f} s" if r.exit_s is not None else "neither")
         )
         restarts = ",".join(f"{n}={c}" for n, c in sorted(r.restarts.items())) or "-"
         print(f"  {k:>3} delay {r.delay_s:.2f}: {took}; exit codes {r.codes}; restart count "
@@ -441,8 +455,9 @@ def main() -> None:
     for k in range(max(args.runs, args.torch_runs, args.torch_store_runs)):
         if k < args.runs:
             elastic.append(
-                run_once("elastic-run", "leader" if k % 2 == 0 else "follower", args.window,
-                         args.bound)  # fmt: skip
+                run_once(
+                    "elastic-run", "leader" if k % 2 == 0 else "follower", args.window, args.bound
+                )  # fmt: skip
             )
             r = elastic[-1]
             print(f"  elastic-run run {k + 1}: {r.victim} killed, trains {_f(r.trains_s)} s, "
