@@ -107,6 +107,10 @@ class Run:
     restarts: dict[str, str] = field(default_factory=dict)
     failures: list[str] = field(default_factory=list)
     reasons: set[str] = field(default_factory=set)
+    # The raft terms whose leader the survivors' members saw elected: before the kill (the
+    # start's election, and any needless one while all three trained) and after it.
+    terms_before: set[int] = field(default_factory=set)
+    terms_after: set[int] = field(default_factory=set)
     note: str = ""
 
 
@@ -282,6 +286,8 @@ def run_once(launcher: str, victim_kind: str, window_s: float, bound_s: float) -
             if all(p.poll() is not None for p in alive):
                 break
             time.sleep(POLL_S)
+        if launcher == "elastic-run":
+            _read_elections(run, tmp, survivors, killed_wall)
         if run.trains_s is not None:
             (tmp / "stop").touch()
         for p in alive:
@@ -343,6 +349,28 @@ def _read_phases(
         run.leader_s = min(known) - killed if known else None
 
 
+def _read_elections(run: Run, tmp: Path, survivors: list[int], killed: float) -> None:
+    """The terms the survivors' members saw a leader elected in, before and after the kill.
+
+    etcd 3.4's raft lines carry whole seconds (``raft2026/12/02 02:55:59 INFO: ... elected
+    leader ... at term 2``): a line of the kill's second counts as after it. Read before the
+    job ends (its members then remove their folders).
+    """
+    cut = time.strftime("%Y/%m/%d %H:%M:%S", time.localtime(int(killed)))
+    for i in survivors:
+        for path in (tmp / f"tmp-{NAMES[i - 1]}").glob("elastic-run-etcd-*/member.log"):
+            try:
+                text = path.read_text(errors="replace")
+            except OSError:
+                continue
+            for line in text.splitlines():
+                if "elected leader" not in line or " at term " not in line:
+                    continue
+                term = int(line.rsplit(" at term ", 1)[1].split()[0])
+                stamp = line.removeprefix("raft")[:19]
+                (run.terms_after if stamp >= cut else run.terms_before).add(term)
+
+
 def _read_restarts(run: Run, tmp: Path, names: set[str]) -> None:
     """Each survivor's TORCHELASTIC_RESTART_COUNT after the loss, from its workers' env."""
     for name in sorted(names):
@@ -387,6 +415,7 @@ def _print_elastic(runs: list[Run]) -> None:
         who = r.victim + {True: " (leader", False: " (follower", None: " (?"}[r.victim_led]
         who += ", rank 0)" if r.victim_master else ")"
         fails = "; ".join(r.failures) or "none"
+        fails += f"; terms elected before {sorted(r.terms_before)}, after {sorted(r.terms_after)}"
         restarts = ",".join(f"{n}={c}" for n, c in sorted(r.restarts.items())) or "-"
         print(
             f"  {k:>3} {who:15} {r.delay_s:5.2f} {_f(r.notice_s):>6} {r.notice_by:22} "
@@ -411,6 +440,9 @@ def _print_elastic(runs: list[Run]) -> None:
     ):
         vals = [getattr(r, attr) for r in runs if getattr(r, attr) is not None]
         print(f"    {label:8} {_stats(vals)} s")
+    needless = sum(max(0, len(r.terms_before) - 1) for r in runs)
+    print(f"  elections while all three trained, beyond the start's one: {needless} "
+          f"(over {len(runs)} runs)")  # fmt: skip
     codes = sorted({str(c) for r in runs for c in r.codes.values()})
     counted = sum(1 for r in runs for f in r.failures if ": counted" in f)
     reasons = sorted({x for r in runs for x in r.reasons})
