@@ -404,6 +404,19 @@ def _uptime() -> str:
         return f"load average {os.getloadavg()}"
 
 
+def _elastic_row(k: int, r: Run) -> str:
+    who = r.victim + {True: " (leader", False: " (follower", None: " (?"}[r.victim_led]
+    who += ", rank 0)" if r.victim_master else ")"
+    fails = "; ".join(r.failures) or "none"
+    fails += f"; terms elected before {sorted(r.terms_before)}, after {sorted(r.terms_after)}"
+    restarts = ",".join(f"{n}={c}" for n, c in sorted(r.restarts.items())) or "-"
+    return (
+        f"  {k:>3} {who:15} {r.delay_s:5.2f} {_f(r.notice_s):>6} {r.notice_by:22} "
+        f"{_f(r.verdict_s):>7} {_f(r.leader_s):>6} {_f(r.round_s):>6} {_f(r.started_s):>6} "
+        f"{_f(r.trains_s):>6}  {r.codes}; {restarts}; {fails}{' ' + r.note if r.note else ''}"
+    )
+
+
 def _print_elastic(runs: list[Run]) -> None:
     print("elastic-run, embedded etcd, the defaults; seconds from the kill:")
     print(
@@ -412,16 +425,7 @@ def _print_elastic(runs: list[Run]) -> None:
         "worker failures"
     )
     for k, r in enumerate(runs, start=1):
-        who = r.victim + {True: " (leader", False: " (follower", None: " (?"}[r.victim_led]
-        who += ", rank 0)" if r.victim_master else ")"
-        fails = "; ".join(r.failures) or "none"
-        fails += f"; terms elected before {sorted(r.terms_before)}, after {sorted(r.terms_after)}"
-        restarts = ",".join(f"{n}={c}" for n, c in sorted(r.restarts.items())) or "-"
-        print(
-            f"  {k:>3} {who:15} {r.delay_s:5.2f} {_f(r.notice_s):>6} {r.notice_by:22} "
-            f"{_f(r.verdict_s):>7} {_f(r.leader_s):>6} {_f(r.round_s):>6} {_f(r.started_s):>6} "
-            f"{_f(r.trains_s):>6}  {r.codes}; {restarts}; {fails}{' ' + r.note if r.note else ''}"
-        )
+        print(_elastic_row(k, r))
     trains = [r.trains_s for r in runs if r.trains_s is not None]
     under = sum(1 for t in trains if t < GOAL_S)
     print(f"  trains again at WORLD_SIZE 2 in {len(trains)}/{len(runs)} runs, under {GOAL_S:.0f} s "
@@ -491,13 +495,15 @@ def main() -> None:
                     "elastic-run", "leader" if k % 2 == 0 else "follower", args.window, args.bound
                 )  # fmt: skip
             )
-            r = elastic[-1]
-            print(f"  elastic-run run {k + 1}: {r.victim} killed, trains {_f(r.trains_s)} s, "
-                  f"codes {r.codes}", flush=True)  # fmt: skip
+            print(f"elastic-run {_elastic_row(k + 1, elastic[-1])}", flush=True)
         if k < args.torch_runs:
             torch_c.append(run_once("torchrun", "c", args.window, args.bound))
+            print(f"torchrun, c killed: {_f(torch_c[-1].trains_s)} s, {torch_c[-1].codes}",
+                  flush=True)  # fmt: skip
         if k < args.torch_store_runs:
             torch_a.append(run_once("torchrun", "a", args.window, args.bound))
+            print(f"torchrun, a killed: {_f(torch_a[-1].trains_s)} s, exit after "
+                  f"{_f(torch_a[-1].exit_s)} s, {torch_a[-1].codes}", flush=True)  # fmt: skip
     print(f"after: {_uptime()}")
     print(f"one host of three SIGKILLed (agent, etcd member, worker) at a random moment "
           f"[0, {args.window:.0f}] s into training; {os.cpu_count()} CPUs")  # fmt: skip
