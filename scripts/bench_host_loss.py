@@ -13,7 +13,8 @@ For each run it prints a row of where the time went, every figure in seconds fro
 
 - ``notice``: the first survivor's first word of the loss: its worker failed (the dead peer's
   gloo connection), or its agent saw the member-lost verdict, whichever came first;
-- ``verdict``: the first survivor's agent saw the member-lost verdict (``membership.changed``);
+- ``verdict``: the first survivor's agent acted on the member-lost verdict (``membership.changed``,
+  or the ``restart`` of a worker failure that its look found behind the loss, not counted);
 - ``leader``: a survivor's etcd member names a new leader (only when the leader's host died;
   read by a small poller of the member's status on each survivor, every 20 ms);
 - ``round``: both survivors completed the new round (``rendezvous.complete``);
@@ -330,9 +331,18 @@ def _read_phases(
         changed = [e for e in events if e["kind"] == "membership.changed" and e["ts"] > killed]
         for e in changed:
             run.reasons.add(str(e["fields"].get("reason")))
-        if changed:
-            verdicts.append(changed[0]["ts"])
-            notices.append((changed[0]["ts"], f"{name} saw the verdict"))
+        # A failure that did not count is restarted for the verdict its look saw.
+        spared = [
+            e
+            for e in events
+            if e["kind"] == "restart" and e["ts"] > killed and not e["fields"].get("counted")
+        ]
+        if spared:
+            run.reasons.add("restart, not counted")
+        acted = sorted(e["ts"] for e in changed[:1] + spared[:1])
+        if acted:
+            verdicts.append(acted[0])
+            notices.append((acted[0], f"{name} saw the verdict"))
         rounds.append(_first_ts(events, "rendezvous.complete", killed))
         starts.append(_first_ts(events, "workers.started", killed))
     if notices:
