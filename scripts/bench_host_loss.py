@@ -32,6 +32,8 @@ so torch can only recover when another host dies (host c is SIGKILLed: ``torchru
 ``--torch-store-runs N`` (default 1) shows what it does when the store's host a dies.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_host_loss.py --runs 10
+    PYTHONPATH=. .venv/bin/python scripts/bench_host_loss.py --runs 10 --torch-runs 0 \
+        --torch-store-runs 0 --rdzv-conf election_timeout=1    # etcd's own raft timing
 
 No assertions: figures only; ``uptime`` is printed before and after. Root only (``ip netns``).
 ``BENCH_KEEP=1`` keeps each run's logs, events, steps and leader readings, and prints where.
@@ -115,9 +117,13 @@ class Run:
     note: str = ""
 
 
+RDZV_CONF: list[str] = []  # --rdzv-conf of elastic-run's agents (none: the defaults)
+
+
 def _elastic_command(hosts: Hosts, i: int, run_id: str, tmp: Path) -> list[str]:
     return [
         sys.executable, "-m", "elastic_run", "--nnodes", "2:3", "--nproc-per-node", "1",
+        *(["--rdzv-conf", RDZV_CONF[0]] if RDZV_CONF else []),
         "--rdzv-id", run_id, "--rdzv-backend", "embedded-etcd",
         "--rdzv-endpoint", ",".join(hosts.addrs), "--local-addr", hosts.addr(i), "--no-live",
         "--log-dir", str(tmp / f"logs-{NAMES[i - 1]}"),
@@ -428,7 +434,7 @@ def _elastic_row(k: int, r: Run) -> str:
 
 
 def _print_elastic(runs: list[Run]) -> None:
-    print("elastic-run, embedded etcd, the defaults; seconds from the kill:")
+    print("elastic-run, embedded etcd; seconds from the kill:")
     print(
         f"  {'run':>3} {'victim':15} {'delay':>5} {'notice':>6} {'by':22} {'verdict':>7} "
         f"{'leader':>6} {'round':>6} {'start':>6} {'trains':>6}  exit codes; restart count; "
@@ -489,7 +495,14 @@ def main() -> None:
     parser.add_argument("--window", type=float, default=3.0, help="the kill comes in [0, window] s")
     parser.add_argument("--bound", type=float, default=90.0, help="seconds to wait after the kill")
     parser.add_argument("--seed", type=int, default=None)
+    parser.add_argument(
+        "--rdzv-conf",
+        default="",
+        help="elastic-run's --rdzv-conf (default none); election_timeout=1 gives etcd's defaults",
+    )
     args = parser.parse_args()
+    if args.rdzv_conf:
+        RDZV_CONF.append(args.rdzv_conf)
     if os.geteuid() != 0 or shutil.which("ip") is None or shutil.which("etcdctl") is None:
         sys.exit("bench_host_loss.py needs root, iproute2 (ip netns) and etcdctl")
     if args.seed is not None:
@@ -516,7 +529,8 @@ def main() -> None:
                   f"{_f(torch_a[-1].exit_s)} s, {torch_a[-1].codes}", flush=True)  # fmt: skip
     print(f"after: {_uptime()}")
     print(f"one host of three SIGKILLed (agent, etcd member, worker) at a random moment "
-          f"[0, {args.window:.0f}] s into training; {os.cpu_count()} CPUs")  # fmt: skip
+          f"[0, {args.window:.0f}] s into training; {os.cpu_count()} CPUs; elastic-run's "
+          f"--rdzv-conf {args.rdzv_conf or '(none)'}")  # fmt: skip
     _print_elastic(elastic)
     _print_torch(torch_c, "host c (not the store's host) killed")
     _print_torch(torch_a, "host a (the store's host) killed")
