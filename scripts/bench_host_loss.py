@@ -21,8 +21,8 @@ For each run it prints a row of where the time went, every figure in seconds fro
 - ``started``: both survivors started their workers (``workers.started``);
 - ``trains``: both survivors' workers took a step at WORLD_SIZE 2.
 
-and the survivors' exit codes, their restart count afterwards, and each ``worker.failed``
-event (``counted`` or not). Then first / median / p90 / last of ``trains``, how many runs
+and the survivors' exit codes, their restart count afterwards, and each worker failure: when
+the worker failed, whether it counted, and when its look ended (``worker.failed``). Then first / median / p90 / last of ``trains``, how many runs
 were under 3 s, and every verdict seen.
 
 ``--torch-runs N`` (default 3) also times torchrun (c10d, torch's defaults but
@@ -329,10 +329,13 @@ def _read_phases(
         events = _events_of(tmp, name)
         failed = [e for e in events if e["kind"] == "worker.failed" and e["ts"] > killed]
         for e in failed:
-            notices.append((e["ts"], f"{name}'s worker failed"))
+            # The event comes once the failure's look ended; the failure itself is older.
+            at = e["fields"].get("failed_at") or e["ts"]
+            notices.append((at, f"{name}'s worker failed"))
             counted = e["fields"].get("counted")
             run.failures.append(
-                f"{name} +{e['ts'] - killed:.2f}: {'counted' if counted else 'not counted'}"
+                f"{name} +{at - killed:.2f}: {'counted' if counted else 'not counted'} "
+                f"+{e['ts'] - killed:.2f}"
             )
         changed = [e for e in events if e["kind"] == "membership.changed" and e["ts"] > killed]
         for e in changed:
