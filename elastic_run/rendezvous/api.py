@@ -485,8 +485,9 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
     def report_failure(self, last_restart: bool = False) -> bool:
         """End the round for this node's worker failure; True when this node ended it first.
 
-        With ``last_restart`` (the failure would end the job), a member of the round that was
-        lost meanwhile ends it instead, and the failure does not count (False).
+        A member of the round that was lost meanwhile (its workers' peers fail first) ends it
+        instead, and the failure does not count (False). ``last_restart``: the failure would
+        end the job, so a verdict is waited for even where the members cannot all be asked.
         """
 
     def leave_round(self, reason: str) -> None:

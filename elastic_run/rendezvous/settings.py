@@ -52,6 +52,7 @@ from elastic_run.errors import ConfigurationError
 
 __all__ = [
     "CONF_TABLE",
+    "DEFAULT_ELECTION_TIMEOUT_S",
     "DEFAULT_JOIN_TIMEOUT_S",
     "DEFAULT_KEEP_ALIVE_INTERVAL_S",
     "DEFAULT_KEEP_ALIVE_MAX_ATTEMPT",
@@ -105,6 +106,9 @@ DEFAULT_READ_TIMEOUT_S = 60.0  # one store call of an agent (c10d's TCPStore tim
 # c10d's store_type=file when no read_timeout is given: torch leaves the FileStore at its own.
 FILE_STORE_READ_TIMEOUT_S = 300.0
 DEFAULT_KEY_PREFIX = "/elastic-run/"  # where every job's keys live on etcd
+# The embedded etcd members' election timeout: a leader whose host died is replaced within one
+# or two of them (etcd's own default, 1 s, took 1.0 to 2.0 s of every loss of the leader's host).
+DEFAULT_ELECTION_TIMEOUT_S = 0.5
 STATUS_READ_TIMEOUT_S = 5.0
 """The ``read_timeout`` of ``elastic-run status`` and ``close`` when ``--rdzv-conf`` gives none.
 
@@ -147,7 +151,7 @@ BACKEND_KEYS: Mapping[str, frozenset[str]] = {
     # (the dynamic handler) and c10d never read it.
     "etcd": _ETCD_KEYS | {"timeout"},
     "etcd-v2": _ETCD_KEYS,
-    "embedded-etcd": _ETCD_KEYS | {"timeout"},
+    "embedded-etcd": _ETCD_KEYS | {"timeout", "election_timeout"},
     "memory": frozenset(),
 }
 """The keys each built-in backend of the dynamic handler reads itself, beside HANDLER_KEYS."""
@@ -283,6 +287,11 @@ CONF_TABLE: Mapping[str, ConfKey] = {
         "seconds",
         DEFAULT_READ_TIMEOUT_S,
         "how long one store call may take (s; a c10d file store: 300, as torch's)",
+    ),
+    "election_timeout": ConfKey(
+        "seconds",
+        DEFAULT_ELECTION_TIMEOUT_S,
+        "embedded-etcd: the members' raft election timeout (s; 0.05..50), a beat every tenth",
     ),
     "is_host": ConfKey("bool", None, "c10d: host the store here (unset: when it is this host)"),
     "use_libuv": ConfKey("bool", None, "c10d: the TCPStore server's libuv loop (torch's default)"),
@@ -748,6 +757,7 @@ _FIELD_KEYS: Mapping[str, str] = {
     "keep_alive_interval_s": "keep_alive_interval",
     "keep_alive_max_attempt": "keep_alive_max_attempt",
     "read_timeout_s": "read_timeout",
+    "election_timeout_s": "election_timeout",
     "is_host": "is_host",
     "use_libuv": "use_libuv",
     "store_type": "store_type",
@@ -785,6 +795,8 @@ class RendezvousSettings:
             also needs as many reads that found the counter unchanged (``protocol.Heartbeats``),
             so its own stall never convicts another node.
         read_timeout_s: how long one store call may take (the backends').
+        election_timeout_s: the embedded etcd members' raft election timeout (they beat every
+            tenth of it).
         is_host, use_libuv, store_type, protocol: the backends' switches (None: their default).
         ca_cert, ssl_cert, ssl_cert_key: etcd's TLS files (None: none given).
         user, password: etcd's authentication (the password is never shown).
@@ -803,6 +815,7 @@ class RendezvousSettings:
     keep_alive_interval_s: float = _default("keep_alive_interval")
     keep_alive_max_attempt: int = _default("keep_alive_max_attempt")
     read_timeout_s: float = _default("read_timeout")
+    election_timeout_s: float = _default("election_timeout")
     is_host: bool | None = _default("is_host")
     use_libuv: bool | None = _default("use_libuv")
     store_type: str = _default("store_type")

@@ -437,6 +437,51 @@ def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
     job.assert_no_survivors()
 
 
+def test_a_worker_failure_behind_a_frozen_member_spends_no_restart(
+    make_job: Any, backend: tuple[str, str]
+) -> None:
+    # Issue 38: a worker failure within the heartbeat budget of a member's loss waits for the
+    # verdict, with restarts left too. Node c hangs (every process stopped: no death notice,
+    # only its heartbeat convicts it, 1 s here), and at once b's worker fails, as a peer of c's
+    # workers fails in its collective. Counted, the failure would spend the job's one restart
+    # (every worker of the next round would see TORCHELASTIC_RESTART_COUNT 1).
+    job = make_job(backend)
+    conf = "last_call_timeout=1,keep_alive_interval=0.25,keep_alive_max_attempt=4"
+    for name in "abc":
+        job.start(name, nnodes="2:3", conf=conf, host=name == "a", extra=("--max-restarts", "1"))
+    job.wait_running(["a", "b", "c"], 3)
+    c = job.nodes["c"]
+    c.remember_descendants()
+    frozen = sorted(c.seen)
+    for pid in frozen:
+        try:
+            os.kill(pid, signal.SIGSTOP)
+        except ProcessLookupError:  # a short-lived child seen before
+            pass
+    try:
+        (job.out / "fail-b").touch()
+        job.wait_running(["a", "b"], 2)
+        for n in "ab":
+            assert job.newest(n)["TORCHELASTIC_RESTART_COUNT"] == "0", job.report()
+        b = job.nodes["b"]
+        failed = [e["fields"] for e in b.events() if e["kind"] == "worker.failed"]
+        assert [f["counted"] for f in failed] == [False], failed
+        restarts = [e for e in b.events() if e["kind"] == "restart"]
+        assert [e["fields"]["counted"] for e in restarts] == [False], restarts
+        assert "not counted: a member of the round was lost" in restarts[0]["message"]
+        job.go()
+        assert job.wait_exit("a") == 0, job.report()
+        assert job.wait_exit("b") == 0, job.report()
+    finally:
+        for pid in frozen:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
+    job.assert_no_survivors()
+
+
 def test_late_agent_is_admitted_and_world_grows(make_job: Any, backend: tuple[str, str]) -> None:
     job = make_job(backend)
     job.start("a", nnodes="2:3", conf=FAST_CONF, host=True)

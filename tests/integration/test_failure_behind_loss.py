@@ -4,7 +4,8 @@ When a node's agent dies, its workers' peers fail in their collectives at once, 
 any watcher has judged the node gone. With its restarts used up (``--max-restarts 0``, the
 default), a surviving agent that counted that failure ended the whole job although the round
 could go on without the lost node. ``report_failure(last_restart=True)`` now looks at the
-round's members first.
+round's members first, and so does every ``report_failure()`` (issue 38): with restarts left,
+such a failure spent a restart of the job for a loss that is nobody's.
 
 Real processes on a real TCPStore: three nodes, each a subprocess holding a handler built
 through the public registry. The lost node is stopped with SIGSTOP (a hung host: its sockets
@@ -49,8 +50,8 @@ handler = rendezvous_handler_registry.create_handler(params)
 info = handler.next_rendezvous()
 print(json.dumps({"node": handler.node_id, "rank": info.rank, "round": info.round}), flush=True)
 for line in sys.stdin:
-    if line.strip() == "report-last":
-        counted = handler.report_failure(last_restart=True)
+    if line.strip() in ("report-last", "report"):
+        counted = handler.report_failure(last_restart=line.strip() == "report-last")
         print(json.dumps({"counted": counted}), flush=True)
 handler.shutdown()
 """
@@ -76,8 +77,12 @@ class Node:
         return dict(json.loads(line))
 
     def report_last(self) -> bool:
+        return self.report("report-last")
+
+    def report(self, how: str = "report") -> bool:
+        """Report a worker failure (``report-last``: on the last restart); whether it counted."""
         assert self.proc.stdin is not None
-        self.proc.stdin.write("report-last\n")
+        self.proc.stdin.write(how + "\n")
         self.proc.stdin.flush()
         return bool(self.read()["counted"])
 
@@ -139,3 +144,30 @@ def test_a_last_restart_failure_with_every_member_alive_counts(
     why = _lost(endpoint, run_id, r)
     assert why.reason == "worker_failure"
     assert why.by == reporter.joined["node"]
+
+
+def test_a_failure_with_restarts_left_while_a_member_hangs_spends_no_restart(
+    job: tuple[str, str, list[Node]],
+) -> None:
+    endpoint, run_id, nodes = job
+    r = nodes[0].joined["round"]
+    hung, reporter = nodes[0], nodes[1]
+    freeze(hung.proc.pid)
+    assert reporter.report() is False  # not counted: no restart spent
+    why = _lost(endpoint, run_id, r)
+    assert (why.reason, why.node_ids) == ("member_lost", (hung.joined["node"],))
+    reader = create_backend(
+        RendezvousParameters("c10d", endpoint, run_id, 1, 1, is_host="false"),
+        allow_hosting=False,
+    )
+    assert reader.read_counter(keys.RESTARTS) == 0
+
+
+def test_a_failure_with_restarts_left_and_every_member_alive_counts_at_once(
+    job: tuple[str, str, list[Node]],
+) -> None:
+    endpoint, run_id, nodes = job
+    r = nodes[0].joined["round"]
+    assert nodes[0].report() is True
+    why = _lost(endpoint, run_id, r)
+    assert (why.reason, why.by) == ("worker_failure", nodes[0].joined["node"])

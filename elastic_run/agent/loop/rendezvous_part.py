@@ -131,8 +131,9 @@ class RendezvousPart:
 
     def report_failure(self, last_restart: bool) -> bool:
         """End the round for this node's failure; True when it counts (torch-style handler:
-        always). ``last_restart``: the restarts are used up, so a lost member is looked for
-        first (its loss, not this failure, then ended the round)."""
+        always). A lost member is looked for first (its loss, not this failure, then ended the
+        round); ``last_restart``: the restarts are used up (the look waits for a verdict even
+        in a round too large to ask every member)."""
         if self.agent is None:
             return True
         return self.agent.report_failure(last_restart=last_restart)

@@ -1,26 +1,37 @@
-"""The look before a job-ending worker failure counts: is a member of the round lost behind it?
+"""The look before a worker failure counts: is a member of the round lost behind it?
 
 When a member's agent dies, its workers' peers fail in their collectives at once, often before
-any watcher has judged it. A failure that would end the job (this node's restarts are used up)
-is therefore looked at first (:meth:`FailureLook.member_lost`):
+any watcher has judged it. Counted, such a failure spends one of this node's restarts for a
+loss that is nobody's restart (or, with the restarts used up, ends the whole job with exit 1).
+So every worker failure is looked at first (:meth:`FailureLook.member_lost`): a failure within
+the heartbeat budget of a member's loss waits for the verdict.
 
     the round already ended as member_lost (seen, or its end record)  -> lost: the failure
                                                                          does not count
     a round of at most _PROBE_MAX other members: each one's liveness
     port is asked once, all within _PROBE_BUDGET_S                     -> all greet: not lost,
                                                                          no wait
-    the members that did not greet (or, in a larger round, nobody
-    asked: the ring's watchers judge) are watched by heartbeat, once
-    an interval, until twice the heartbeat budget plus one interval   -> judged gone here: the
-                                                                         round ends member_lost
+    a larger round with restarts left (``blind`` false): nobody is
+    asked, nothing is waited for (every failure there would wait the
+    whole look; the ring's watchers judge)                             -> not lost: it counts
+    the members that did not greet (or, in a larger round on the last
+    restart, nobody asked: the ring's watchers judge) are watched by
+    heartbeat, once an interval, and the round's end record read every
+    _END_LOOK_S, until twice the heartbeat budget plus one interval     -> judged gone here, or
+                                                                         ended elsewhere as
+                                                                         member_lost: it does
+                                                                         not count
     the time is up, the agent's interrupt check turned true, or the
     node shuts down                                                    -> not lost: it counts
 
 Every wait goes through the handler's clock on the handler's condition, which is notified
 whenever the node's round state changes (a watcher's verdict, the epoch read) and when the node
 shuts down: a verdict reached elsewhere ends the look at once, and a fake clock drives the look
-in a logic test. The probes run on a small thread pool (a greeting read is a blocking call);
-their budget is measured on the same clock.
+in a logic test. The end record is read more often than the heartbeats (which are judged by
+reads one interval apart): the member that watches the lost one writes its verdict within
+milliseconds of a death notice, and this node's next round waits on this look. The probes run
+on a small thread pool (a greeting read is a blocking call); their budget is measured on the
+same clock.
 """
 
 from __future__ import annotations
@@ -53,6 +64,8 @@ _ANSWER_TIMEOUT_S = 1.0
 _PROBES = 16
 _PROBE_BUDGET_S = 2.0
 _PROBE_MAX = 64
+# How often the look reads the round's end record (one key) between two heartbeat reads.
+_END_LOOK_S = 0.25
 
 
 class FailureLook:
@@ -104,8 +117,14 @@ class FailureLook:
         s = self._settings
         return 2 * s.stale_after_s + s.keep_alive_interval_s
 
-    def member_lost(self, member: Membership) -> bool:
+    def member_lost(self, member: Membership, blind: bool = True) -> bool:
         """Whether a member of ``member``'s round is lost (see the module docstring).
+
+        Args:
+            member: this node's membership of the round its workers failed in.
+            blind: in a round too large to ask every member, watch for the look's whole time
+                anyway (the failure would end the job); when false, such a failure counts at
+                once.
 
         Raises:
             RendezvousError: the store failed while looking (the caller counts the failure).
@@ -117,6 +136,8 @@ class FailureLook:
             return self._state.poll().member_lost
         others = self._other_members(member)
         suspects: list[str] = []
+        if len(others) > _PROBE_MAX and not blind:
+            return False
         if len(others) <= _PROBE_MAX:
             suspects = self._unanswered(others)
             if not suspects:
@@ -137,13 +158,16 @@ class FailureLook:
         """Read the suspects' heartbeats once an interval until a verdict or ``deadline``."""
         settings = self._settings
         beats = proto.Heartbeats(min_reads=settings.keep_alive_max_attempt)
+        step_s = min(settings.keep_alive_interval_s, _END_LOOK_S)
+        next_beats = self._clock.now()
         while True:
             if self._is_interrupted() or self._is_stopping():
                 return False
             if self._round_ended(r):
                 return self._state.poll().member_lost
             now = self._clock.now()
-            if suspects:
+            if suspects and now >= next_beats:
+                next_beats = now + settings.keep_alive_interval_s
                 read = self._backend.read_heartbeats(suspects)
                 beats = self._with_notices(
                     beats.observe(dict(zip(suspects, read, strict=True)), now), now
@@ -160,7 +184,7 @@ class FailureLook:
                 self._clock.wait(
                     self._changed,
                     lambda: self._state.poll().round_over or self._is_stopping(),
-                    min(settings.keep_alive_interval_s, deadline - now),
+                    min(step_s, deadline - now),
                 )
 
     def _round_ended(self, r: int) -> bool:

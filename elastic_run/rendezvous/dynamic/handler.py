@@ -8,7 +8,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
     settings.py       --rdzv-conf, parsed once
     decisions.py      every decision (barrier, seal, ring verdicts, ranks), pure
     rounds.py         the blocking joins: arrive, be admitted or wait at the door, end a round
-    failure_look.py   before a job-ending failure counts: is a member lost behind it?
+    failure_look.py   before a worker failure counts: is a member lost behind it?
     coordinator.py    the barrier duties of an arrival (reads, asks the protocol, seals)
     turns.py          the heartbeat and ring-watch thread (verdicts tagged with their round)
     peerwatch.py      death notices between agents, in milliseconds
@@ -370,13 +370,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def report_failure(self, last_restart: bool = False) -> bool:
         """End the current round because this node's workers failed.
 
+        Before the failure counts, the round's members are looked at: when one of them is lost
+        (its agent died: its workers' peers fail in their collectives at once, often before
+        any watcher has judged it), the round ends for that member instead and the failure
+        does not count, neither as a restart nor, on the last one, as the end of the job. A
+        failure while every member greets counts at once. See ``failure_look.py``. A store
+        error while looking is logged and the failure counts, as before.
+
         Args:
             last_restart: the failure would end the job if it counted (this node's restarts
-                are used up). Before counting it, the round's members are looked at: when one
-                of them is lost (its agent died: its workers' peers fail in their collectives
-                at once, often before any watcher has judged it), the round ends for that
-                member instead and the failure does not count. See ``failure_look.py``.
-                A store error while looking is logged and the failure counts, as before.
+                are used up): in a round too large to ask every member, the look then waits
+                for a verdict anyway; with restarts left such a failure counts at once.
 
         Returns:
             True when this node ended the round first (its failure is the cause and
@@ -385,18 +389,17 @@ class DynamicRendezvousHandler(RendezvousHandler):
         member = self._member
         if member is None:
             return True
-        if last_restart:
-            try:
-                if self._look.member_lost(member):
-                    return False
-            except (RendezvousError, OSError, ValueError) as exc:
-                log.warning(
-                    "rendezvous '%s': could not look at round %d's members before counting "
-                    "a failure: %s",
-                    self._run_id,
-                    member.round,
-                    exc,
-                )
+        try:
+            if self._look.member_lost(member, blind=last_restart):
+                return False
+        except (RendezvousError, OSError, ValueError) as exc:
+            log.warning(
+                "rendezvous '%s': could not look at round %d's members before counting "
+                "a failure: %s",
+                self._run_id,
+                member.round,
+                exc,
+            )
         return self._end_round(member, LostRecord(member.round, "worker_failure", (), self.node_id))
 
     def leave_round(self, reason: str) -> None:

@@ -282,7 +282,14 @@ def create_embedded_backend(
         found = find_local_member(cluster, local_identity(str(local_addr) if local_addr else None))
         if found is not None:
             spec, bind = found
-            member = EmbeddedMember(cluster, spec, bind, params.run_id, tls=tls)
+            member = EmbeddedMember(
+                cluster,
+                spec,
+                bind,
+                params.run_id,
+                tls=tls,
+                election_timeout_s=settings.election_timeout_s,
+            )
             endpoints = [spec.client_endpoint] + [e for e in endpoints if e != spec.client_endpoint]
             # Calls on another host's member are cut off with that host: go back home.
             options["prefer_first"] = True

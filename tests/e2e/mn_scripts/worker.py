@@ -6,7 +6,8 @@ Writes ``$MN_OUT/<MN_NODE>_<pid>.json`` with its launcher environment at once. T
 ``MN_FAIL_RANK`` names a global rank that exits 1 at every start, wherever it runs (a bug of the
 script's that follows the rank);
 every other worker waits until ``$MN_OUT/go`` exists (at most ``MN_MAX_WAIT_S``, default 120 s,
-then exits 2) and exits 0 (1 on the node ``MN_FAIL_AT_GO_NODE`` names, while
+then exits 2; the first worker of node N to see a file ``$MN_OUT/fail-N`` meanwhile removes it
+and exits 1, as a worker whose collective failed on a lost peer) and exits 0 (1 on the node ``MN_FAIL_AT_GO_NODE`` names, while
 TORCHELASTIC_RESTART_COUNT is 0); the workers of the node ``MN_DONE_NODE`` names exit 0 at once.
 """
 
@@ -53,9 +54,16 @@ if (
 
 deadline = time.monotonic() + float(os.environ.get("MN_MAX_WAIT_S", "120"))
 go = out / "go"
+fail = out / f"fail-{node}"
 while os.environ.get("MN_DONE_NODE") != node and not go.exists():
     if time.monotonic() > deadline:
         sys.exit(2)
+    try:
+        fail.unlink()
+    except FileNotFoundError:
+        pass
+    else:
+        sys.exit(1)
     time.sleep(0.05)
 if os.environ.get("MN_FAIL_AT_GO_NODE") == node and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0":
     sys.exit(1)
