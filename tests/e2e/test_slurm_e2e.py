@@ -227,7 +227,7 @@ def test_status_and_close_from_the_login_node(
         capture_output=True,
         text=True,
         env=login_env,
-        timeout=30,
+        timeout=90,  # a hang guard: the status command imports torch, slow under a loaded run
         check=False,
     )
     assert status.returncode == 0, status.stderr + slurm_cluster.output_of(job_id)
