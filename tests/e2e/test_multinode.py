@@ -16,7 +16,7 @@ import os
 import signal
 import subprocess
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -405,6 +405,19 @@ def test_sigkill_of_one_agent_of_three_goes_on_with_two(
     job.assert_no_survivors()
 
 
+def _signal_all(pids: Iterable[int], sig: signal.Signals) -> list[int]:
+    """Send ``sig`` to each of ``pids`` (a node's processes, all at once: ``os.kill``, not
+    ``helpers.freeze``, whose wait would stagger them); one already gone (a short-lived child
+    seen before, py-spy taking stacks) is skipped. The pids, sorted."""
+    ordered = sorted(pids)
+    for pid in ordered:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+    return ordered
+
+
 def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
     make_job: Any, backend: tuple[str, str]
 ) -> None:
@@ -412,12 +425,7 @@ def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
     c = job.nodes["c"]
     # A hung host: every process of node c stops, so its sockets stay open and no death notice
     # comes; its heartbeat stops moving, and the survivors go by that.
-    frozen = sorted(c.seen)
-    for pid in frozen:
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:  # a short-lived child seen before (py-spy taking stacks)
-            pass
+    frozen = _signal_all(c.seen, signal.SIGSTOP)
     try:
         job.wait_running(["a", "b"], 2)
         job.go()
@@ -428,11 +436,7 @@ def test_a_frozen_agent_of_three_is_dropped_by_its_heartbeat(
         changes = _membership_changes(job, "ab")
         assert "member_lost" in {f["reason"] for f in changes}, changes
     finally:
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _signal_all(frozen, signal.SIGKILL)
     assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
     job.assert_no_survivors()
 
@@ -452,12 +456,7 @@ def test_a_worker_failure_behind_a_frozen_member_spends_no_restart(
     job.wait_running(["a", "b", "c"], 3)
     c = job.nodes["c"]
     c.remember_descendants()
-    frozen = sorted(c.seen)
-    for pid in frozen:
-        try:
-            os.kill(pid, signal.SIGSTOP)
-        except ProcessLookupError:  # a short-lived child seen before
-            pass
+    frozen = _signal_all(c.seen, signal.SIGSTOP)
     try:
         (job.out / "fail-b").touch()
         job.wait_running(["a", "b"], 2)
@@ -473,11 +472,7 @@ def test_a_worker_failure_behind_a_frozen_member_spends_no_restart(
         assert job.wait_exit("a") == 0, job.report()
         assert job.wait_exit("b") == 0, job.report()
     finally:
-        for pid in frozen:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
+        _signal_all(frozen, signal.SIGKILL)
     assert c.proc.wait(timeout=EXIT_S) == -signal.SIGKILL
     job.assert_no_survivors()
 
