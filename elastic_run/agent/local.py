@@ -399,6 +399,9 @@ class LocalElasticAgent(SimpleElasticAgent):
         self._progress_duties.started(pids, self._warm)
         return dict(pids)
 
+    def _begin_stop_workers(self, worker_group: WorkerGroup) -> float | None:
+        return self._group.begin_stop((int(signal.SIGTERM), int(signal.SIGKILL)))
+
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
         self._shutdown(signal.SIGTERM, int(self.shutdown_timeout))
 

@@ -370,6 +370,9 @@ class RoundPoll:
             it), ``look`` (its own read of the store), ``verdict`` (it judged a member lost);
             None while nothing ends the round.
         notice_from: the node id whose notice it was (``learned_by == "notice"``), else "".
+        notice_at: when that notice arrived on this node's port (epoch seconds), else None.
+        learned_at: when this node learned it (epoch seconds: the read that confirmed a
+            notice, its own look, its verdict), None while nothing ends the round.
     """
 
     closed: str | None = None
@@ -380,6 +383,8 @@ class RoundPoll:
     spares: int = 0
     learned_by: str | None = None
     notice_from: str = ""
+    notice_at: float | None = None
+    learned_at: float | None = None
 
 
 @dataclass(frozen=True)

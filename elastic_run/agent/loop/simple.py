@@ -62,7 +62,12 @@ from elastic_run.agent.rules.registry import published_events
 from elastic_run.agent.settings import table as settings
 from elastic_run.errors import AgentError
 from elastic_run.metrics import prof, put_metric
-from elastic_run.rendezvous.api import AgentRendezvous, Assignment, InterruptibleRendezvous
+from elastic_run.rendezvous.api import (
+    AgentRendezvous,
+    Assignment,
+    InterruptibleRendezvous,
+    RoundPoll,
+)
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
@@ -408,6 +413,12 @@ class SimpleElasticAgent(ElasticAgent):
     @abstractmethod
     def _start_workers(self, worker_group: WorkerGroup) -> dict[int, Any]:
         """Start the group's workers with the ranks it carries; return their ids by local rank."""
+
+    def _begin_stop_workers(self, worker_group: WorkerGroup) -> float | None:
+        """Send the workers their stopping signal now, without waiting (ours, beside torch's
+        points: ``_stop_workers`` completes the stop). Return when the signal went (epoch
+        seconds), or None when nothing was sent. Default: nothing (``_stop_workers`` does it all)."""
+        return None
 
     @abstractmethod
     def _stop_workers(self, worker_group: WorkerGroup) -> None:
@@ -859,9 +870,22 @@ class SimpleElasticAgent(ElasticAgent):
         )
 
     def _apply_again(self, action: sm.Restart | sm.Rejoin) -> None:
-        """Stop the workers so that the loop can rendezvous again."""
+        """Stop the workers so that the loop can rendezvous again.
+
+        The round's end is known here (this node's failure, or the store confirmed it), so the
+        workers get their stopping signal first, before any event or store request: the other
+        nodes' workers are stopped within milliseconds of the decision, the bookkeeping runs
+        while they exit, and torch's ``_restart_workers`` waits for them.
+        """
         spec = self._spec
         text = ""
+        if isinstance(action, sm.Restart):
+            # The survivors' stacks first: the signals end them.
+            self._progress.before_failed_stop(self._group_view.running)
+        signalled_at = self._begin_stop_workers(self._worker_group)
+        stamps: dict[str, Any] = {}
+        if signalled_at is not None:
+            stamps["signalled_at"] = round(signalled_at, 6)
         if isinstance(action, sm.Restart):
             after = self._restarts + (1 if action.counted else 0)
             own = self._ledger.own
@@ -878,6 +902,7 @@ class SimpleElasticAgent(ElasticAgent):
                 max_restarts=spec.max_restarts,
                 counted=action.counted,
                 ended_by=ended_by,
+                **stamps,
             )
         else:
             # Cut off from the store: nothing on the way to stopping the workers may wait on it
@@ -898,14 +923,19 @@ class SimpleElasticAgent(ElasticAgent):
                 fields["learned_by"] = poll.learned_by
                 if poll.notice_from:
                     fields["notice_from"] = poll.notice_from
+            # Where the time went, epoch seconds: the notice came, the store confirmed it (or
+            # this node's own look or verdict), the workers were signalled.
+            if poll.notice_at is not None:
+                fields["notice_at"] = round(poll.notice_at, 6)
+            if poll.learned_at is not None:
+                fields["learned_at"] = round(poll.learned_at, 6)
+            fields.update(stamps)
             self._emit("membership.changed", text, publish=not cut_off, **fields)
             if action.reason == "nodes_waiting":
                 # This node ends the round for the nodes waiting, now rather than once its
                 # workers are down: the others are told at once (the first to decide tells).
                 self._round.leave_round(action.reason)
         self._publish_snapshot()
-        if isinstance(action, sm.Restart):
-            self._progress.before_failed_stop(self._group_view.running)
         # The group's state stays the monitor's until torch's _restart_workers sets STOPPED.
         # The stop itself is torch's ``_restart_workers`` (the loop's next join), which hands
         # back to ``_after_stop`` to say why once the workers are down.
@@ -1017,7 +1047,9 @@ class SimpleElasticAgent(ElasticAgent):
                 )
             self._stop_workers(self._worker_group)
             if action.closed is not None:
-                self._say_stopped("closed", action.reason, closed=action.closed)
+                self._say_stopped(
+                    "closed", action.reason, _learned(self._round.last_poll), closed=action.closed
+                )
             else:
                 self._say_stopped("rendezvous_error", action.reason)
             self._set_state(action.state)
@@ -1239,6 +1271,16 @@ _REJOIN_SUFFIX = ": stopping the workers to re-rendezvous"
 # once it did (the others read the close and leave).
 _SERVE_LOOK_S = 1.0
 _SERVE_GRACE_S = 5.0
+
+
+def _learned(poll: RoundPoll) -> dict[str, Any]:
+    """How this node learned that the job closed (event fields; none when it did not)."""
+    if poll.closed is None or poll.learned_by is None:
+        return {}
+    fields: dict[str, Any] = {"learned_by": poll.learned_by}
+    if poll.notice_from:
+        fields["notice_from"] = poll.notice_from
+    return fields
 
 
 def _first_failure(view: GroupView) -> tuple[str, dict[str, Any]]:

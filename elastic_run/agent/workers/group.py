@@ -191,6 +191,25 @@ class LocalWorkerGroup:
         first = signals[0]
         procs.stop(int(first), float(timeout_s), escalate=escalate)
 
+    def begin_stop(self, signals: Iterable[int]) -> float | None:
+        """Send the stopping signal to every worker now and return at once; :meth:`stop` with
+        the same signals completes the stop (its grace counted from here).
+
+        Args:
+            signals: the stopping signal, then SIGKILL (the stop is recorded as the agent's).
+
+        Returns:
+            When the signal went (epoch seconds), or None when nothing was sent (no workers,
+            or a stop began already).
+        """
+        procs = self._procs
+        if procs is None or self._stop is not None:
+            return None
+        signals = tuple(signals)
+        # Recorded first: an exit by this signal is the agent's stop, never a crash.
+        self._stop = AgentStop(frozenset(int(s) for s in signals), time.time())
+        return procs.begin_stop(int(signals[0]))
+
     def send_signal(self, sig: int) -> None:
         """Send ``sig`` to every running worker (a preemption notice)."""
         if self._procs is not None:

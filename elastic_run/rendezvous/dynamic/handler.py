@@ -31,6 +31,7 @@ import os
 import secrets
 import socket
 import threading
+import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import timedelta
@@ -172,6 +173,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._on_notice_line,
         )
         self._notice_from = ""  # the sender of the last notice that asked for a look
+        self._notice_at: float | None = None  # when it came (epoch seconds)
         self._notices_said: set[str] = set()  # the kinds of dropped notices logged already
         self._state = RoundState(
             backend,
@@ -198,7 +200,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._with_notices,
             self._state.apply_verdict,
             self._state.refresh,
-            lambda: self._state.look(self._notice_from),
+            lambda: self._state.look(self._notice_from, self._notice_at),
         )
         self._on_change: Callable[[], None] | None = None
         self._is_interrupted: Callable[[], bool] | None = None
@@ -806,7 +808,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     f"({skip})",
                 )
             return True
-        self._notice_from = notice.by
+        self._notice_from, self._notice_at = notice.by, time.time()
         self._liveness.look_now()
         return True
 

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import threading
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, replace
 
@@ -51,6 +52,8 @@ class _Flags:
     spares: int = 0
     learned_by: str | None = None
     notice_from: str = ""
+    notice_at: float | None = None  # epoch seconds
+    learned_at: float | None = None  # epoch seconds
 
 
 class RoundState:
@@ -125,6 +128,8 @@ class RoundState:
             spares=flags.spares,
             learned_by=flags.learned_by,
             notice_from=flags.notice_from,
+            notice_at=flags.notice_at,
+            learned_at=flags.learned_at,
         )
 
     def refresh(self) -> None:
@@ -156,17 +161,17 @@ class RoundState:
         self._read(flags, "look")
         self._epoch_seen = (epoch, r)
 
-    def look(self, notice_from: str) -> None:
+    def look(self, notice_from: str, notice_at: float | None = None) -> None:
         """Read the round's keys now, as a member's notice asks (liveness thread; one read).
 
         What the read finds is applied as the periodic read would apply it; a round found over
-        is marked learned by ``notice`` from ``notice_from``. Nothing happens when the round
-        goes on: the notice alone changes nothing.
+        is marked learned by ``notice`` from ``notice_from`` (which arrived at ``notice_at``,
+        epoch seconds). Nothing happens when the round goes on: the notice alone changes nothing.
         """
         flags = self._flags
         if flags is None or flags.over:
             return
-        if not self._read(flags, "notice", notice_from):
+        if not self._read(flags, "notice", notice_from, notice_at):
             log.debug(
                 "rendezvous '%s': looked after a round notice from %s: round %d goes on",
                 self._run_id,
@@ -174,7 +179,9 @@ class RoundState:
                 flags.round,
             )
 
-    def _read(self, flags: _Flags, learned_by: str, notice_from: str = "") -> bool:
+    def _read(
+        self, flags: _Flags, learned_by: str, notice_from: str = "", notice_at: float | None = None
+    ) -> bool:
         """One read of round ``flags.round``'s keys (the round, closed, arrivals, its end);
         return whether it found news (the round over, the job closed, more nodes waiting)."""
         r = flags.round
@@ -195,6 +202,7 @@ class RoundState:
             spares=max(0, arrivals - flags.sealed_arrivals - waiting),
             learned_by=learned_by,
             notice_from=notice_from,
+            notice_at=notice_at,
         )
         if raw_round is not None and decode_int(keys.ROUND, raw_round) != r:
             # The end record is written before the round advances: read after it, it is there.
@@ -205,6 +213,7 @@ class RoundState:
                 cause=why.reason if why is not None else None,
                 learned_by=learned_by,
                 notice_from=notice_from,
+                notice_at=notice_at,
             )
             changed = True
         if changed:
@@ -250,6 +259,7 @@ class RoundState:
         cause: str | None,
         learned_by: str,
         notice_from: str = "",
+        notice_at: float | None = None,
     ) -> None:
         with self._lock:
             flags = self._flags
@@ -262,6 +272,8 @@ class RoundState:
                     cause=flags.cause or cause,
                     learned_by=learned_by if first else flags.learned_by,
                     notice_from=notice_from if first else flags.notice_from,
+                    notice_at=notice_at if first else flags.notice_at,
+                    learned_at=time.time() if first else flags.learned_at,
                 )
 
     def _update(
@@ -273,6 +285,7 @@ class RoundState:
         spares: int = 0,
         learned_by: str = "look",
         notice_from: str = "",
+        notice_at: float | None = None,
     ) -> bool:
         """Record what a read saw of round ``r``; return whether it is news (the job closed, or
         more nodes wait). News that ends the round is marked with how it was learned."""
@@ -283,6 +296,12 @@ class RoundState:
             new = replace(flags, closed=flags.closed or closed, waiting=waiting, spares=spares)
             news = new.closed != flags.closed or waiting > flags.waiting
             if news and flags.learned_by is None:
-                new = replace(new, learned_by=learned_by, notice_from=notice_from)
+                new = replace(
+                    new,
+                    learned_by=learned_by,
+                    notice_from=notice_from,
+                    notice_at=notice_at,
+                    learned_at=time.time(),
+                )
             self._flags = new
             return news
