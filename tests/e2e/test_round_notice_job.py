@@ -102,7 +102,7 @@ def test_hostile_lines_on_the_ports_leave_the_job_training(make_job: Any) -> Non
         return encode_notice(RoundNotice(**body, cause="worker_failure"))
 
     for target in (a, b):
-        _send(target, line(by="stranger-1-ff", index=9))  # a non-member's index
+        _send(target, line(by="stranger-1-ff", index=-1))  # a sender that never arrived
         _send(target, line(by="stranger-2-ff"))  # a member's index, forged: one look
         _send(target, line(round=0, job="another-job"))
         _send(target, b"\x00\xff garbage\nGET / HTTP/1.1\r\n\r\n")

@@ -191,9 +191,16 @@ def test_a_failure_is_told_to_the_others_who_confirm_it_in_the_store(
 
 def test_a_non_members_notice_changes_nothing(job: Job, logs: pytest.LogCaptureFixture) -> None:
     a, b, c = job.join_all()
-    # An index the round did not admit: dropped without a read.
-    send(b.port, b.handler.node_id, notice(job, a, by="stranger-1-ff", index=17))
+    # No arrival index (a sender that never arrived), about anything but a close: dropped
+    # without a read.
+    send(b.port, b.handler.node_id, notice(job, a, by="stranger-1-ff", index=-1))
     wait_said(logs, "(not a member)")
+    # An index beyond the seal (a node at the door would say it waits): one look, no news.
+    send(b.port, b.handler.node_id, notice(job, a, by="stranger-3-ff", index=17))
+    wait_said(logs, "after a round notice from stranger-3-ff: round 0 goes on")
+    # A close said by anyone: one look, and the job is not closed.
+    send(b.port, b.handler.node_id, notice(job, a, by="stranger-4-ff", index=-1, cause="closed"))
+    wait_said(logs, "after a round notice from stranger-4-ff: round 0 goes on")
     # A forged member's index: one look at the store, which says the round goes on.
     send(b.port, b.handler.node_id, notice(job, a, by="stranger-2-ff"))
     wait_said(logs, "after a round notice from stranger-2-ff: round 0 goes on")
@@ -253,15 +260,15 @@ def test_a_flood_of_notices_costs_at_most_one_look_each_and_changes_nothing(
     a, b, c = job.join_all()
     per_connection, connections = 2000, 8
     forged = notice(job, a, by="forger-1-ff")  # a member's index: each is worth a look
-    # Each connection ends with a marker the port drops without a look (an index the round did
-    # not admit), logged as it is read: once every marker is, the flood before it was read.
+    # Each connection ends with a marker the port drops without a look (no arrival index),
+    # logged as it is read: once every marker is, the flood before it was read.
     threads = [
         threading.Thread(
             target=send,
             args=(
                 b.port,
                 b.handler.node_id,
-                forged * per_connection + notice(job, a, by=f"marker-{k}", index=17),
+                forged * per_connection + notice(job, a, by=f"marker-{k}", index=-1),
             ),
         )
         for k in range(connections)

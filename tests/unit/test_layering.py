@@ -499,7 +499,7 @@ _TORCH_AGENT_HOOKS = {"_start_workers", "_stop_workers", "_monitor_workers", "_s
 # subclass may define and call these methods, never the base's state. class -> method names.
 _DECLARED_HOOKS = {
     # the run loop's services and per-worker views (agent/loop/simple.py, "optional hooks")
-    "SimpleElasticAgent": {"_setup", "_teardown"},
+    "SimpleElasticAgent": {"_setup", "_teardown", "_begin_stop_workers"},
     # torch's ErrorHandler's, kept by our mirror: where the error file goes
     "ErrorHandler": {"_get_error_file_path"},
 }

@@ -2,8 +2,9 @@
 
 ``protocol/round_notice.py``: a member that ends a round sends one line to the others; the
 receiver parses it and looks at the store only for a notice about its current round that is
-news. Everything else (garbage, another job, an older or later round, a non-member's index, a
-known end) is dropped without a read.
+news, from a member, a node at the round's door, or (about a close) anyone. Everything else
+(garbage, another job, an older or later round, an index the seal left out, a known end) is
+dropped without a read.
 """
 
 from __future__ import annotations
@@ -106,6 +107,20 @@ def test_a_members_notice_about_the_current_round_asks_for_a_look() -> None:
 
 
 @pytest.mark.parametrize(
+    "notice",
+    [
+        RoundNotice("job", 4, "door-1-ab", 6, "nodes_waiting"),  # arrived after the seal
+        RoundNotice("job", 4, "door-1-ab", 99, "member_lost"),  # judged a member lost there
+        RoundNotice("job", 4, "elastic-run close@h pid 7", -1, "closed"),  # never arrived
+    ],
+)
+def test_a_door_nodes_or_a_closers_notice_asks_for_a_look(notice: RoundNotice) -> None:
+    # Not a member's: the store says whether nodes wait, a member was lost, the job closed.
+    assert skip_reason(notice, "job", "me", 4, SEAL, known_over=False) is None
+    assert skip_reason(notice, "job", "me", 4, SEAL, known_over=True) == "known"
+
+
+@pytest.mark.parametrize(
     ("notice", "node_id", "current", "known", "why"),
     [
         (RoundNotice("other", 4, "x", 0), "me", 4, False, "other job"),
@@ -114,9 +129,10 @@ def test_a_members_notice_about_the_current_round_asks_for_a_look() -> None:
         (RoundNotice("job", 3, "x", 0), "me", 4, False, "older round"),  # a replay
         (RoundNotice("job", 0, "x", 0), "me", 4, False, "older round"),
         (RoundNotice("job", 5, "x", 0), "me", 4, False, "later round"),
-        (RoundNotice("job", 4, "x", 3), "me", 4, False, "not a member"),  # waits at the door
-        (RoundNotice("job", 4, "x", 99), "me", 4, False, "not a member"),
-        (RoundNotice("job", 4, "x", -1), "me", 4, False, "not a member"),
+        (RoundNotice("job", 4, "x", 3), "me", 4, False, "not a member"),  # left out by the seal
+        (RoundNotice("job", 4, "x", 4), "me", 4, False, "not a member"),
+        (RoundNotice("job", 4, "x", -1), "me", 4, False, "not a member"),  # never arrived
+        (RoundNotice("job", 4, "x", -1, "worker_failure"), "me", 4, False, "not a member"),
         (RoundNotice("job", 4, "x", 1), "me", 4, True, "known"),
     ],
 )

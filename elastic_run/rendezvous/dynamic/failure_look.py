@@ -46,7 +46,8 @@ from elastic_run.clock import Clock
 from elastic_run.rendezvous.backend import RendezvousBackend
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.round_state import RoundState
-from elastic_run.rendezvous.dynamic.rounds import Membership, end_round
+from elastic_run.rendezvous.dynamic.rounds import Membership
+from elastic_run.rendezvous.dynamic.rounds import end_round as end_round_in_store
 from elastic_run.rendezvous.liveness.peerwatch import answers
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -82,6 +83,8 @@ class FailureLook:
         is_interrupted: the agent's interrupt check (None: none installed).
         changed: notified when the round state changes or the node shuts down.
         is_stopping: whether the node shuts down.
+        end_round: ends round ``r`` with a verdict's record and tells the round's other
+            members (the handler's; default: the store alone, ``rounds.end_round``).
     """
 
     def __init__(
@@ -96,6 +99,7 @@ class FailureLook:
         is_interrupted: Callable[[], bool],
         changed: threading.Condition,
         is_stopping: Callable[[], bool],
+        end_round: Callable[[int, LostRecord], bool] | None = None,
     ) -> None:
         self._backend = backend
         self._run_id = run_id
@@ -107,6 +111,7 @@ class FailureLook:
         self._is_interrupted = is_interrupted
         self._changed = changed
         self._is_stopping = is_stopping
+        self._end_round = end_round or (lambda r, why: end_round_in_store(backend, r, why))
 
     @property
     def wait_s(self) -> float:
@@ -175,7 +180,7 @@ class FailureLook:
                 verdict = proto.judge_watched(suspects, beats, now, settings.stale_after_s)
                 if isinstance(verdict, proto.MemberLost):
                     why = LostRecord(r, "member_lost", verdict.node_ids, self._node_id)
-                    end_round(self._backend, r, why)
+                    self._end_round(r, why)  # the others are told at once
                     self._state.note_round_end(r)
                     return self._state.poll().member_lost
             if now >= deadline:

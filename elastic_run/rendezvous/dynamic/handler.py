@@ -54,6 +54,7 @@ from elastic_run.rendezvous.backend import RendezvousBackend, closed_record, req
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.failure_look import FailureLook
 from elastic_run.rendezvous.dynamic.round_state import RoundState
+from elastic_run.rendezvous.dynamic.round_tell import tell_round
 from elastic_run.rendezvous.dynamic.rounds import Membership, Rounds, bump_epoch, end_round
 from elastic_run.rendezvous.dynamic.status_reader import read_snapshot
 from elastic_run.rendezvous.dynamic.telemetry import Telemetry
@@ -65,7 +66,6 @@ from elastic_run.rendezvous.errors import (
     RendezvousTimeoutError,
     RendezvousUnreachableError,
 )
-from elastic_run.rendezvous.liveness.notice_send import NoticeTarget
 from elastic_run.rendezvous.liveness.notices import DeathNotices
 from elastic_run.rendezvous.liveness.turns import LivenessThread, RingPosition
 from elastic_run.rendezvous.outage import BACKEND_OUTAGE
@@ -77,6 +77,7 @@ from elastic_run.rendezvous.protocol.records import (
     LostReason,
     LostRecord,
     NodeRecord,
+    SealRecord,
     decode,
     decode_int,
     encode,
@@ -84,7 +85,6 @@ from elastic_run.rendezvous.protocol.records import (
 )
 from elastic_run.rendezvous.protocol.round_notice import (
     RoundNotice,
-    encode_notice,
     parse_notice,
     skip_reason,
 )
@@ -216,6 +216,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._liveness.successor_beats,
             self._with_notices,
             lambda: self._is_interrupted is not None,
+            self._tell_round,
         )
         self._look = FailureLook(
             backend,
@@ -228,6 +229,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             lambda: self._is_interrupted is not None and self._is_interrupted(),
             self._changed,
             lambda: self._shut_down,
+            self._end_current_round,
         )
 
     # -- construction, as torch's -------------------------------------------------
@@ -734,36 +736,15 @@ class DynamicRendezvousHandler(RendezvousHandler):
             BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': could not end round {r}", exc)
 
     def _tell(self, member: Membership, cause: str) -> None:
-        """Tell the other members of ``member``'s round that it ended (or the job closed).
+        """Tell the other members of ``member``'s round that it ended (or the job closed)."""
+        self._tell_round(member.round, member.seal, member.index, cause)
 
-        Best-effort and after the store holds the end: one read of the members' records, then
-        one line to each one's death-notice port from the notice loop. A member not told
-        finds the end at its next look, as it would without notices.
-        """
+    def _tell_round(self, r: int, seal: SealRecord, index: int, cause: str) -> None:
+        """Tell round ``r``'s members (but this node, arrival ``index``: a member's, or a waiting
+        node's) that it ended or should end, for ``cause`` (``round_tell.py``). Best-effort,
+        after the store holds it: a member not told finds it at its next look."""
         if not self._death_notices:
             return
-        r = member.round
-        others = [i for i in member.seal.admitted_indices() if i != member.index]
-        if not others:
-            return
-        node_keys = [keys.node(r, i) for i in others]
-        try:
-            raws = self._backend.get_many(node_keys)
-        except RendezvousError as exc:
-            log.info("rendezvous '%s': could not tell round %d's members: %s", self._run_id, r, exc)
-            return
-        targets = []
-        for key, raw in zip(node_keys, raws, strict=True):
-            if raw is None:
-                continue
-            try:
-                record = decode(NodeRecord, key, raw)
-            except RendezvousStateError as exc:
-                log.warning("rendezvous '%s': not telling a member: %s", self._run_id, exc)
-                continue
-            if record.alive_port and record.node_id != self.node_id:
-                targets.append(NoticeTarget(record.node_id, record.addr, record.alive_port))
-        line = encode_notice(RoundNotice(self._run_id, r, self.node_id, member.index, cause))
 
         def done(sent: int, missed: list[str]) -> None:
             if missed:
@@ -776,7 +757,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
                     + (f" (and {len(missed) - 4} more)" if missed[4:] else ""),
                 )
 
-        self._notices.tell(line, targets, done)
+        notice = RoundNotice(self._run_id, r, self.node_id, index, cause)
+        tell_round(self._backend, notice, seal, self._notices.tell, done)
 
     def _on_notice_line(self, line: bytes) -> bool:
         """A line on this node's death-notice port (the notice loop's thread; quick, no I/O).
@@ -876,12 +858,15 @@ class CloseOutcome:
             (not a valid closed record), or None when it replaced nothing.
         replaced_epoch: what the ``epoch`` key held when it was not a counter (replaced, so
             that the members' reads see the close), or None.
+        told: how many members of the current round got a notice of the close (``elastic-run
+            close``; 0 where nobody was told).
     """
 
     reason: ClosedReason
     wrote: bool
     replaced: str | None = None
     replaced_epoch: str | None = None
+    told: int = 0
 
 
 _CLOSE_ATTEMPTS = 8  # a value that changed under each one: something keeps writing the key

@@ -148,6 +148,10 @@ class Rounds:
             check is installed); when not, a watcher waits for the seal until its next look
             (the seal's write ends that wait on torch's default libuv TCPStore server and on
             etcd; the legacy TCPStore server wakes no waiter on a compare-set).
+        tell: tells round ``r``'s members (``(r, seal, this node's arrival index, cause)``,
+            ``round_tell.py``): a node at the door of a round with room says it waits, and one
+            that judged a member lost says so, at once. None: nobody is told (the members'
+            epoch reads find both).
     """
 
     def __init__(
@@ -163,6 +167,7 @@ class Rounds:
         seed_beats: Callable[[], proto.Heartbeats],
         with_notices: Callable[[proto.Heartbeats], proto.Heartbeats],
         slices_needed: Callable[[], bool] = lambda: True,
+        tell: Callable[[int, SealRecord, int, str], None] | None = None,
     ) -> None:
         self._backend = backend
         self._run_id = run_id
@@ -175,6 +180,7 @@ class Rounds:
         self._seed_beats = seed_beats
         self._with_notices = with_notices
         self._slices_needed = slices_needed
+        self._tell = tell
         self.last_round = -1
         self.last_rank = -1
         self.rank_round = -1
@@ -276,6 +282,11 @@ class Rounds:
             index = self._arrive(r)
             _bump_epoch_saying(self._backend)  # the members' agents notice a node waiting
         self.last_round = r
+        # A round at MAX has no room: this node waits as a spare for as long as the job runs
+        # (until a member is lost or leaves), the join timeout does not run out on it.
+        spare = seal.admitted_count() >= self._round.max_nodes
+        if not spare and self._tell is not None:
+            self._tell(r, seal, index, "nodes_waiting")  # the members rejoin now, not at a look
         members = seal.admitted_indices()
         watch_idx = (
             sorted({members[(index + k) % len(members)] for k in range(2)}) if members else []
@@ -288,9 +299,6 @@ class Rounds:
         ]
         beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         tick = self._settings.keep_alive_interval_s
-        # A round at MAX has no room: this node waits as a spare for as long as the job runs
-        # (until a member is lost or leaves), the join timeout does not run out on it.
-        spare = seal.admitted_count() >= self._round.max_nodes
         while True:
             if self._backend.wait_for([keys.arrivals(r + 1)], tick):
                 return
@@ -313,7 +321,8 @@ class Rounds:
             verdict = proto.judge_watched(watched, beats, now, self._settings.stale_after_s)
             if isinstance(verdict, proto.MemberLost):
                 why = LostRecord(r, "member_lost", verdict.node_ids, self._node_id)
-                end_round(self._backend, r, why)
+                if end_round(self._backend, r, why) and self._tell is not None:
+                    self._tell(r, seal, index, "member_lost")  # first: the members are told
                 return
 
     def _join_round(self, r: int, deadline: float) -> Membership | None:

@@ -12,9 +12,12 @@ Wire format, one line of at most ``MAX_LINE`` bytes::
 
     elastic-run round-ended {"by":"<node id>","cause":"worker_failure","index":2,"job":"<run id>","round":7,"v":1}\\n
 
-``index`` is the sender's arrival index in that round (a receiver holding the round's seal
-checks it is a member's), ``cause`` is what the sender wrote as the round's end (for people:
-the receiver reads the cause from the store).
+``index`` is the sender's arrival index in that round: a member's (the seal admitted it), or
+one beyond the seal (a node waiting at the door: it arrived, or judged a member lost, while
+the round ran), or -1 for a sender that never arrived, which is heard only about a close
+(``elastic-run close``). A receiver holding the round's seal drops an index the seal considered
+and left out. ``cause`` is what the sender wrote as the round's end (for people: the receiver
+reads the cause from the store).
 """
 
 from __future__ import annotations
@@ -45,8 +48,8 @@ NoticeSkip = Literal[
 ]
 """Why a well-formed notice causes no look: it names another job, or this node itself; this
 node is between rounds (its join reads the store anyway); it names a round before or after this
-node's current one, or an arrival index the round's seal did not admit; or this node knows of
-the round's end already."""
+node's current one, or an arrival index the round's seal considered and left out (or none, -1,
+but about a close); or this node knows of the round's end already."""
 
 
 @dataclass(frozen=True)
@@ -156,8 +159,15 @@ def skip_reason(
         return "older round"
     if notice.round > current:
         return "later round"
-    if notice.index < 0 or (seal is not None and seal.rank_of(notice.index) is None):
-        return "not a member"
+    if notice.index < 0:
+        if notice.cause != "closed":  # anyone may say the job closed: the store says whether
+            return "not a member"
+    elif (
+        seal is not None
+        and seal.rank_of(notice.index) is None
+        and notice.index < seal.sealed_arrivals
+    ):
+        return "not a member"  # considered by the seal and left out (higher: at the door)
     if known_over:
         return "known"
     return None
