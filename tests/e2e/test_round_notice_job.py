@@ -19,7 +19,7 @@ from elastic_run.rendezvous.protocol.records import NodeRecord, SealRecord, deco
 from elastic_run.rendezvous.protocol.round_notice import RoundNotice, encode_notice
 from elastic_run.rendezvous.registry import create_backend
 from tests.e2e.test_multinode import START_S, Job, make_job_fixture  # noqa: F401 - a fixture
-from tests.helpers import wait_until
+from tests.helpers import run_cli, wait_until
 
 SLOW_LOOK = "keep_alive_interval=5"
 
@@ -123,4 +123,57 @@ def test_hostile_lines_on_the_ports_leave_the_job_training(make_job: Any) -> Non
         assert kinds.count("workers.started") == 1, kinds
         assert "Traceback" not in node.output(), node.output()[-3000:]
         assert "dropped a client of the death-notice port" in node.output()
+    job.assert_no_survivors()
+
+
+def _stopped(node: Any) -> list[dict[str, Any]]:
+    return [e["fields"] for e in node.events() if e["kind"] == "workers.stopped"]
+
+
+def test_elastic_run_close_is_told_to_every_agent_at_once(make_job: Any) -> None:
+    job = make_job(("c10d", ""))
+    for name in "abc":
+        job.start(name, nnodes="3:3", conf=SLOW_LOOK, host=name == "a")
+    job.wait_running(["a", "b", "c"], 3)
+    done = run_cli(
+        ["close", "--rdzv-backend", "c10d", "--rdzv-endpoint", job.endpoint,
+         "--rdzv-id", job.run_id, "--rdzv-conf", "is_host=false"],
+        timeout_s=90,
+    )  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    for name in "abc":
+        assert job.wait_exit(name) == 3, job.report()
+    for name in "abc":
+        (stopped,) = _stopped(job.nodes[name])
+        assert stopped["reason"] == "closed", stopped
+        # Told by the close command itself (no member: arrival index -1), confirmed in the
+        # store: without the notice each agent found the close at its epoch read (5 s apart).
+        assert stopped["learned_by"] == "notice", stopped
+        assert stopped["notice_from"].startswith("elastic-run close@"), stopped
+        assert "restart" not in job.nodes[name].kinds()
+    job.assert_no_survivors()
+
+
+def test_a_node_at_the_door_tells_the_members_it_waits(make_job: Any) -> None:
+    job = make_job(("c10d", ""))
+    conf = f"{SLOW_LOOK},last_call_timeout=1"
+    for name in "ab":
+        job.start(name, nnodes="2:3", conf=conf, host=name == "a")
+    job.wait_running(["a", "b"], 2)
+    c = job.start("c", nnodes="2:3", conf=conf)
+    job.wait_running(["a", "b", "c"], 3)
+    job.go()
+    for name in "abc":
+        assert job.wait_exit(name) == 0, job.report()
+    changes = {
+        name: [e["fields"] for e in job.nodes[name].events() if e["kind"] == "membership.changed"]
+        for name in "ab"
+    }
+    for name, found in changes.items():
+        assert [f["reason"] for f in found] == ["nodes_waiting"], (name, found)
+        assert found[0]["learned_by"] == "notice", (name, found)
+        # The stop's phases, epoch seconds, in order: told, confirmed, signalled.
+        assert found[0]["notice_at"] <= found[0]["learned_at"] <= found[0]["signalled_at"]
+    # c told them as it arrived (one of a and b may have heard the other, who left first).
+    assert any(f"-{c.proc.pid}-" in f[0]["notice_from"] for f in changes.values()), changes
     job.assert_no_survivors()
