@@ -16,8 +16,9 @@ Per failure, from the killed worker's death (a pidfd turning readable):
   spawned      until the last node's new worker started (its first line, before it imports
                torch): the launcher's share of the restart
   trained      until every new worker took a step at full world (DDP set-up, torch's, included)
-and for elastic-run, from node 0's decision (its ``worker.failed`` event) until every other
-node's worker ended (``decided -> stopped``), with how each other node learned that the round
+and for elastic-run, from node 0's decision (its ``worker.failed`` event's ``decided_at``: before
+its look at the members, its store write and its notice; older code: the event itself, which
+comes after them) until every other node's worker ended (``decided -> stopped``), with how each other node learned that the round
 ended (``membership.changed`` ``learned_by``: ``notice``, ``look``, or its own failure).
 
 Runs itself in a fresh network namespace with only loopback (``unshare -n``) when it is root;
@@ -119,6 +120,10 @@ class Failure:
     trained: float | None = None
     decided_stopped: float | None = None
     learned: dict[str, str] = field(default_factory=dict)  # node -> how it learned
+    # From node 0's decision to each phase on the slowest other node (elastic-run, seconds):
+    # the notice arrived, the store confirmed it, the workers were signalled, the worker ended.
+    phases: dict[str, float] = field(default_factory=dict)
+    death_decided: float | None = None  # the killed worker's death -> node 0's decision
     note: str = ""
 
 
@@ -262,14 +267,18 @@ def measure(job: Job, workers: dict[str, int], bound_s: float) -> tuple[Failure,
     else:
         out.note = f"did not train again within {bound_s:g} s"
     if job.launcher == "ours":
+        # The decision: before node 0's look, its store write and its notice (``decided_at``),
+        # else (older code) its ``worker.failed`` event, which comes after all three.
         decided = [
-            float(e["ts"])  # type: ignore[arg-type]
+            float(e.get("fields", {}).get("decided_at") or e["ts"])  # type: ignore[arg-type, union-attr]
             for e in job.events("n0")
             if e.get("kind") == "worker.failed" and float(e["ts"]) >= death - 1  # type: ignore[arg-type]
         ]
         ends = [clocks[n].at for n in others]
         if decided and all(e is not None for e in ends):
             out.decided_stopped = max(e for e in ends if e is not None) - min(decided)
+        if decided:
+            out.death_decided = min(decided) - death
         for name in others:
             how = "?"
             for e in job.events(name):
@@ -282,9 +291,26 @@ def measure(job: Job, workers: dict[str, int], bound_s: float) -> tuple[Failure,
                     break
                 if e.get("kind") == "membership.changed":
                     how = str(fields.get("learned_by", "?"))
+                    if decided:
+                        for phase in PHASES[:3]:
+                            at = fields.get(phase)
+                            if isinstance(at, (int, float)):
+                                was = out.phases.get(phase, float("-inf"))
+                                out.phases[phase] = max(was, float(at) - min(decided))
                     break
             out.learned[name] = how
+        if decided and all(e is not None for e in ends):
+            out.phases["ended"] = max(e for e in ends if e is not None) - min(decided)
     return out, death
+
+
+PHASES = ("notice_at", "learned_at", "signalled_at", "ended")
+PHASE_NAMES = {
+    "notice_at": "notice arrived",
+    "learned_at": "confirmed (store read)",
+    "signalled_at": "workers signalled",
+    "ended": "worker ended",
+}
 
 
 def run_job(
@@ -326,6 +352,13 @@ def shown(f: Failure) -> str:
     ]
     if f.learned:
         parts.append("learned " + ",".join(f"{n}:{h}" for n, h in f.learned.items()))
+    if f.phases:
+        parts.append(
+            "phases "
+            + " ".join(
+                f"{p.removesuffix('_at')} {f.phases[p]:.3f}" for p in PHASES if p in f.phases
+            )
+        )
     return ", ".join(parts + ([f.note] if f.note else []))
 
 
@@ -391,6 +424,16 @@ def main() -> None:
                     learned[how] = learned.get(how, 0) + 1
             print(f"{nodes} nodes, elastic-run: how the other nodes learned of the round's end: "
                   + ", ".join(f"{h} {c}" for h, c in sorted(learned.items())))  # fmt: skip
+        if launcher == "ours" and any(v.phases for v in values):
+            print(
+                f"{nodes} nodes, elastic-run, from node 0's decision (its worker.failed), the "
+                "slowest other node: "
+                + "; ".join(
+                    f"{PHASE_NAMES[p]} {distribution([v.phases.get(p) for v in values])}"
+                    for p in PHASES
+                )
+                + f"; the death -> node 0's decision {distribution([v.death_decided for v in values])}"
+            )
         for note in dict.fromkeys(v.note for v in values if v.note):
             print(f"{nodes} nodes, {names[launcher]}: {note}")
 

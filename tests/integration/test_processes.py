@@ -238,6 +238,56 @@ def test_stop_kills_grandchildren(
             os.kill(grandchild, signal.SIGKILL)
 
 
+TERM_TRAP = """
+    import os, signal, sys
+    def on_term(signum, frame):
+        mark = os.path.join(os.environ["MARK_DIR"], "term")
+        with open(mark + ".tmp", "w") as f:
+            f.write(str(os.getpid()))
+        os.rename(mark + ".tmp", mark)
+        signal.signal(signal.SIGTERM, signal.SIG_DFL)  # the stop's own SIGTERM then ends it
+    signal.signal(signal.SIGTERM, on_term)
+    print("ready")
+    while True:
+        signal.pause()
+"""
+
+
+def test_begin_stop_signals_at_once_and_stop_completes_it(
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses]
+) -> None:
+    group = start([launch(tmp_path, TERM_TRAP)], cleanup)
+    wait_until(lambda: "ready" in console.lines(), 30, "ready")
+    sent = group.begin_stop(signal.SIGTERM)
+    assert sent is not None
+    # The signal went without stop(): the worker saw it while begin_stop's caller goes on.
+    wait_until((tmp_path / "term").exists, 30, "the worker to see SIGTERM")
+    assert group.running()
+    assert group.begin_stop(signal.SIGTERM) is None  # once
+    group.stop(signal.SIGTERM, 10.0)
+    assert group.poll()[0].exitcode == -signal.SIGTERM  # the stop's SIGTERM, not a SIGKILL
+    assert group.begin_stop(signal.SIGTERM) is None  # nothing once stopped
+
+
+@pytest.mark.parametrize("setsid", [True, False])
+def test_begin_stop_then_stop_kills_grandchildren(
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses], setsid: bool
+) -> None:
+    group = start([launch(tmp_path, GRANDCHILD.format(setsid=setsid))], cleanup)
+    grandchild = read_mark(tmp_path / "grandchild.pid")
+    worker = group.pids[0]
+    try:
+        group.begin_stop(signal.SIGTERM)
+        wait_until(lambda: 0 in group.poll(), 30, "the worker to exit on the first signal")
+        group.stop(signal.SIGTERM, 0.5)  # finds the grandchild that ignores SIGTERM: SIGKILL
+        assert group.poll()[0].exitcode == -signal.SIGTERM
+        assert is_gone(worker)
+        assert is_gone(grandchild)
+    finally:
+        if not is_gone(grandchild):
+            os.kill(grandchild, signal.SIGKILL)
+
+
 FAKE_AGENT = """
     import os, signal, sys, threading
     from pathlib import Path

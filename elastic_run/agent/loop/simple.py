@@ -791,6 +791,7 @@ class SimpleElasticAgent(ElasticAgent):
         if not isinstance(action, sm.ReportFailure):
             return action
         self._set_state(action.state)
+        decided_at = time.time()  # the round's end decided: before the look, the store, the notice
         counted = self._round.report_failure(last_restart=self._restarts >= self._spec.max_restarts)
         head = obs.group.failures[0] if obs.group.failures else None
         self._emit(
@@ -803,6 +804,7 @@ class SimpleElasticAgent(ElasticAgent):
             exitcode=head.exitcode if head else None,
             counted=counted,
             failed_at=round(head.timestamp, 6) if head else None,
+            decided_at=round(decided_at, 6),
         )
         finished = self._round_exit().peers_finished()
         fault = self._fault_of(obs) if counted else None

@@ -13,7 +13,8 @@ signals first and looks after: each worker's process group and pid, and the desc
 the process table; then every descendant found by a scan of every process (also those that
 left the group) and everything left in the workers' sessions get it too. A stop is the time
 from a round's end to its workers gone on every node: a scan of every process first (psutil,
-about 30 ms with 130 processes) was most of it. :meth:`begin_stop` sends those first signals
+about 30 ms with 130 processes on a loaded host) was most of it, and the scans that remain read
+each ``/proc/PID/stat`` once (``_process_table``). :meth:`begin_stop` sends those first signals
 alone, at once, so the agent can do its bookkeeping (events, the store) while the workers
 exit; :meth:`stop` then waits, its grace counted from that first signal. A worker's session is registered with the guardian as soon as it is spawned, before its
 output readers start; what the worker starts before even that is found by the guardian's token in
@@ -413,24 +414,15 @@ class WorkerProcesses:
             _signal_pid(worker.proc.pid, sig)
         for sid in sessions:
             _signal_group(sid, sig)
-        tree: set[psutil.Process] = set()
-        for pid in _proc_descendants(sessions):
-            try:
-                proc = psutil.Process(pid)
-            except psutil.Error:
-                continue
-            tree.add(proc)
+        tree = _as_processes(_proc_descendants(sessions))
+        for proc in tree:
             _signal_process(proc, sig)
         return tree
 
     def _snapshot_descendants(self, workers: Sequence[_Worker]) -> set[psutil.Process]:
-        found: set[psutil.Process] = set()
-        for worker in workers:
-            try:
-                found.update(psutil.Process(worker.proc.pid).children(recursive=True))
-            except psutil.Error:
-                continue
-        return found
+        """Every living descendant of the workers, from one pass over ``/proc`` (``_process_table``)."""
+        table = _process_table()
+        return _as_processes(_descendants_in(table, {w.proc.pid for w in workers}))
 
     def _signal_tree(
         self, sessions: set[int], tree: set[psutil.Process], sig: int, *, groups: bool = True
@@ -541,20 +533,81 @@ def _proc_descendants(roots: set[int]) -> list[int]:
 
 
 def _session_members(sessions: set[int]) -> list[psutil.Process]:
-    """Live (non-zombie) processes whose session id is one of ``sessions``."""
+    """Live (non-zombie) processes whose session id is one of ``sessions`` (one pass over
+    ``/proc``)."""
     if not sessions:
         return []
     me = os.getpid()
-    members = []
-    for proc in psutil.process_iter():
-        if proc.pid == me:
+    table = _process_table()
+    return list(
+        _as_processes(
+            [pid for pid, st in table.items() if st.sid in sessions and not st.zombie and pid != me]
+        )
+    )
+
+
+@dataclass(frozen=True)
+class _Stat:
+    ppid: int
+    sid: int
+    zombie: bool
+
+
+def _process_table() -> dict[int, _Stat]:
+    """Every process's parent, session and whether it is a zombie, from one read of each
+    ``/proc/PID/stat``: the scans of ``stop`` run while the workers exit, on the same cores, and
+    psutil's (a ``Process`` object, its ``status()`` and ``getsid()`` per process, and a parent
+    map for ``children``) cost several times this."""
+    table: dict[int, _Stat] = {}
+    try:
+        names = os.listdir("/proc")
+    except OSError:
+        return table
+    for name in names:
+        if not name.isdigit():
             continue
         try:
-            if os.getsid(proc.pid) in sessions and proc.status() != psutil.STATUS_ZOMBIE:
-                members.append(proc)
-        except (OSError, psutil.Error):
+            with open(f"/proc/{name}/stat", "rb") as f:
+                data = f.read()
+        except OSError:
+            continue  # gone meanwhile
+        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
+        fields = data[data.rfind(b")") + 2 :].split()
+        try:
+            table[int(name)] = _Stat(int(fields[1]), int(fields[3]), fields[0] in (b"Z", b"X"))
+        except (IndexError, ValueError):
             continue
-    return members
+    return table
+
+
+def _descendants_in(table: Mapping[int, _Stat], roots: set[int]) -> list[int]:
+    """The living descendants of ``roots`` in ``table`` (the roots left out)."""
+    children: dict[int, list[int]] = {}
+    for pid, st in table.items():
+        children.setdefault(st.ppid, []).append(pid)
+    out: list[int] = []
+    seen = set(roots)
+    todo = list(roots)
+    while todo:
+        for child in children.get(todo.pop(), ()):
+            if child not in seen:
+                seen.add(child)
+                todo.append(child)
+                if not table[child].zombie:
+                    out.append(child)
+    return out
+
+
+def _as_processes(pids: Sequence[int]) -> set[psutil.Process]:
+    """``pids`` as psutil processes (each remembers its start time: a pid reused later is not
+    signalled); the ones gone meanwhile left out."""
+    found: set[psutil.Process] = set()
+    for pid in pids:
+        try:
+            found.add(psutil.Process(pid))
+        except psutil.Error:
+            continue
+    return found
 
 
 def _reap_adopted(sessions: set[int], tree: set[psutil.Process], worker_pids: set[int]) -> None:
@@ -564,20 +617,13 @@ def _reap_adopted(sessions: set[int], tree: set[psutil.Process], worker_pids: se
     reparented to it, and nothing else would wait for them. Workers are left to their waiters.
     """
     tree_pids = {proc.pid for proc in tree}
-    try:
-        children = psutil.Process().children()
-    except psutil.Error:
-        return
-    for child in children:
-        if child.pid in worker_pids:
+    me = os.getpid()
+    for pid, st in _process_table().items():
+        if st.ppid != me or pid in worker_pids:
+            continue
+        if pid not in tree_pids and st.sid not in sessions:
             continue
         try:
-            ours = child.pid in tree_pids or os.getsid(child.pid) in sessions
-        except OSError:
-            ours = False
-        if not ours:
-            continue
-        try:
-            os.waitpid(child.pid, os.WNOHANG)
+            os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass

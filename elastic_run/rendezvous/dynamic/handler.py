@@ -745,8 +745,10 @@ class DynamicRendezvousHandler(RendezvousHandler):
         after the store holds it: a member not told finds it at its next look."""
         if not self._death_notices:
             return
+        sent_all = threading.Event()
 
         def done(sent: int, missed: list[str]) -> None:
+            sent_all.set()
             if missed:
                 log.info(
                     "rendezvous '%s': told %d member(s) that round %d ended; not told: %s",
@@ -758,7 +760,11 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 )
 
         notice = RoundNotice(self._run_id, r, self.node_id, index, cause)
-        tell_round(self._backend, notice, seal, self._notices.tell, done)
+        if tell_round(self._backend, notice, seal, self._notices.tell, done):
+            # Waited for, bounded, with the interpreter lock released: the notice loop's thread
+            # sends at once instead of at this thread's next switch (5 ms each, several a
+            # notice) while this thread goes on with the round's bookkeeping.
+            sent_all.wait(_TELL_WAIT_S)
 
     def _on_notice_line(self, line: bytes) -> bool:
         """A line on this node's death-notice port (the notice loop's thread; quick, no I/O).
@@ -827,6 +833,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         callback = self._on_change
         if callback is not None:
             callback()
+
+
+_TELL_WAIT_S = 0.1  # the longest a node waits for its round notices to go (then: on their own)
 
 
 def _conforms(handler: DynamicRendezvousHandler) -> AgentRendezvous:
