@@ -174,6 +174,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
         )
         self._notice_from = ""  # the sender of the last notice that asked for a look
         self._notice_at: float | None = None  # when it came (epoch seconds)
+        self._notice_cause = ""  # what it said (which keys the look reads first)
         self._notices_said: set[str] = set()  # the kinds of dropped notices logged already
         self._state = RoundState(
             backend,
@@ -200,7 +201,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._with_notices,
             self._state.apply_verdict,
             self._state.refresh,
-            lambda: self._state.look(self._notice_from, self._notice_at),
+            lambda: self._state.look(self._notice_from, self._notice_at, self._notice_cause),
         )
         self._on_change: Callable[[], None] | None = None
         self._is_interrupted: Callable[[], bool] | None = None
@@ -797,6 +798,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
                 )
             return True
         self._notice_from, self._notice_at = notice.by, time.time()
+        self._notice_cause = notice.cause
         self._liveness.look_now()
         return True
 

@@ -161,15 +161,20 @@ class RoundState:
         self._read(flags, "look")
         self._epoch_seen = (epoch, r)
 
-    def look(self, notice_from: str, notice_at: float | None = None) -> None:
+    def look(self, notice_from: str, notice_at: float | None = None, cause: str = "") -> None:
         """Read the round's keys now, as a member's notice asks (liveness thread; one read).
 
         What the read finds is applied as the periodic read would apply it; a round found over
         is marked learned by ``notice`` from ``notice_from`` (which arrived at ``notice_at``,
         epoch seconds). Nothing happens when the round goes on: the notice alone changes nothing.
+        A notice of a round's end (any ``cause`` but a close or nodes waiting) reads the round's
+        end record and the round first (two requests, not four): when both say it ended, that is
+        all the look needs; the periodic read still reads the rest.
         """
         flags = self._flags
         if flags is None or flags.over:
+            return
+        if cause not in ("closed", "nodes_waiting") and self._ended(flags, notice_from, notice_at):
             return
         if not self._read(flags, "notice", notice_from, notice_at):
             log.debug(
@@ -178,6 +183,26 @@ class RoundState:
                 notice_from[:80],
                 flags.round,
             )
+
+    def _ended(self, flags: _Flags, notice_from: str, notice_at: float | None) -> bool:
+        """Whether round ``flags.round`` has its end record and the job's round moved past it
+        (then marked over, learned by ``notice``); False: not known from these two keys."""
+        r = flags.round
+        # The end record is written before the round advances: read first, it says why.
+        raw_lost, raw_round = self._backend.get_unwaited([keys.lost(r), keys.ROUND])
+        if raw_lost is None or raw_round is None or decode_int(keys.ROUND, raw_round) == r:
+            return False
+        why = decode(LostRecord, keys.lost(r), raw_lost)
+        self._set_over(
+            r,
+            lost=why.reason == "member_lost",
+            cause=why.reason,
+            learned_by="notice",
+            notice_from=notice_from,
+            notice_at=notice_at,
+        )
+        self._on_change()
+        return True
 
     def _read(
         self, flags: _Flags, learned_by: str, notice_from: str = "", notice_at: float | None = None
