@@ -9,6 +9,9 @@ every other worker waits until ``$MN_OUT/go`` exists (at most ``MN_MAX_WAIT_S``,
 then exits 2; the first worker of node N to see a file ``$MN_OUT/fail-N`` meanwhile removes it
 and exits 1, as a worker whose collective failed on a lost peer) and exits 0 (1 on the node ``MN_FAIL_AT_GO_NODE`` names, while
 TORCHELASTIC_RESTART_COUNT is 0); the workers of the node ``MN_DONE_NODE`` names exit 0 at once.
+``MN_HANG_NODE`` names a node whose local rank 0 beats progress ten times, 50 ms apart, then hangs
+(no more beats, never exits) while TORCHELASTIC_RESTART_COUNT is 0: its agent's hang verdict
+(``--hang-timeout``) kills it; no other worker beats, so no other is judged.
 """
 
 import json
@@ -41,6 +44,19 @@ tmp = out / f".{node}_{os.getpid()}.tmp"
 tmp.write_text(json.dumps(record))
 tmp.rename(out / f"{node}_{os.getpid()}.json")  # readers never see half a file
 
+if (
+    os.environ.get("MN_HANG_NODE") == node
+    and os.environ["LOCAL_RANK"] == "0"
+    and os.environ["TORCHELASTIC_RESTART_COUNT"] == "0"
+):
+    import threading
+
+    from elastic_run.worker import progress
+
+    for step in range(10):
+        progress(step)
+        time.sleep(0.05)
+    threading.Event().wait()  # hung: silent from here on
 if os.environ.get("MN_BAD_NODE") == node:
     os.kill(os.getpid(), signal.SIGSEGV)
 if os.environ.get("MN_FAIL_RANK") == os.environ["RANK"]:
