@@ -119,6 +119,7 @@ class Failure:
     spawned: float | None = None
     trained: float | None = None
     decided_stopped: float | None = None
+    event_stopped: float | None = None  # from node 0's worker.failed event (older code's decision)
     learned: dict[str, str] = field(default_factory=dict)  # node -> how it learned
     # From node 0's decision to each phase on the slowest other node (elastic-run, seconds):
     # the notice arrived, the store confirmed it, the workers were signalled, the worker ended.
@@ -269,14 +270,22 @@ def measure(job: Job, workers: dict[str, int], bound_s: float) -> tuple[Failure,
     if job.launcher == "ours":
         # The decision: before node 0's look, its store write and its notice (``decided_at``),
         # else (older code) its ``worker.failed`` event, which comes after all three.
-        decided = [
-            float(e.get("fields", {}).get("decided_at") or e["ts"])  # type: ignore[arg-type, union-attr]
+        failed = [
+            e
             for e in job.events("n0")
             if e.get("kind") == "worker.failed" and float(e["ts"]) >= death - 1  # type: ignore[arg-type]
+        ]
+        decided = [
+            float(e.get("fields", {}).get("decided_at") or e["ts"])  # type: ignore[arg-type, union-attr]
+            for e in failed
         ]
         ends = [clocks[n].at for n in others]
         if decided and all(e is not None for e in ends):
             out.decided_stopped = max(e for e in ends if e is not None) - min(decided)
+            out.event_stopped = max(e for e in ends if e is not None) - min(
+                float(e["ts"])  # type: ignore[arg-type]
+                for e in failed
+            )
         if decided:
             out.death_decided = min(decided) - death
         for name in others:
@@ -345,6 +354,7 @@ def shown(f: Failure) -> str:
         for name, x in (
             ("stopped", f.stopped),
             ("decided->stopped", f.decided_stopped),
+            ("event->stopped", f.event_stopped),
             ("spawned", f.spawned),
             ("trained", f.trained),
         )
@@ -407,6 +417,7 @@ def main() -> None:
     columns = [
         ("every node's workers stopped", "stopped"),
         ("node 0's decision -> stopped", "decided_stopped"),
+        ("its worker.failed event -> stopped", "event_stopped"),
         ("spawned (launcher's share)", "spawned"),
         ("training again at full world", "trained"),
     ]
