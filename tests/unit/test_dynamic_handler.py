@@ -82,7 +82,7 @@ class Job:
         while not done():
             wait_until(
                 lambda: done() or self.clock.waiting() >= waiters,
-                10,
+                60,  # real seconds: 10 failed at a load average near 390
                 message=lambda: f"{self.clock.waiting()} of {waiters} waits settled",
             )
             if done():
