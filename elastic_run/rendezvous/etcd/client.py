@@ -2,9 +2,10 @@
 
 Everything above the adapter talks to etcd through this class only: reads (one key, many
 keys as of one revision, a prefix), writes (plain, batched, compare-and-set on a value or a
-revision), counters (see ``etcd_counter``), leases kept alive by a ``LeaseKeeper``, and
-watches (see ``etcd_watch``). Failover, re-authentication and error translation happen in
-``EtcdConnection.call``, which every operation goes through (via ``EtcdClient.call``).
+revision), counters (see ``etcd_counter``), leases kept alive by the ``LeaseKeeper`` that
+the process's clients of one cluster share, and watches (see ``etcd_watch``). Failover,
+re-authentication and error translation happen in ``EtcdConnection.call``, which every
+operation goes through (via ``EtcdClient.call``).
 
 Invariants: no ``grpc`` or ``pyetcd`` error escapes; an unreachable store raises
 ``RendezvousConnectionError`` (with the endpoints and the reason); a refused request raises
@@ -23,6 +24,7 @@ import pyetcd
 from typing_extensions import Unpack
 
 from elastic_run.rendezvous.endpoints import parse_endpoints
+from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.etcd.connection import ConnectionOptions, EtcdConnection
 from elastic_run.rendezvous.etcd.counter import add_by_swap, add_one, add_one_leased, counter_value
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
@@ -38,6 +40,8 @@ from elastic_run.rendezvous.etcd.lease import (
     LeaseKeeper,
     lease_failure,
     lease_is_sound,
+    release_keeper,
+    shared_keeper,
 )
 from elastic_run.rendezvous.etcd.watch import watch_first_events
 
@@ -62,9 +66,12 @@ class EtcdClient:
     """
 
     def __init__(self, endpoints: Sequence[str], **options: Unpack[ConnectionOptions]) -> None:
-        self._conn = EtcdConnection(parse_endpoints(",".join(endpoints)), **options)
+        self._members = parse_endpoints(",".join(endpoints))
+        self._options = options
+        self._conn = EtcdConnection(self._members, **options)
         self._keeper: LeaseKeeper | None = None
         self._keeper_lock = threading.Lock()
+        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -105,9 +112,14 @@ class EtcdClient:
         return self._conn.call(what, fn, deadline_s=deadline_s)
 
     def close(self) -> None:
-        """Stop the lease keeper and close the connection. Idempotent."""
-        if self._keeper is not None:
-            self._keeper.stop()
+        """Stop refreshing this client's leases and close the connection. Idempotent.
+
+        The leases of the other clients that share the process's keeper are kept alive."""
+        with self._keeper_lock:
+            self._closed = True
+            keeper, self._keeper = self._keeper, None
+        if keeper is not None:
+            release_keeper(keeper, self)
         self._conn.close()
 
     # -- key-value ---------------------------------------------------------------------
@@ -362,18 +374,24 @@ class EtcdClient:
             pass  # expired or revoked already: what was asked for is done
 
     def keep_alive(self, lease_id: int, ttl_s: int, granted_at_s: float | None = None) -> None:
-        """Refresh ``lease_id`` every ``ttl_s / 3`` seconds from the keeper thread.
+        """Refresh ``lease_id`` every ``ttl_s / 3`` seconds, from the keeper this process's
+        clients of this cluster share (``etcd_lease.shared_keeper``).
 
         Args:
             lease_id: the lease.
             ttl_s: its TTL.
             granted_at_s: the monotonic time at which its grant was sent (default: now).
+
+        Raises:
+            RendezvousConnectionError: the client is closed.
         """
         with self._keeper_lock:
+            if self._closed:
+                raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
             if self._keeper is None:
-                self._keeper = LeaseKeeper(self)
+                self._keeper = shared_keeper(self._members, self._options, self)
             keeper = self._keeper
-        keeper.add(lease_id, ttl_s, granted_at_s)
+        keeper.add(lease_id, ttl_s, granted_at_s, owner=self)
 
     def stop_keep_alive(self, lease_id: int) -> None:
         """Stop refreshing ``lease_id`` (it then expires after its TTL)."""
