@@ -43,7 +43,7 @@ from elastic_run.rendezvous.etcd.lease import (
     release_keeper,
     shared_keeper,
 )
-from elastic_run.rendezvous.etcd.watch import watch_first_events
+from elastic_run.rendezvous.etcd.watch import WatchHub, release_hub, shared_hub
 
 __all__ = ["MAX_TXN_OPS", "EtcdClient"]
 
@@ -70,6 +70,7 @@ class EtcdClient:
         self._options = options
         self._conn = EtcdConnection(self._members, **options)
         self._keeper: LeaseKeeper | None = None
+        self._hub: WatchHub | None = None  # the process's watches of this cluster
         self._keeper_lock = threading.Lock()
         self._closed = False
 
@@ -118,8 +119,11 @@ class EtcdClient:
         with self._keeper_lock:
             self._closed = True
             keeper, self._keeper = self._keeper, None
+            hub, self._hub = self._hub, None
         if keeper is not None:
             release_keeper(keeper, self)
+        if hub is not None:
+            release_hub(hub, self)
         self._conn.close()
 
     # -- key-value ---------------------------------------------------------------------
@@ -419,7 +423,9 @@ class EtcdClient:
     ) -> list[WatchEvent]:
         """Wait for the first changes of ``key`` (or keys under it) at or after ``start_revision``.
 
-        The watch survives a server restart or a failover (see ``etcd_watch``). It waits at
+        The callers of the process's clients of this cluster share the watches of one
+        connection (``etcd_watch.WatchHub``). The watch survives a server restart or a
+        failover (see ``etcd_watch``). It waits at
         most the RPC deadline (``timeout_s`` of the client) at a time: a member that stops
         answering without closing its connections (frozen, partitioned away) never breaks
         the stream, and a watch held there would miss every change made through the other
@@ -439,12 +445,16 @@ class EtcdClient:
         Raises:
             RendezvousConnectionError: when no endpoint answers within the retry window.
         """
-        return watch_first_events(
-            self.call,
-            self._conn.drop,
-            self.status_revision,
+        with self._keeper_lock:
+            if self._closed:
+                raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
+            if self._hub is None:
+                self._hub = shared_hub(self._members, self._options, self)
+            hub = self._hub
+        return hub.wait(
             key,
             prefix=prefix,
             start_revision=start_revision,
             timeout_s=min(timeout_s, self.timeout_s),
+            user=self,
         )

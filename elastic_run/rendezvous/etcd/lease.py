@@ -27,7 +27,6 @@ Invariants:
 from __future__ import annotations
 
 import logging
-import os
 import queue
 import threading
 import time
@@ -42,6 +41,7 @@ from elastic_run.rendezvous.errors import RendezvousError
 from elastic_run.rendezvous.etcd.connection import ConnectionOptions, EtcdConnection
 from elastic_run.rendezvous.etcd.errors import is_unreachable, status_of
 from elastic_run.rendezvous.etcd.leader_watch import WATCH
+from elastic_run.rendezvous.etcd.per_process import Shared, cluster_key
 
 __all__ = [
     "LeaseFailure",
@@ -200,7 +200,6 @@ class LeaseKeeper:
         self._clock = clock
         self._records: dict[int, LeaseRecord] = {}
         self._owners: dict[int, object] = {}  # lease -> the client that keeps it
-        self._users: set[int] = set()  # id() of the clients sharing this keeper
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
@@ -441,9 +440,10 @@ class LeaseKeeper:
             WATCH.leave(token)
 
 
-# Each process's keepers, one per cluster and connection settings (see ``shared_keeper``).
-_KEEPERS: dict[tuple[Any, ...], LeaseKeeper] = {}
-_KEEPERS_LOCK = threading.Lock()
+# Each process's keepers, one per cluster and connection settings.
+_KEEPERS: Shared[LeaseKeeper] = Shared(
+    lambda key: LeaseKeeper(EtcdConnection(key[1], **dict(key[2]))), LeaseKeeper.stop
+)
 
 
 def shared_keeper(
@@ -459,27 +459,14 @@ def shared_keeper(
         options: the client's connection settings (the keeper's connection gets the same).
         user: the client (it then holds the keeper until ``release_keeper``).
     """
-    key = (os.getpid(), tuple(endpoints), tuple(sorted(options.items(), key=lambda kv: kv[0])))
-    with _KEEPERS_LOCK:
-        keeper = _KEEPERS.get(key)
-        if keeper is None or keeper.is_stopped:
-            keeper = LeaseKeeper(EtcdConnection(endpoints, **options))
-            _KEEPERS[key] = keeper
-        keeper._users.add(id(user))  # noqa: SLF001 - the registry's own count
-    return keeper
+    return _KEEPERS.acquire(cluster_key(endpoints, options), user)
 
 
 def release_keeper(keeper: LeaseKeeper, user: object) -> None:
     """``user`` (a client closing) no longer keeps leases: its own stop being refreshed (they
     expire after their TTL), and the keeper stops once no client of the process uses it."""
     keeper.remove_owner(user)
-    with _KEEPERS_LOCK:
-        keeper._users.discard(id(user))  # noqa: SLF001 - the registry's own count
-        if keeper._users:  # noqa: SLF001
-            return
-        for key in [k for k, v in _KEEPERS.items() if v is keeper]:
-            del _KEEPERS[key]
-    keeper.stop()
+    _KEEPERS.release(keeper, user)
 
 
 def _due_at_s(record: LeaseRecord) -> float:
