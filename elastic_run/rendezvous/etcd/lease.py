@@ -160,6 +160,7 @@ class _Stream:
         self.sent: dict[int, float] = {}
         self.watch_token: int | None = None
         self.closed = False
+        self.error: RendezvousError | None = None  # why it failed
 
     def close(self) -> None:
         """End the request stream and cancel the call (the reader then stops)."""
@@ -325,8 +326,13 @@ class LeaseKeeper:
             return
         sent_at_s = self._clock()
         with self._lock:
-            if self._stream is not stream:
-                return  # it failed meanwhile: the next turn opens another
+            if self._stream is not stream:  # it failed before a refresh went out on it
+                failed = stream.error or RendezvousError("the keep-alive stream ended")
+                for lease_id in due:
+                    self._set(
+                        lease_id, lambda r: replace(r, attempted_at_s=sent_at_s, last_error=failed)
+                    )
+                return  # the next turn opens another
             first = not stream.sent
             for lease_id in due:
                 if lease_id in self._records:
@@ -421,6 +427,7 @@ class LeaseKeeper:
         with self._lock:
             if self._stream is stream:
                 self._stream = None
+            stream.error = stream.error or error
             failed = list(stream.sent)
             stream.sent.clear()
             for lease_id in failed:

@@ -113,14 +113,17 @@ class WatchHub:
         deadline = time.monotonic() + max(0.0, timeout_s)
         revision = start_revision
         while True:
-            if deadline - time.monotonic() <= 0:
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
                 return []
             sink: queue.Queue[Any] = queue.Queue()
             watch = self._join(key, prefix, revision, sink, user)
             try:
                 if watch is None:
                     return []  # compacted
-                item = self._first_relevant(sink, revision, deadline)
+                # As long as was left before the watch was made (its making may have failed
+                # over from a member that did not answer).
+                item = self._first_relevant(sink, revision, time.monotonic() + remaining)
             finally:
                 if watch is not None:
                     self._leave(watch, sink)
