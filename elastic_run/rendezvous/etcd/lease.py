@@ -38,10 +38,14 @@ import grpc
 import pyetcd
 
 from elastic_run.rendezvous.errors import RendezvousError
-from elastic_run.rendezvous.etcd.connection import ConnectionOptions, EtcdConnection
+from elastic_run.rendezvous.etcd.connection import (
+    ConnectionOptions,
+    EtcdConnection,
+    Shared,
+    cluster_key,
+)
 from elastic_run.rendezvous.etcd.errors import is_unreachable, status_of
 from elastic_run.rendezvous.etcd.leader_watch import WATCH
-from elastic_run.rendezvous.etcd.per_process import Shared, cluster_key
 
 __all__ = [
     "LeaseFailure",

@@ -30,9 +30,13 @@ import pyetcd
 import pyetcd.exceptions as etcd_exc
 
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousError
-from elastic_run.rendezvous.etcd.connection import ConnectionOptions, EtcdConnection
+from elastic_run.rendezvous.etcd.connection import (
+    ConnectionOptions,
+    EtcdConnection,
+    Shared,
+    cluster_key,
+)
 from elastic_run.rendezvous.etcd.kv import WatchEvent
-from elastic_run.rendezvous.etcd.per_process import Shared, cluster_key
 
 __all__ = ["WatchHub", "release_hub", "shared_hub"]
 
