@@ -2,7 +2,8 @@
 
 ``LeaseKeeper`` refreshes the leases of every client of one process and cluster (one keeper
 each, ``shared_keeper``): a daemon thread sends each lease's refresh every ttl/3 seconds on one
-long-lived LeaseKeepAlive stream, and a reader thread applies the replies. A process of 256
+of a few long-lived LeaseKeepAlive streams (``_STREAMS``), and a reader thread per stream
+applies the replies. A process of 256
 nodes used to run 256 keeper threads, each opening a stream (and gRPC a sender thread) per
 refresh: at 1,024 nodes in 4 processes their refreshes came too late, and most leases expired
 during the round (issue 38). For each lease the keeper keeps a ``LeaseRecord``: the monotonic
@@ -63,6 +64,11 @@ log = logging.getLogger(__name__)
 _RETRY_S = 0.25
 # The longest pause between two streams that failed in a row.
 _MAX_PAUSE_S = 1.0
+# The keep-alive streams of a keeper (a lease goes on stream ``lease id % _STREAMS``). etcd
+# handles one stream's refreshes one after another, and a member that is not the leader
+# forwards each to the leader (an HTTP request): 256 leases on one stream of a loaded follower
+# came back too late, and some expired (1,024 nodes in 4 processes on 2 loaded cores).
+_STREAMS = 8
 
 
 @dataclass(frozen=True)
@@ -156,7 +162,10 @@ class _Stream:
     thread. ``sent`` maps each lease refreshed on it and not answered yet to when that was sent
     (under the keeper's lock)."""
 
-    def __init__(self, raw: Any, call: Any, requests: queue.Queue[Any], endpoint: str) -> None:
+    def __init__(
+        self, shard: int, raw: Any, call: Any, requests: queue.Queue[Any], endpoint: str
+    ) -> None:
+        self.shard = shard
         self.raw = raw
         self.call = call
         self.requests = requests
@@ -186,7 +195,7 @@ def _requests_of(requests: queue.Queue[Any]) -> Iterator[Any]:
 
 
 class LeaseKeeper:
-    """One daemon thread refreshing, over one long-lived keep-alive stream, every lease of the
+    """One daemon thread refreshing, over a few long-lived keep-alive streams, every lease of the
     clients of one process and cluster, each every ttl/3 seconds, until ``stop()``.
 
     The stream runs on a connection of its own (``conn``), with the failover of any call: a
@@ -208,7 +217,7 @@ class LeaseKeeper:
         self._lock = threading.Lock()
         self._stop = threading.Event()
         self._wake = threading.Event()
-        self._stream: _Stream | None = None
+        self._streams: dict[int, _Stream] = {}  # shard (lease id % _STREAMS) -> its stream
         self._open_after_s = 0.0  # no new stream before (a pause after a failed one)
         self._pause_s = 0.0
         self._thread = threading.Thread(target=self._run, name="etcd-lease-keeper", daemon=True)
@@ -261,8 +270,9 @@ class LeaseKeeper:
         if self._thread is not threading.current_thread():
             self._thread.join(join_timeout_s)
         with self._lock:
-            stream, self._stream = self._stream, None
-        if stream is not None:
+            streams = list(self._streams.values())
+            self._streams.clear()
+        for stream in streams:
             self._leave_watch(stream)
             stream.close()
         self._conn.close()
@@ -295,17 +305,20 @@ class LeaseKeeper:
 
     def _turn(self, now_s: float) -> None:
         with self._lock:
-            stream = self._stream
-            late = [
-                r
-                for r in self._records.values()
-                if r.is_pending and now_s - r.attempted_at_s >= self._answer_limit_s(r)
-            ]
-        if stream is not None and late:
-            waited_s = now_s - min(r.attempted_at_s for r in late)
+            late: list[tuple[_Stream, int, float]] = []
+            for stream in self._streams.values():
+                waits = [
+                    now_s - sent_s
+                    for lease_id, sent_s in stream.sent.items()
+                    if (r := self._records.get(lease_id)) is not None
+                    and now_s - sent_s >= self._answer_limit_s(r)
+                ]
+                if waits:
+                    late.append((stream, len(waits), max(waits)))
+        for stream, count, waited_s in late:
             error = RendezvousError(
                 f"etcd {stream.endpoint} cannot be reached to refresh a lease: "
-                f"{len(late)} refresh(es) unanswered after {waited_s:.1f} s"
+                f"{count} refresh(es) unanswered after {waited_s:.1f} s"
             )
             self._fail(stream, error, rotate=True)
         with self._lock:
@@ -316,8 +329,16 @@ class LeaseKeeper:
             ]
         if not due or now_s < self._open_after_s:
             return
+        shards: dict[int, list[int]] = {}
+        for lease_id in due:
+            shards.setdefault(lease_id % _STREAMS, []).append(lease_id)
+        for shard, leases in shards.items():
+            self._send(shard, leases, now_s)
+
+    def _send(self, shard: int, due: list[int], now_s: float) -> None:
+        """Send the refreshes of ``due`` on the stream of ``shard`` (opened when there is none)."""
         try:
-            stream = self._open()
+            stream = self._open(shard)
         except RendezvousError as exc:
             error = exc
             with self._lock:
@@ -330,7 +351,7 @@ class LeaseKeeper:
             return
         sent_at_s = self._clock()
         with self._lock:
-            if self._stream is not stream:  # it failed before a refresh went out on it
+            if self._streams.get(shard) is not stream:  # it failed before a refresh went out
                 failed = stream.error or RendezvousError("the keep-alive stream ended")
                 for lease_id in due:
                     self._set(
@@ -359,11 +380,12 @@ class LeaseKeeper:
         self._pause_s = min(_MAX_PAUSE_S, max(_RETRY_S, self._pause_s * 2))
         self._open_after_s = now_s + self._pause_s
 
-    def _open(self) -> _Stream:
-        """The stream in use, opened now when there is none (with the connection's failover)."""
+    def _open(self, shard: int) -> _Stream:
+        """The stream of ``shard``, opened now when there is none (with the connection's
+        failover)."""
         with self._lock:
-            if self._stream is not None:
-                return self._stream
+            if shard in self._streams:
+                return self._streams[shard]
         requests: queue.Queue[Any] = queue.Queue()
 
         def open_stream(raw: Any) -> tuple[Any, Any]:
@@ -373,9 +395,9 @@ class LeaseKeeper:
             return raw, call
 
         raw, call = self._conn.call("keep leases alive", open_stream)
-        stream = _Stream(raw, call, requests, self._conn.endpoint)
+        stream = _Stream(shard, raw, call, requests, self._conn.endpoint)
         with self._lock:
-            self._stream = stream
+            self._streams[shard] = stream
         threading.Thread(
             target=self._read, args=(stream,), name="etcd-lease-replies", daemon=True
         ).start()
@@ -429,8 +451,8 @@ class LeaseKeeper:
     def _fail(self, stream: _Stream, error: RendezvousError, *, rotate: bool) -> None:
         """The stream is dead: fail its unanswered refreshes, drop it, pause, open another."""
         with self._lock:
-            if self._stream is stream:
-                self._stream = None
+            if self._streams.get(stream.shard) is stream:
+                del self._streams[stream.shard]
             stream.error = stream.error or error
             failed = list(stream.sent)
             stream.sent.clear()
