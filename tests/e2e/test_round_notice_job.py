@@ -53,18 +53,10 @@ def _send(record: NodeRecord, data: bytes) -> None:
         sock.sendall(data)
 
 
-def test_a_worker_failure_is_told_to_the_other_nodes(make_job: Any) -> None:
-    job = make_job(("c10d", ""))
-    env = {"MN_FAIL_NODE": "b"}
+def _run_until_b_restarted_once(job: Job, env: dict[str, str], extra: tuple[str, ...]) -> None:
+    """Three agents (3:3, slow looks) whose node b's worker ends a round once; every agent exits 0."""
     for name in "abc":
-        job.start(
-            name,
-            nnodes="3:3",
-            conf=SLOW_LOOK,
-            host=name == "a",
-            extra=("--max-restarts", "3"),
-            env=env,
-        )
+        job.start(name, nnodes="3:3", conf=SLOW_LOOK, host=name == "a", extra=extra, env=env)
     wait_until(
         lambda: any(r["TORCHELASTIC_RESTART_COUNT"] == "1" for r in job.records("b")),
         START_S,
@@ -75,16 +67,24 @@ def test_a_worker_failure_is_told_to_the_other_nodes(make_job: Any) -> None:
     job.go()
     for name in "abc":
         assert job.wait_exit(name) == 0, job.report()
-    b = job.nodes["b"]
+
+
+def _told_by_b(job: Job, name: str) -> dict[str, Any]:
+    """Node ``name``'s one round end, which b's notice told and the store confirmed."""
+    changes = [e["fields"] for e in job.nodes[name].events() if e["kind"] == "membership.changed"]
+    assert [c["reason"] for c in changes] == ["round_ended"], changes
+    assert changes[0]["learned_by"] == "notice", changes
+    assert f"-{job.nodes['b'].proc.pid}-" in changes[0]["notice_from"], changes
+    assert changes[0]["cause"] == "worker_failure", changes
+    return changes[0]
+
+
+def test_a_worker_failure_is_told_to_the_other_nodes(make_job: Any) -> None:
+    job = make_job(("c10d", ""))
+    _run_until_b_restarted_once(job, {"MN_FAIL_NODE": "b"}, ("--max-restarts", "3"))
     for name in "ac":
-        changes = [
-            e["fields"] for e in job.nodes[name].events() if e["kind"] == "membership.changed"
-        ]
-        assert [c["reason"] for c in changes] == ["round_ended"], changes
         # Told by b, whose workers failed, and confirmed in the store (the cause is read there).
-        assert changes[0]["learned_by"] == "notice", changes
-        assert f"-{b.proc.pid}-" in changes[0]["notice_from"], changes
-        assert changes[0]["cause"] == "worker_failure", changes
+        _told_by_b(job, name)
         assert "restart" not in job.nodes[name].kinds()
     job.assert_no_survivors()
 
@@ -181,34 +181,16 @@ def test_a_node_at_the_door_tells_the_members_it_waits(make_job: Any) -> None:
 
 def test_a_hang_verdicts_round_end_is_told_to_the_other_nodes(make_job: Any) -> None:
     job = make_job(("c10d", ""))
-    env = {"MN_HANG_NODE": "b"}
     extra = ("--max-restarts", "3", "--hang-timeout", "3")
-    for name in "abc":
-        job.start(name, nnodes="3:3", conf=SLOW_LOOK, host=name == "a", extra=extra, env=env)
-    wait_until(
-        lambda: any(r["TORCHELASTIC_RESTART_COUNT"] == "1" for r in job.records("b")),
-        START_S,
-        interval_s=0.1,
-        message=job.report,
-    )
-    job.wait_running(["a", "b", "c"], 3)
-    job.go()
-    for name in "abc":
-        assert job.wait_exit(name) == 0, job.report()
+    _run_until_b_restarted_once(job, {"MN_HANG_NODE": "b"}, extra)
     b = job.nodes["b"]
     assert "worker.hung" in b.kinds(), b.kinds()
     (failed,) = [e["fields"] for e in b.events() if e["kind"] == "worker.failed"]
     assert failed["counted"] is True and failed["decided_at"] <= b.events()[-1]["ts"], failed
     for name in "ac":
-        changes = [
-            e["fields"] for e in job.nodes[name].events() if e["kind"] == "membership.changed"
-        ]
-        assert [c["reason"] for c in changes] == ["round_ended"], changes
         # Told by b, whose worker hung, confirmed in the store; its workers were signalled
         # once the store confirmed it, before this node's own events and store requests.
-        assert changes[0]["learned_by"] == "notice", changes
-        assert f"-{b.proc.pid}-" in changes[0]["notice_from"], changes
-        assert changes[0]["cause"] == "worker_failure", changes
-        assert changes[0]["notice_at"] <= changes[0]["learned_at"] <= changes[0]["signalled_at"]
+        change = _told_by_b(job, name)
+        assert change["notice_at"] <= change["learned_at"] <= change["signalled_at"], change
         assert "worker.hung" not in job.nodes[name].kinds()
     job.assert_no_survivors()

@@ -220,15 +220,20 @@ def read_mark(path: Path) -> int:
     return int(path.read_text())
 
 
+@pytest.mark.parametrize("begun", [False, True], ids=["stop", "begin_stop-then-stop"])
 @pytest.mark.parametrize("setsid", [True, False])
 def test_stop_kills_grandchildren(
-    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses], setsid: bool
+    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses], setsid: bool, begun: bool
 ) -> None:
     group = start([launch(tmp_path, GRANDCHILD.format(setsid=setsid))], cleanup)
     grandchild = read_mark(tmp_path / "grandchild.pid")
     worker = group.pids[0]
     try:
         assert (os.getsid(grandchild) == os.getsid(worker)) is not setsid
+        if begun:
+            group.begin_stop(signal.SIGTERM)
+            wait_until(lambda: 0 in group.poll(), 30, "the worker to exit on the first signal")
+        # stop() finds the grandchild that ignores SIGTERM (after begin_stop too): SIGKILL
         group.stop(signal.SIGTERM, 0.5)
         assert group.poll()[0].exitcode == -signal.SIGTERM
         assert is_gone(worker)
@@ -267,25 +272,6 @@ def test_begin_stop_signals_at_once_and_stop_completes_it(
     group.stop(signal.SIGTERM, 10.0)
     assert group.poll()[0].exitcode == -signal.SIGTERM  # the stop's SIGTERM, not a SIGKILL
     assert group.begin_stop(signal.SIGTERM) is None  # nothing once stopped
-
-
-@pytest.mark.parametrize("setsid", [True, False])
-def test_begin_stop_then_stop_kills_grandchildren(
-    tmp_path: Path, console: Console, cleanup: list[WorkerProcesses], setsid: bool
-) -> None:
-    group = start([launch(tmp_path, GRANDCHILD.format(setsid=setsid))], cleanup)
-    grandchild = read_mark(tmp_path / "grandchild.pid")
-    worker = group.pids[0]
-    try:
-        group.begin_stop(signal.SIGTERM)
-        wait_until(lambda: 0 in group.poll(), 30, "the worker to exit on the first signal")
-        group.stop(signal.SIGTERM, 0.5)  # finds the grandchild that ignores SIGTERM: SIGKILL
-        assert group.poll()[0].exitcode == -signal.SIGTERM
-        assert is_gone(worker)
-        assert is_gone(grandchild)
-    finally:
-        if not is_gone(grandchild):
-            os.kill(grandchild, signal.SIGKILL)
 
 
 FAKE_AGENT = """
