@@ -54,7 +54,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from types import TracebackType
 
-__all__ = ["GUARDIAN_ENV", "Guardian", "main"]
+__all__ = ["GUARDIAN_ENV", "Guardian", "ProcInfo", "main", "scan_processes"]
 
 # Signals the guardian ignores (it must outlive them until the agent is gone).
 _IGNORED = (signal.SIGINT, signal.SIGHUP, signal.SIGQUIT, signal.SIGUSR1, signal.SIGUSR2)
@@ -69,7 +69,9 @@ _CLOSE_TIMEOUT_S = 10.0
 
 
 @dataclass(frozen=True)
-class _ProcInfo:
+class ProcInfo:
+    """One process as its ``/proc/PID/stat`` reads (pid, parent, session, start time, zombie)."""
+
     pid: int
     ppid: int
     sid: int
@@ -77,7 +79,7 @@ class _ProcInfo:
     is_zombie: bool
 
 
-def _read_proc(pid: int) -> _ProcInfo | None:
+def _read_proc(pid: int) -> ProcInfo | None:
     try:
         with open(f"/proc/{pid}/stat", "rb") as f:
             data = f.read()
@@ -86,7 +88,7 @@ def _read_proc(pid: int) -> _ProcInfo | None:
     # The command name (field 2) may hold spaces and parentheses: split after the last ')'.
     fields = data[data.rfind(b")") + 2 :].split()
     try:
-        return _ProcInfo(
+        return ProcInfo(
             pid=pid,
             ppid=int(fields[1]),
             sid=int(fields[3]),
@@ -107,7 +109,8 @@ def _has_token(pid: int, needle: bytes) -> bool:
     return b"\0" + needle + b"\0" in b"\0" + data + b"\0"
 
 
-def _scan() -> list[_ProcInfo]:
+def scan_processes() -> list[ProcInfo]:
+    """Every process, from one read of each ``/proc/PID/stat`` (the gone and unreadable left out)."""
     infos = []
     for name in os.listdir("/proc"):
         if name.isdigit():
@@ -142,14 +145,14 @@ class _Watch:
         else:
             self.sessions.discard(sid)
 
-    def guarded(self, infos: Iterable[_ProcInfo], *, by_token: bool = False) -> list[_ProcInfo]:
+    def guarded(self, infos: Iterable[ProcInfo], *, by_token: bool = False) -> list[ProcInfo]:
         """Return the live processes to kill: the sessions, escapees, and their descendants.
 
         With ``by_token``, also every process whose environment carries the token, and its
         descendants (not its session: a token carrier may live in a session that is not ours).
         """
-        by_parent: dict[int, list[_ProcInfo]] = {}
-        roots: list[_ProcInfo] = []
+        by_parent: dict[int, list[ProcInfo]] = {}
+        roots: list[ProcInfo] = []
         for info in infos:
             by_parent.setdefault(info.ppid, []).append(info)
             if info.sid in self.sessions or (info.pid, info.start_time) in self.escaped:
@@ -157,7 +160,7 @@ class _Watch:
             elif by_token and self.needle and not info.is_zombie:
                 if _has_token(info.pid, self.needle):
                     roots.append(info)
-        found: dict[int, _ProcInfo] = {}
+        found: dict[int, ProcInfo] = {}
         stack = roots
         while stack:
             info = stack.pop()
@@ -172,7 +175,7 @@ class _Watch:
         """Remember the descendants of guarded sessions that now live outside them."""
         if not self.sessions and not self.escaped:
             return
-        infos = _scan()
+        infos = scan_processes()
         alive = {(i.pid, i.start_time) for i in infos}
         self.escaped &= alive
         for info in self.guarded(infos):
@@ -182,7 +185,9 @@ class _Watch:
     def kill_all(self) -> None:
         """SIGKILL every guarded process, rescanning until none is left alive."""
         for _ in range(_KILL_ROUNDS):
-            victims = [info for info in self.guarded(_scan(), by_token=True) if not info.is_zombie]
+            victims = [
+                info for info in self.guarded(scan_processes(), by_token=True) if not info.is_zombie
+            ]
             if not victims:
                 return
             for info in victims:

@@ -8,10 +8,12 @@ fork the whole agent instead of vfork-and-exec, about 30 times slower). Note tha
 when the *thread* that spawned the worker exits, not the process: the agent must spawn workers
 from its main loop thread (the thread that lives as long as the agent). Grandchildren are covered
 by the :class:`~elastic_run.agent.workers.guardian.Guardian` (when given one) and by :meth:`stop`, which
-signals first and looks after: each worker's process group and pid, and the descendants that
-``/proc/PID/task/*/children`` names (where the kernel has it), get the signal before any scan of
-the process table; then every descendant found by a scan of every process (also those that
-left the group) and everything left in the workers' sessions get it too. A stop is the time
+signals first and looks after: each worker's process group and pid, and the descendants known
+before the signal (those ``/proc/PID/task/*/children`` names, or where the kernel has no such
+file one read of each ``/proc/PID/stat``: a grandchild in a session of its own is reparented the
+moment its worker dies, so it must be known before), get the signal first; then every descendant
+found by a scan of every process (also those that left the group) and everything left in the
+workers' sessions get it too. A stop is the time
 from a round's end to its workers gone on every node: a scan of every process first (psutil,
 about 30 ms with 130 processes on a loaded host) was most of it, and the scans that remain read
 each ``/proc/PID/stat`` once (``_process_table``). :meth:`begin_stop` sends those first signals
@@ -49,7 +51,7 @@ from typing import IO, Protocol
 import psutil
 
 from elastic_run.agent.config import Std
-from elastic_run.agent.workers.guardian import Guardian
+from elastic_run.agent.workers.guardian import Guardian, ProcInfo, scan_processes
 from elastic_run.agent.workers.output import LineFilter, StreamName, WorkerOutput
 from elastic_run.errors import AgentError
 from elastic_run.parent_death import death_signal_prefix, set_parent_death_signal
@@ -210,7 +212,8 @@ class WorkerProcesses:
         self._cond = threading.Condition()
         self._started = False
         self._stopped = False
-        self._begun: tuple[int, float] | None = None  # begin_stop's signal and when (monotonic)
+        # begin_stop's signal, when (monotonic), and the descendants it found before signalling.
+        self._begun: tuple[int, float, set[psutil.Process]] | None = None
         self._stop_lock = threading.Lock()
 
     @property
@@ -341,7 +344,7 @@ class WorkerProcesses:
                 began_at = time.monotonic()
                 tree = self._signal_first(sessions, sig)
             else:
-                began_at, tree = begun[1], set()
+                began_at, tree = begun[1], set(begun[2])
             # After the first signals: the scan of every process finds what left the groups.
             tree |= self._snapshot_descendants(workers)
             self._signal_tree(sessions, tree, sig, groups=False)
@@ -399,8 +402,9 @@ class WorkerProcesses:
         with self._stop_lock:
             if self._stopped or self._begun is not None or not self._workers:
                 return None
-            self._begun = (sig, time.monotonic())
-            self._signal_first({w.proc.pid for w in self._workers.values()}, sig)
+            began_at = time.monotonic()
+            sessions = {w.proc.pid for w in self._workers.values()}
+            self._begun = (sig, began_at, self._signal_first(sessions, sig))
             return time.time()
 
     def close(self) -> None:
@@ -408,13 +412,16 @@ class WorkerProcesses:
         self.stop(signal.SIGKILL, 0.0)
 
     def _signal_first(self, sessions: set[int], sig: int) -> set[psutil.Process]:
-        """Signal the live workers, their groups, and the descendants that ``/proc`` names
-        without a scan; return those descendants."""
+        """Signal the live workers, their groups, and their descendants as found before the
+        signal; return those descendants."""
+        found = _proc_descendants(sessions)
+        if found is None:  # no ``children`` file: one read of each /proc/PID/stat
+            found = _descendants_in(_process_table(), sessions)
+        tree = _as_processes(found)
         for worker in self._live_workers():  # a function worker before it joined its session
             _signal_pid(worker.proc.pid, sig)
         for sid in sessions:
             _signal_group(sid, sig)
-        tree = _as_processes(_proc_descendants(sessions))
         for proc in tree:
             _signal_process(proc, sig)
         return tree
@@ -514,16 +521,16 @@ def _proc_children(pid: int) -> list[int] | None:
     return found
 
 
-def _proc_descendants(roots: set[int]) -> list[int]:
+def _proc_descendants(roots: set[int]) -> list[int] | None:
     """Every descendant of ``roots`` found from ``/proc/PID/task/*/children`` (no scan of every
-    process; [] where the kernel has no such file: the scan after the first signals finds them)."""
+    process; None where the kernel has no such file, CONFIG_PROC_CHILDREN)."""
     seen: set[int] = set()
     todo = list(roots)
     out: list[int] = []
     while todo:
         children = _proc_children(todo.pop())
         if children is None:
-            return out
+            return None
         for child in children:
             if child not in seen and child not in roots:
                 seen.add(child)
@@ -541,46 +548,24 @@ def _session_members(sessions: set[int]) -> list[psutil.Process]:
     table = _process_table()
     return list(
         _as_processes(
-            [pid for pid, st in table.items() if st.sid in sessions and not st.zombie and pid != me]
+            [
+                pid
+                for pid, st in table.items()
+                if st.sid in sessions and not st.is_zombie and pid != me
+            ]
         )
     )
 
 
-@dataclass(frozen=True)
-class _Stat:
-    ppid: int
-    sid: int
-    zombie: bool
+def _process_table() -> dict[int, ProcInfo]:
+    """Every process by pid, from one read of each ``/proc/PID/stat`` (the guardian's scan): the
+    scans of ``stop`` run while the workers exit, on the same cores, and psutil's (a ``Process``
+    object, its ``status()`` and ``getsid()`` per process, and a parent map for ``children``) cost
+    several times this."""
+    return {info.pid: info for info in scan_processes()}
 
 
-def _process_table() -> dict[int, _Stat]:
-    """Every process's parent, session and whether it is a zombie, from one read of each
-    ``/proc/PID/stat``: the scans of ``stop`` run while the workers exit, on the same cores, and
-    psutil's (a ``Process`` object, its ``status()`` and ``getsid()`` per process, and a parent
-    map for ``children``) cost several times this."""
-    table: dict[int, _Stat] = {}
-    try:
-        names = os.listdir("/proc")
-    except OSError:
-        return table
-    for name in names:
-        if not name.isdigit():
-            continue
-        try:
-            with open(f"/proc/{name}/stat", "rb") as f:
-                data = f.read()
-        except OSError:
-            continue  # gone meanwhile
-        # "pid (comm) state ppid pgrp session ...": comm may hold spaces and parentheses.
-        fields = data[data.rfind(b")") + 2 :].split()
-        try:
-            table[int(name)] = _Stat(int(fields[1]), int(fields[3]), fields[0] in (b"Z", b"X"))
-        except (IndexError, ValueError):
-            continue
-    return table
-
-
-def _descendants_in(table: Mapping[int, _Stat], roots: set[int]) -> list[int]:
+def _descendants_in(table: Mapping[int, ProcInfo], roots: set[int]) -> list[int]:
     """The living descendants of ``roots`` in ``table`` (the roots left out)."""
     children: dict[int, list[int]] = {}
     for pid, st in table.items():
@@ -593,7 +578,7 @@ def _descendants_in(table: Mapping[int, _Stat], roots: set[int]) -> list[int]:
             if child not in seen:
                 seen.add(child)
                 todo.append(child)
-                if not table[child].zombie:
+                if not table[child].is_zombie:
                     out.append(child)
     return out
 
