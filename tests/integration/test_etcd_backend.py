@@ -369,6 +369,50 @@ def test_a_wait_fails_over_from_a_frozen_member(etcd_cluster3: EtcdServer) -> No
         b.close()
 
 
+def test_the_callers_of_one_key_share_one_watch(etcd_server: EtcdServer) -> None:
+    # Issue 38: each node's client held a watch stream of its own (a pyetcd watch thread and
+    # two gRPC threads), and a process's 256 nodes all waited on the same seal key.
+    key = f"/test/{uuid.uuid4().hex}/seal"
+    clients = [etcd_server.get_client(timeout_s=30.0) for _ in range(3)]
+    watchers_before = sum(1 for t in threading.enumerate() if t.name.startswith("pyetcd_watch"))
+    try:
+        revision = clients[0].status_revision()
+        seen: list[list[bytes]] = []
+
+        def wait(client: Any) -> None:
+            events = client.watch(key, start_revision=revision + 1, timeout_s=30)
+            seen.append([e.value for e in events])
+
+        threads = [threading.Thread(target=wait, args=(c,)) for c in clients[:2]]
+        for t in threads:
+            t.start()
+        # A third caller, whose read came later, joins the same watch.
+        later = clients[2].status_revision()
+        third = threading.Thread(
+            target=lambda: seen.append(
+                [e.value for e in clients[2].watch(key, start_revision=later + 1, timeout_s=30)]
+            )
+        )
+        third.start()
+        wait_until(
+            lambda: (
+                sum(1 for t in threading.enumerate() if t.name.startswith("pyetcd_watch"))
+                > watchers_before
+            ),
+            10,
+            "a watch to be made",
+        )
+        clients[0].put(key, b"sealed")
+        for t in [*threads, third]:
+            t.join(30)
+        assert seen == [[b"sealed"]] * 3
+        watchers = sum(1 for t in threading.enumerate() if t.name.startswith("pyetcd_watch"))
+        assert watchers - watchers_before <= 1  # one watch thread for the three clients
+    finally:
+        for c in clients:
+            c.close()
+
+
 def test_a_watch_is_made_on_a_live_member_when_the_one_in_use_froze(
     etcd_cluster3: EtcdServer,
 ) -> None:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
+import threading
 import time
 import uuid
 from collections.abc import Iterator
@@ -114,6 +115,63 @@ def test_heartbeat_raises_when_the_lease_lapses_and_recovers(
     finally:
         node.close()
         peer.close()
+
+
+def _threads_named(name: str) -> int:
+    return sum(1 for t in threading.enumerate() if t.name == name and t.is_alive())
+
+
+def test_the_clients_of_one_process_share_one_keeper_and_each_lease_is_kept(
+    lone_etcd: EtcdServer,
+) -> None:
+    # Issue 38: a process of 256 nodes ran 256 keeper threads, each opening a keep-alive
+    # stream per refresh, and at 1,024 nodes most leases expired during the round. One
+    # keeper per process and cluster refreshes every client's leases over one stream.
+    run_id = f"job-{uuid.uuid4().hex[:8]}"
+    keepers_before = _threads_named("etcd-lease-keeper")
+    nodes = {n: _backend(lone_etcd.endpoint, run_id) for n in ("a", "b", "c")}
+    peer = _backend(lone_etcd.endpoint, run_id)
+    try:
+        for node_id, node in nodes.items():
+            node.heartbeat(node_id)
+        assert _threads_named("etcd-lease-keeper") == keepers_before + 1
+        leases = {}
+        for node_id in nodes:
+            kv = peer.client.get(f"{peer.key_base}hb/{node_id}")
+            assert kv is not None and kv.lease_id
+            leases[node_id] = kv.lease_id
+        assert len(set(leases.values())) == 3
+        # Past twice the 2 s TTL without a heartbeat: only the keeper keeps the keys.
+        start_s = time.monotonic()
+        wait_until(lambda: time.monotonic() - start_s > 4.5, 10, "two TTLs to pass")
+        assert peer.read_heartbeats(["a", "b", "c"]) == [1, 1, 1]
+        for node_id, node in nodes.items():
+            assert node.client.lease_failure(leases[node_id]) is None
+        # One client closing: its lease is no longer refreshed (it expires, as a crashed
+        # node's does); the others' leases are kept.
+        nodes.pop("b").close()
+        wait_until(lambda: peer.read_heartbeats(["b"]) == [None], 15, "b's key to expire")
+        assert peer.read_heartbeats(["a", "c"]) == [1, 1]
+        assert _threads_named("etcd-lease-keeper") == keepers_before + 1
+        # The keeper's failure (etcd gone) is seen on every client's lease.
+        lone_etcd.kill_member(0)
+        for node_id, node in nodes.items():
+            wait_until(
+                lambda n=node, i=node_id: n.client.lease_failure(leases[i]) is not None,
+                30,
+                f"the lapse of {node_id}'s lease to be seen",
+            )
+            failure = node.client.lease_failure(leases[node_id])
+            assert failure is not None and "past its TTL of 2 s" in failure.reason
+            assert "refresh failed" in failure.reason or "no answer" in failure.reason
+    finally:
+        for node in nodes.values():
+            node.close()
+        peer.close()
+    # The last client closing stops the keeper.
+    wait_until(
+        lambda: _threads_named("etcd-lease-keeper") == keepers_before, 10, "the keeper to stop"
+    )
 
 
 def test_a_node_joining_on_a_lapsed_lease_binds_its_key_to_a_fresh_one(

@@ -2,9 +2,10 @@
 
 Everything above the adapter talks to etcd through this class only: reads (one key, many
 keys as of one revision, a prefix), writes (plain, batched, compare-and-set on a value or a
-revision), counters (see ``etcd_counter``), leases kept alive by a ``LeaseKeeper``, and
-watches (see ``etcd_watch``). Failover, re-authentication and error translation happen in
-``EtcdConnection.call``, which every operation goes through (via ``EtcdClient.call``).
+revision), counters (see ``etcd_counter``), leases kept alive by the ``LeaseKeeper`` that
+the process's clients of one cluster share, and watches (see ``etcd_watch``). Failover,
+re-authentication and error translation happen in ``EtcdConnection.call``, which every
+operation goes through (via ``EtcdClient.call``).
 
 Invariants: no ``grpc`` or ``pyetcd`` error escapes; an unreachable store raises
 ``RendezvousConnectionError`` (with the endpoints and the reason); a refused request raises
@@ -23,6 +24,7 @@ import pyetcd
 from typing_extensions import Unpack
 
 from elastic_run.rendezvous.endpoints import parse_endpoints
+from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.etcd.connection import ConnectionOptions, EtcdConnection
 from elastic_run.rendezvous.etcd.counter import add_by_swap, add_one, add_one_leased, counter_value
 from elastic_run.rendezvous.etcd.errors import EtcdLeaseNotFoundError
@@ -38,8 +40,10 @@ from elastic_run.rendezvous.etcd.lease import (
     LeaseKeeper,
     lease_failure,
     lease_is_sound,
+    release_keeper,
+    shared_keeper,
 )
-from elastic_run.rendezvous.etcd.watch import watch_first_events
+from elastic_run.rendezvous.etcd.watch import WatchHub, release_hub, shared_hub
 
 __all__ = ["MAX_TXN_OPS", "EtcdClient"]
 
@@ -62,9 +66,13 @@ class EtcdClient:
     """
 
     def __init__(self, endpoints: Sequence[str], **options: Unpack[ConnectionOptions]) -> None:
-        self._conn = EtcdConnection(parse_endpoints(",".join(endpoints)), **options)
+        self._members = parse_endpoints(",".join(endpoints))
+        self._options = options
+        self._conn = EtcdConnection(self._members, **options)
         self._keeper: LeaseKeeper | None = None
+        self._hub: WatchHub | None = None  # the process's watches of this cluster
         self._keeper_lock = threading.Lock()
+        self._closed = False
 
     @property
     def endpoint(self) -> str:
@@ -105,9 +113,17 @@ class EtcdClient:
         return self._conn.call(what, fn, deadline_s=deadline_s)
 
     def close(self) -> None:
-        """Stop the lease keeper and close the connection. Idempotent."""
-        if self._keeper is not None:
-            self._keeper.stop()
+        """Stop refreshing this client's leases and close the connection. Idempotent.
+
+        The leases of the other clients that share the process's keeper are kept alive."""
+        with self._keeper_lock:
+            self._closed = True
+            keeper, self._keeper = self._keeper, None
+            hub, self._hub = self._hub, None
+        if keeper is not None:
+            release_keeper(keeper, self)
+        if hub is not None:
+            release_hub(hub, self)
         self._conn.close()
 
     # -- key-value ---------------------------------------------------------------------
@@ -362,18 +378,24 @@ class EtcdClient:
             pass  # expired or revoked already: what was asked for is done
 
     def keep_alive(self, lease_id: int, ttl_s: int, granted_at_s: float | None = None) -> None:
-        """Refresh ``lease_id`` every ``ttl_s / 3`` seconds from the keeper thread.
+        """Refresh ``lease_id`` every ``ttl_s / 3`` seconds, from the keeper this process's
+        clients of this cluster share (``etcd_lease.shared_keeper``).
 
         Args:
             lease_id: the lease.
             ttl_s: its TTL.
             granted_at_s: the monotonic time at which its grant was sent (default: now).
+
+        Raises:
+            RendezvousConnectionError: the client is closed.
         """
         with self._keeper_lock:
+            if self._closed:
+                raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
             if self._keeper is None:
-                self._keeper = LeaseKeeper(self)
+                self._keeper = shared_keeper(self._members, self._options, self)
             keeper = self._keeper
-        keeper.add(lease_id, ttl_s, granted_at_s)
+        keeper.add(lease_id, ttl_s, granted_at_s, owner=self)
 
     def stop_keep_alive(self, lease_id: int) -> None:
         """Stop refreshing ``lease_id`` (it then expires after its TTL)."""
@@ -401,7 +423,9 @@ class EtcdClient:
     ) -> list[WatchEvent]:
         """Wait for the first changes of ``key`` (or keys under it) at or after ``start_revision``.
 
-        The watch survives a server restart or a failover (see ``etcd_watch``). It waits at
+        The callers of the process's clients of this cluster share the watches of one
+        connection (``etcd_watch.WatchHub``). The watch survives a server restart or a
+        failover (see ``etcd_watch``). It waits at
         most the RPC deadline (``timeout_s`` of the client) at a time: a member that stops
         answering without closing its connections (frozen, partitioned away) never breaks
         the stream, and a watch held there would miss every change made through the other
@@ -421,12 +445,16 @@ class EtcdClient:
         Raises:
             RendezvousConnectionError: when no endpoint answers within the retry window.
         """
-        return watch_first_events(
-            self.call,
-            self._conn.drop,
-            self.status_revision,
+        with self._keeper_lock:
+            if self._closed:
+                raise RendezvousConnectionError(f"the etcd client of {self.endpoint} is closed")
+            if self._hub is None:
+                self._hub = shared_hub(self._members, self._options, self)
+            hub = self._hub
+        return hub.wait(
             key,
             prefix=prefix,
             start_revision=start_revision,
             timeout_s=min(timeout_s, self.timeout_s),
+            user=self,
         )

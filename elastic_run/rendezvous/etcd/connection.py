@@ -29,6 +29,12 @@ generation. A client dropped by another thread (after its own failure) or by ``c
 using it (a ValueError before they start, CANCELLED in flight); such a failure says nothing
 about the cluster, so it is retried, or, after ``close()``, reported as closed.
 
+What the clients of one process share per cluster: ``Shared(make, stop)`` keeps one object
+per key (``cluster_key``: the process id, the endpoints and the connection settings, so a forked
+child makes its own), made on first ``acquire`` and stopped after its last user's ``release``.
+The lease keeper and the watch hub, each on a connection of its own, are shared so: a process of
+256 nodes runs one of each per cluster, not 256 (issue 38).
+
 Invariants: no ``grpc`` or ``pyetcd`` error escapes ``call``; an unreachable store raises
 ``RendezvousConnectionError`` naming the endpoints and the reason; a refused request raises
 ``RendezvousError`` (``EtcdLeaseNotFoundError`` for a lease that is gone); a bad local TLS
@@ -39,10 +45,11 @@ file raises ``ConfigurationError``; with a deadline, ``call`` returns or raises 
 from __future__ import annotations
 
 import logging
+import os
 import threading
 import time
-from collections.abc import Callable, Sequence
-from typing import Any, TypedDict, TypeVar
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any, Generic, TypedDict, TypeVar
 
 import grpc
 import pyetcd
@@ -59,7 +66,14 @@ from elastic_run.rendezvous.etcd.errors import is_unreachable, refusal, status_o
 from elastic_run.rendezvous.etcd.leader_watch import WATCH, member_status, raft_term_of
 from elastic_run.rendezvous.settings import DEFAULT_READ_TIMEOUT_S
 
-__all__ = ["HOME_LOOK_S", "SHORT_RPC_TIMEOUT_S", "ConnectionOptions", "EtcdConnection"]
+__all__ = [
+    "HOME_LOOK_S",
+    "SHORT_RPC_TIMEOUT_S",
+    "ConnectionOptions",
+    "EtcdConnection",
+    "Shared",
+    "cluster_key",
+]
 
 log = logging.getLogger(__name__)
 
@@ -511,6 +525,57 @@ class EtcdConnection:
                             f"the etcd client of {endpoint} was closed during {what}"
                         ) from exc
                     delay_s = min(delay_s * 2, 0.5)
+
+
+# -- what the clients of one process share per cluster (the lease keeper, the watches) --
+
+
+def cluster_key(endpoints: Sequence[tuple[str, int]], options: ConnectionOptions) -> Hashable:
+    """The key of one cluster as a client reaches it: this process, the endpoints, the settings."""
+    settings = tuple(sorted(options.items(), key=lambda kv: kv[0]))
+    return (os.getpid(), tuple(endpoints), settings)
+
+
+class Shared(Generic[T]):
+    """One object per key, made on first use, stopped after its last user let go of it.
+
+    Args:
+        make: makes the object of a key.
+        stop: stops an object no user holds any longer.
+    """
+
+    def __init__(self, make: Callable[[Any], T], stop: Callable[[T], None]) -> None:
+        self._make = make
+        self._stop = stop
+        self._lock = threading.Lock()
+        self._objects: dict[Hashable, T] = {}
+        self._users: dict[int, tuple[Hashable, set[int]]] = {}  # id(obj) -> key, id(users)
+
+    def acquire(self, key: Hashable, user: object) -> T:
+        """The object of ``key`` (made now when there is none), held by ``user`` from now on."""
+        with self._lock:
+            obj = self._objects.get(key)
+            if obj is None:
+                obj = self._make(key)
+                self._objects[key] = obj
+                self._users[id(obj)] = (key, set())
+            self._users[id(obj)][1].add(id(user))
+            return obj
+
+    def release(self, obj: T, user: object) -> None:
+        """``user`` no longer holds ``obj``; the last user's release stops it."""
+        with self._lock:
+            entry = self._users.get(id(obj))
+            if entry is None:
+                return
+            key, users = entry
+            users.discard(id(user))
+            if users:
+                return
+            del self._users[id(obj)]
+            if self._objects.get(key) is obj:
+                del self._objects[key]
+        self._stop(obj)
 
 
 def _fix_stubs(raw: Any) -> None:
