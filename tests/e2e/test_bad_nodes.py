@@ -53,6 +53,19 @@ def _events(job: Job, name: str, kind: str) -> list[dict[str, Any]]:
     return [e for e in job.nodes[name].events() if e["kind"] == kind]
 
 
+def _start_four_with_a_spare(job: Job) -> tuple[str, list[str]]:
+    """Start a (the store's host), b, c, d with ``--nnodes 2:3`` and wait until three of them
+    train: return the fourth, the spare, and the members. (Before a round formed there is no
+    rendezvous for ``status`` to show: it exits 3.)"""
+    for name in "abcd":
+        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
+    wait_until(lambda: len({r["node"] for r in job.records()}) == 3, 120, message=job.report)
+    spare = ({"a", "b", "c", "d"} - {r["node"] for r in job.records()}).pop()
+    members = sorted({"a", "b", "c", "d"} - {spare})
+    job.wait_running(members, 3)
+    return spare, members
+
+
 def test_a_bad_node_is_excluded_and_a_spare_takes_its_place(job: Job) -> None:
     env = {"MN_BAD_NODE": "c"}
     for name in "abc":
@@ -117,12 +130,7 @@ def test_a_failure_that_follows_its_rank_excludes_nobody(job: Job) -> None:
 
 
 def test_a_node_beyond_max_waits_as_a_spare_without_ending_the_round(job: Job) -> None:
-    for name in "abcd":
-        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
-    wait_until(lambda: len({r["node"] for r in job.records()}) == 3, 120, message=job.report)
-    spare = ({"a", "b", "c", "d"} - {r["node"] for r in job.records()}).pop()
-    members = sorted({"a", "b", "c", "d"} - {spare})
-    job.wait_running(members, 3)
+    spare, members = _start_four_with_a_spare(job)
     seen: dict[str, Any] = {}
 
     def spare_shown() -> bool:
@@ -250,8 +258,7 @@ def test_a_spare_whose_store_host_dies_says_so_once(job: Job) -> None:
     member) is SIGKILLed with its whole process group. The spare exits 4 and says the store is
     gone once: its one ``Error:`` line, after at most one warning (the first failed call, which
     it retries within its heartbeat budget), not a warning from every part on every turn."""
-    for name in "abcd":
-        job.start(name, nnodes="2:3", conf=FAST_CONF, host=name == "a")
+    spare, _ = _start_four_with_a_spare(job)
     seen: dict[str, Any] = {}
 
     def spare_shown() -> bool:
@@ -263,7 +270,7 @@ def test_a_spare_whose_store_host_dies_says_so_once(job: Job) -> None:
     names = {
         e["fields"]["node"]: name for name in "abcd" for e in _events(job, name, "agent.started")
     }
-    spare = names[waiting["node_id"]]
+    assert names[waiting["node_id"]] == spare, job.report()
     assert spare != "a", job.report()  # the store's host is a member
     before = len(job.nodes[spare].output().splitlines())
     os.killpg(job.nodes["a"].proc.pid, signal.SIGKILL)

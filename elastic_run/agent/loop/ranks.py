@@ -26,7 +26,13 @@ from elastic_run.rendezvous.errors import RendezvousStateError, RendezvousTimeou
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["MASTER_KEY", "assign_ranks", "share_workers_store", "wait_keys"]
+__all__ = [
+    "MASTER_KEY",
+    "assign_ranks",
+    "load_torch_distributed",
+    "share_workers_store",
+    "wait_keys",
+]
 
 MASTER_KEY = "workers-store"
 _SIZES_TIMEOUT_S = 600.0
@@ -112,6 +118,18 @@ def _parse_master(raw: bytes) -> tuple[str, int]:
             f"the value under the round key '{MASTER_KEY}' is not host:port ({raw[:60]!r})"
         )
     return host, int(port_text)
+
+
+def load_torch_distributed() -> None:
+    """Import ``torch.distributed`` (the workers' store needs it) now, not when a round forms.
+
+    The first import takes seconds and holds the GIL for most of them (its shared libraries load
+    and initialize under it): an agent that imported it once its round had formed starved its
+    own threads meanwhile, and under load its etcd lease (TTL 2 s in the partition tests) was
+    not refreshed for 2.4-2.8 s and lapsed, so the other nodes judged it gone. Called before
+    the agent joins; a no-op once imported.
+    """
+    import torch.distributed  # noqa: F401
 
 
 def share_workers_store(

@@ -52,7 +52,12 @@ from elastic_run.agent.loop.parts import (
     ProgressPart,
     WorkerPart,
 )
-from elastic_run.agent.loop.ranks import assign_ranks, share_workers_store, wait_keys
+from elastic_run.agent.loop.ranks import (
+    assign_ranks,
+    load_torch_distributed,
+    share_workers_store,
+    wait_keys,
+)
 from elastic_run.agent.loop.rendezvous_part import RendezvousPart, closed_reason
 from elastic_run.agent.loop.signals import SignalLog, Waker
 from elastic_run.agent.loop.snapshot import AgentSnapshot, WorkerSnapshot
@@ -449,6 +454,9 @@ class SimpleElasticAgent(ElasticAgent):
         )
         self._in_rendezvous = True
         self._publish_snapshot()
+        # Loaded before the node's heartbeat lives: the import holds the GIL for seconds (10 s
+        # on a loaded host), and the heartbeat's threads (an etcd lease keeper) starve meanwhile.
+        load_torch_distributed()
         try:
             info = handler.next_rendezvous()
         finally:

@@ -443,6 +443,9 @@ class LeaseKeeper:
                     ),
                 )
             answered = not stream.sent
+        # The keeper slept until the refresh's answer limit (or 1 s): it now schedules the
+        # lease's next refresh ttl/3 after this one was sent, not a whole second later.
+        self._wake.set()
         if answered:
             self._leave_watch(stream)
         if expired:
