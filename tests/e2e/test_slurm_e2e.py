@@ -136,7 +136,11 @@ def test_sigusr1_does_not_stop_the_etcd_job(
     )
     try:
         wait_until(
-            lambda: "step 3/" in slurm_cluster.output_of(job_id), 60, f"job {job_id} to train"
+            # A hang guard: two agents, an etcd step and two workers import torch on 2 loaded
+            # cores (a whole check once took 36 s to form the round and 60 s did not suffice).
+            lambda: "step 3/" in slurm_cluster.output_of(job_id),
+            120,
+            f"job {job_id} to train",
         )
     except WaitTimeout as exc:
         raise AssertionError(f"{exc}\n{slurm_cluster.output_of(job_id)}") from exc
@@ -235,14 +239,19 @@ def test_status_and_close_from_the_login_node(
     assert len(snapshot["members"]) == 2, snapshot
     assert snapshot["run_id"] == f"{job_id}-0", snapshot
 
-    close = subprocess.run(
-        [str(ELASTIC_RUN), "close", "--slurm-job", job_id, "--wait", "--timeout", "30"],
-        capture_output=True,
-        text=True,
-        env=login_env,
-        timeout=45,
-        check=False,
-    )
+    # A hang guard past --timeout: the wait's last window may end one window (15 s with the
+    # default 5 s heartbeat) after it, and the command imports torch first.
+    try:
+        close = subprocess.run(
+            [str(ELASTIC_RUN), "close", "--slurm-job", job_id, "--wait", "--timeout", "30"],
+            capture_output=True,
+            text=True,
+            env=login_env,
+            timeout=90,
+            check=False,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise AssertionError(f"{exc}: {exc.stderr!r}\n{slurm_cluster.output_of(job_id)}") from exc
     assert close.returncode == 0, close.stderr + slurm_cluster.output_of(job_id)
     _wait_job_end(slurm_cluster, job_id, 30)
     output = slurm_cluster.output_of(job_id)
