@@ -647,6 +647,13 @@ class DynamicRendezvousHandler(RendezvousHandler):
         and a spare would report an unreachable store instead of the job's end."""
         if not self._backend.is_hosting:
             return
+        try:
+            # This node's flags lag the store by up to a tick: the close it just wrote itself
+            # (a job that succeeded) and the spares that came since its last read are read now.
+            self._state.read_now()
+        except RendezvousError as exc:
+            BACKEND_OUTAGE.warn(log, f"rendezvous '{self._run_id}': looking for spares", exc)
+            return
         poll = self._state.poll()
         if poll.closed is None or poll.spares <= 0:
             return

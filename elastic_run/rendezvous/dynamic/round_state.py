@@ -161,6 +161,15 @@ class RoundState:
         self._read(flags, "look")
         self._epoch_seen = (epoch, r)
 
+    def read_now(self) -> None:
+        """Read the round's keys now (one read), whatever the epoch says: the store's host reads
+        them before it leaves, since a close it wrote itself and the spares that came since its
+        last read are not in its flags until the next tick."""
+        flags = self._flags
+        if flags is None or flags.over:
+            return
+        self._read(flags, "look")
+
     def look(self, notice_from: str, notice_at: float | None = None, cause: str = "") -> None:
         """Read the round's keys now, as a member's notice asks (liveness thread; one read).
 
