@@ -200,6 +200,29 @@ def test_a_latecomer_at_a_full_round_waits_as_a_spare_and_sees_the_close(job: Jo
         late.get()
 
 
+def test_the_nodes_alive_count_the_round_before_and_the_door(job: Job) -> None:
+    # Round 0: a, b, c (2:3). Round 1 forms with a and d alone (b and c still stop their
+    # workers, as on a loaded host): a's count is d, and b and c, whose heartbeats stand. A node
+    # that left cleanly (its key dropped) is not counted; a latecomer at the door is.
+    a, b, c = (job.node(2, 3) for _ in range(3))
+    for call in [Call(h.next_rendezvous) for h in (a, b, c)]:
+        call.get()
+    assert a.others_alive() == 2
+    a.leave_round("node_excluded")
+    d = job.node(2, 3)
+    calls = [Call(a.next_rendezvous), Call(d.next_rendezvous)]
+    wait_until(lambda: job.reader.get(keys.arrivals(1)) == b"2", 10, message="two arrivals")
+    job.run_until(lambda: all(call.done.is_set() for call in calls), 2, 2.0, 90)  # last call
+    assert [call.get().world_size for call in calls] == [2, 2]
+    assert a.others_alive() == 3  # d, and b and c of round 0
+    b.shutdown()
+    assert a.others_alive() == 2
+    late = job.node(2, 3)
+    Call(late.next_rendezvous)
+    wait_until(lambda: a.num_nodes_waiting() == 1, 10, message="the latecomer at the door")
+    assert a.others_alive() == 3
+
+
 def _a_round_of_two(job: Job) -> tuple[DynamicRendezvousHandler, DynamicRendezvousHandler]:
     first, second = job.node(2, 2), job.node(2, 2)
     for call in [Call(first.next_rendezvous), Call(second.next_rendezvous)]:

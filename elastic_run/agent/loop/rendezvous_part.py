@@ -143,6 +143,17 @@ class RendezvousPart:
         lost = self.agent is not None and self.agent.poll().member_lost
         return "a member of the round was lost" if lost else "another node failed first"
 
+    def others_alive(self, fallback: int) -> int:
+        """How many other nodes could still form a round (the handler's count), or ``fallback``
+        where the handler cannot say (a torch-style handler) or the store failed."""
+        if self.agent is None:
+            return fallback
+        try:
+            return self.agent.others_alive()
+        except RendezvousError as exc:
+            BACKEND_OUTAGE.warn(log, "could not count the nodes left", exc)
+            return fallback
+
     def leave_round(self, reason: str) -> None:
         """Record that this node ends its round, and why (the others tell the same story)."""
         if self.agent is None:

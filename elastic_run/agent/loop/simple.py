@@ -1076,7 +1076,8 @@ class SimpleElasticAgent(ElasticAgent):
     def _apply_exclude(self, action: sm.Exclude) -> RunResult:
         """Leave the job as unhealthy: stop the workers, record why, leave the round (the others
         re-form at once without this node), exit 6. When the others cannot go on without it
-        (fewer than MIN members left and no spare waiting), the job is closed as failed."""
+        (fewer than MIN other nodes alive: the round's, those at its door, the round before's
+        still beating; and no spare waiting), the job is closed as failed."""
         line = f"node {self._ledger.host} excluded: {action.reason}"
         own = self._ledger.own
         self._ledger.exclude(action.reason)
@@ -1089,7 +1090,9 @@ class SimpleElasticAgent(ElasticAgent):
         )
         group = self._worker_group
         poll = self._round.last_poll
-        left = (group.group_world_size or 1) - 1
+        # Counted from the store, not from this round: a round may have formed while members of
+        # the one before still stopped their workers (they rejoin), and spares wait at the door.
+        left = self._round.others_alive(fallback=(group.group_world_size or 1) - 1)
         fails = group.group_rank is not None and left < self._min_nodes() and poll.spares == 0
         if not fails:
             # The others re-form without this node at once (they are told as it ends the round),
