@@ -499,8 +499,8 @@ class AgentRendezvous(InterruptibleRendezvous, Protocol):
         """End this node's round for ``reason`` (first writer wins), before re-rendezvousing."""
 
     def others_alive(self) -> int:
-        """How many other nodes could still form a round with this job: its round's other
-        members, the nodes at its door and the round before's members whose heartbeat stands."""
+        """How many other nodes could still form a round with this job: the nodes of its round
+        and of the round before (members, and those at the door) whose heartbeat stands."""
 
     def liveness(self) -> LivenessReport:
         """This node's own heartbeat standing (no I/O)."""

@@ -35,7 +35,7 @@ from elastic_run.rendezvous.protocol.records import (
 )
 from elastic_run.rendezvous.settings import RendezvousSettings
 
-__all__ = ["Coordinator", "read_lost", "write_seal"]
+__all__ = ["Coordinator", "read_lost", "round_nodes", "write_seal"]
 
 _WATCH_GAP_TICKS = 4
 
@@ -44,6 +44,24 @@ def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
     """Why round ``r`` ended (one store read), or None while it runs."""
     (raw,) = backend.get_unwaited([keys.lost(r)])  # nobody waits for it
     return decode(LostRecord, keys.lost(r), raw) if raw is not None else None
+
+
+def round_nodes(backend: RendezvousBackend, r: int) -> set[str]:
+    """The node ids of round ``r``'s members and of the nodes at its door (a few reads): every
+    arrival with a record that the seal admitted or that came after its count; none while the
+    round is unsealed."""
+    raw_arrivals, raw_seal = backend.get_many([keys.arrivals(r), keys.seal(r)])
+    n = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
+    if not n or raw_seal is None:
+        return set()
+    seal = decode(SealRecord, keys.seal(r), raw_seal)
+    admitted = set(seal.admitted_indices())
+    node_keys = [keys.node(r, i) for i in range(n)]
+    return {
+        decode(NodeRecord, k, v).node_id
+        for i, k, v in zip(range(n), node_keys, backend.get_many(node_keys), strict=True)
+        if v is not None and (i in admitted or i >= seal.sealed_arrivals)
+    }
 
 
 def write_seal(
@@ -268,19 +286,10 @@ class Coordinator:
         if self._expected is not None:
             return self._expected
         backend, prev = self._backend, self._r - 1
-        expected: set[str] = set()
-        if prev >= 0:
-            raw_arrivals, raw_seal = backend.get_many([keys.arrivals(prev), keys.seal(prev)])
-            n = decode_int(keys.arrivals(prev), raw_arrivals) if raw_arrivals is not None else 0
-            if n and raw_seal is not None:
-                seal = decode(SealRecord, keys.seal(prev), raw_seal)
-                admitted = set(seal.admitted_indices())
-                node_keys = [keys.node(prev, i) for i in range(n)]
-                for i, k, v in zip(range(n), node_keys, backend.get_many(node_keys), strict=True):
-                    if v is not None and (i in admitted or i >= seal.sealed_arrivals):
-                        expected.add(decode(NodeRecord, k, v).node_id)
-                lost = read_lost(backend, prev)
-                if lost is not None:
-                    expected -= set(lost.node_ids)
+        expected = round_nodes(backend, prev) if prev >= 0 else set()
+        if expected:
+            lost = read_lost(backend, prev)
+            if lost is not None:
+                expected -= set(lost.node_ids)
         self._expected = expected
         return expected

@@ -51,7 +51,7 @@ from elastic_run.rendezvous.api import (
     RoundPoll,
 )
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record, require_backend
-from elastic_run.rendezvous.dynamic.coordinator import read_lost
+from elastic_run.rendezvous.dynamic.coordinator import read_lost, round_nodes
 from elastic_run.rendezvous.dynamic.failure_look import FailureLook
 from elastic_run.rendezvous.dynamic.round_state import RoundState
 from elastic_run.rendezvous.dynamic.round_tell import tell_round
@@ -365,9 +365,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
     def others_alive(self) -> int:
         """How many other nodes could still form a round with this one's job (a few store reads).
 
-        The other members of this node's round, the nodes at its door, and the members of the
-        round before it, counted when their heartbeat key stands (not dropped by a clean leave,
-        not expired): a round may form while some members of the one before still stop their
+        The nodes of this node's round and of the round before it (members, and those at its
+        door), counted when their heartbeat key stands (not dropped by a clean leave, not
+        expired): a round may form while some members of the one before still stop their
         workers, and they rejoin. A node that died without dropping its key on c10d counts until
         its key is judged; the others then find out at their join timeout.
 
@@ -378,22 +378,9 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if member is None:
             return 0
         r = member.round
-        indices = {r: set(member.seal.admitted_indices())}
-        (raw_arrivals,) = self._backend.get_unwaited([keys.arrivals(r)])
-        arrivals = decode_int(keys.arrivals(r), raw_arrivals) if raw_arrivals is not None else 0
-        indices[r] |= set(range(member.seal.sealed_arrivals, arrivals))  # at the door
-        if r > 0:
-            (raw_seal,) = self._backend.get_unwaited([keys.seal(r - 1)])
-            if raw_seal is not None:
-                indices[r - 1] = set(
-                    decode(SealRecord, keys.seal(r - 1), raw_seal).admitted_indices()
-                )
-        node_keys = [keys.node(rr, i) for rr, found in indices.items() for i in sorted(found)]
-        ids = {
-            decode(NodeRecord, key, raw).node_id
-            for key, raw in zip(node_keys, self._backend.get_many(node_keys), strict=True)
-            if raw is not None
-        }
+        ids = round_nodes(self._backend, r) | (
+            round_nodes(self._backend, r - 1) if r > 0 else set()
+        )
         ids.discard(self.node_id)
         beats = self._backend.read_heartbeats(sorted(ids)) if ids else []
         return sum(1 for beat in beats if beat is not None)
