@@ -53,7 +53,11 @@ def join():
 
 threading.Thread(target=join, daemon=True).start()
 while True:
-    found = [t for t in threading.enumerate() if t.name == "elastic-run-liveness"]
+    # A thread just started is listed (in limbo) before it has its native id.
+    found = [
+        t for t in threading.enumerate()
+        if t.name == "elastic-run-liveness" and t.native_id is not None
+    ]
     if found:
         print("liveness", found[0].native_id, flush=True)
         break
