@@ -32,7 +32,7 @@ from __future__ import annotations
 
 import logging
 from abc import ABC, abstractmethod
-from collections.abc import Mapping, Sequence
+from collections.abc import Hashable, Mapping, Sequence
 from typing import TYPE_CHECKING, ClassVar
 
 from elastic_run.rendezvous.protocol import keys
@@ -163,6 +163,26 @@ class RendezvousBackend(ABC):
     @abstractmethod
     def heartbeat(self, node_id: str) -> None:
         """Show that ``node_id`` is alive (a counter bump, a lease refresh)."""
+
+    def beat_batch_key(self) -> Hashable | None:
+        """What backends whose heartbeats one ``heartbeat_many`` may write share (None: none).
+
+        Two backends with the same key reach the same keys of the same store, so one of them
+        may write the other's heartbeats: a process holding many nodes of one job (a benchmark,
+        a test) beats them all in one request. None (the default): each node beats for itself.
+        """
+        return None
+
+    def heartbeat_many(self, node_ids: Sequence[str]) -> None:
+        """Show that every one of ``node_ids`` is alive (default: one ``heartbeat`` each).
+
+        Only called with nodes of backends that share this one's ``beat_batch_key``.
+
+        Raises:
+            RendezvousError: a heartbeat failed (the ones after it may not have been written).
+        """
+        for node_id in node_ids:
+            self.heartbeat(node_id)
 
     def heartbeat_before_join(self, node_id: str) -> None:
         """Show that ``node_id`` is alive as it is about to join a round (default: ``heartbeat``).

@@ -30,7 +30,11 @@ value on ``add`` and drops the client's connection when it is not an integer, so
 value under a node's key would cut that node off its store. Only the node itself writes its
 heartbeat key, so no atomic increment is needed. Nor a bare ``set``: it is never answered, so
 over a silent partition it "succeeds" into the socket's buffer; a compare_set that returned
-was stored.
+was stored. The values are one rising sequence of the process, so a node's value changes at each
+beat whoever writes it. A process holding many nodes of one job beats them together
+(``heartbeat_many``, through one of their clients): one ``multi_set`` and one read after it on
+the same connection, whose answer says the batch landed (a connection's requests are served in
+order): two requests a second for a thousand nodes instead of a thousand.
 
 ``store_type=file`` (as torch allows) puts the store in a torch FileStore at the path
 given as the endpoint (a shared file system for several hosts); nobody hosts anything.
@@ -40,10 +44,11 @@ from __future__ import annotations
 
 import errno
 import functools
+import itertools
 import logging
 import os
 import threading
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Hashable, Mapping, Sequence
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -89,6 +94,16 @@ DEFAULT_PORT = C10D_DEFAULT_PORT
 CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
+# Heartbeat values of this process: one rising sequence, so a node's value changes at every
+# beat whichever of the process's backends writes it (its own, or a batch's: heartbeat_many).
+_BEAT_SEQUENCE = itertools.count(1)
+# The value each node of this process wrote last, by (endpoint, prefix, node id): what its next
+# compare_set expects.
+_LAST_BEATS: dict[tuple[str, str, str], bytes] = {}
+
+
+def _next_beat() -> bytes:
+    return str(next(_BEAT_SEQUENCE)).encode()
 
 
 class C10dRendezvousBackend(RendezvousBackend):
@@ -260,12 +275,32 @@ class C10dRendezvousBackend(RendezvousBackend):
 
     def heartbeat(self, node_id: str) -> None:
         # compare_set, not set: the store answers it, so a cut-off node learns it (docstring).
-        previous = self._beats.get(node_id)
-        key, value = keys.heartbeat(node_id), str((previous or 0) + 1).encode()
-        expected = str(previous).encode() if previous is not None else b""
+        key, value = keys.heartbeat(node_id), _next_beat()
+        expected = _LAST_BEATS.get((self._endpoint, self._prefix, node_id), b"")
         if bytes(self._call(lambda: self._store.compare_set(key, expected, value))) != value:
-            self.set(key, value)  # garbage or the gone mark stood there: overwrite it
-        self._beats[node_id] = (previous or 0) + 1
+            self.set(key, value)  # garbage, the gone mark or a batch's beat stood there
+        _LAST_BEATS[(self._endpoint, self._prefix, node_id)] = value
+
+    def beat_batch_key(self) -> Hashable | None:
+        return None if self._is_file else ("c10d", self._endpoint, self._prefix)
+
+    def heartbeat_many(self, node_ids: Sequence[str]) -> None:
+        # One multi_set (never answered) and one read after it on the same connection: the
+        # store serves a connection's requests in order, so the answer says the beats landed.
+        if len(node_ids) <= 1:
+            for node_id in node_ids:
+                self.heartbeat(node_id)
+            return
+        hb_keys = [keys.heartbeat(n) for n in node_ids]
+        values = [_next_beat() for _ in node_ids]
+
+        def beat() -> None:
+            self._store.multi_set(hb_keys, values)
+            peek(self._store, hb_keys[-1])
+
+        self._call(beat)
+        for node_id, value in zip(node_ids, values, strict=True):
+            _LAST_BEATS[(self._endpoint, self._prefix, node_id)] = value
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]

@@ -15,6 +15,10 @@ Invariants:
 - A turn's exception is logged and the worker goes on.
 - The first turn of a node is drawn at random within its first interval, so nodes started
   together (by one seal) do not tick together.
+- Nodes of one group (one job's nodes on one store, ``Turns.group``) due within half an
+  interval of each other run in one batch (``Turns.batch``): a process holding a thousand
+  nodes of a job writes their heartbeats in one request, not a thousand. A batch's nodes are
+  queued again each by its own delay, so they stay together from then on.
 """
 
 from __future__ import annotations
@@ -26,7 +30,7 @@ import os
 import random
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 
 __all__ = ["MAX_WORKERS", "Turns", "liveness_pool"]
 
@@ -42,13 +46,35 @@ class Turns:
         turn: the node's turn (runs on a worker thread); it may return the seconds until its
             next turn (None: ``interval_s``), so a turn poked early keeps the node's cadence.
         interval_s: the time between the end of one turn and the start of the next.
+        group: nodes whose turns may run together (None: never with another): when one of a
+            group is due, the others of its group due within half an interval run with it, in
+            one call of ``batch``.
+        batch: runs the shared part of the turns of several nodes of one group (the ``Turns``
+            given, each with its ``owner``) and returns, in their order, each node's own rest
+            of the turn, which returns its delay as ``turn`` does.
+        owner: what ``batch`` needs of the node (its liveness thread).
     """
 
-    def __init__(self, turn: Callable[[], float | None], interval_s: float) -> None:
+    def __init__(
+        self,
+        turn: Callable[[], float | None],
+        interval_s: float,
+        *,
+        group: Hashable | None = None,
+        batch: Callable[[Sequence[Turns]], Sequence[Callable[[], float | None]]] | None = None,
+        owner: object = None,
+    ) -> None:
         self.turn = turn
         self.interval_s = interval_s
+        self.group = group if batch is not None else None
+        self.batch = batch
+        self.owner = owner
         self.gen = 0
         self.running_on: threading.Thread | None = None
+        self.idle = threading.Event()  # set while no turn of it runs (what a stop waits for)
+        self.idle.set()
+        self.queued_rest = False  # in a batch, waiting for its own part to begin
+        self.poked = False  # queued by a poke: runs alone, at once
         self.stopped = False
         self.repoke = False
 
@@ -79,6 +105,7 @@ class _Pool:
             if node.running_on is not None:
                 node.repoke = True
             else:
+                node.poked = True
                 self._push(node, time.monotonic())
 
     def stop(self, node: Turns, timeout_s: float) -> bool:
@@ -89,14 +116,20 @@ class _Pool:
                 self._active -= 1
             if node.running_on is threading.current_thread():
                 return True  # stopped from its own turn: it ends right after
-            return self._cond.wait_for(lambda: node.running_on is None, timeout_s)
+            if node.queued_rest:  # a batch's shared part is over and its own part not begun
+                node.queued_rest = False
+                node.running_on = None
+                node.idle.set()
+        # Its own event, not the pool's condition: a thousand nodes stopping at once are not all
+        # woken at each release of one of them.
+        return node.idle.wait(timeout_s)
 
     def _push(self, node: Turns, due: float) -> None:
         node.gen += 1
         heapq.heappush(self._heap, (due, next(self._seq), node.gen, node))
         self._cond.notify()
 
-    def _next(self) -> Turns:
+    def _next(self) -> list[Turns]:
         with self._cond:
             while True:
                 if not self._heap:
@@ -111,27 +144,85 @@ class _Pool:
                     self._cond.wait(due - now)
                     continue
                 heapq.heappop(self._heap)
-                node.running_on = threading.current_thread()
-                node.repoke = False
+                # A poked turn runs alone: it is a look a notice asked for, and the others'
+                # turns are not due (were they taken, their reads could come before their own
+                # notices' looks).
+                alone = node.poked
+                taken = (
+                    [node] if alone else [node, *self._group_due(node, now + node.interval_s / 2)]
+                )
+                for one in taken:
+                    one.poked = False
+                    one.running_on = threading.current_thread()
+                    one.idle.clear()
+                    one.repoke = False
                 if self._heap:
                     self._cond.notify()  # another due turn may wait for a worker
-                return node
+                return taken
+
+    def _group_due(self, node: Turns, horizon: float) -> list[Turns]:
+        """Take the queued nodes of ``node``'s group due by ``horizon`` (their entries go stale)."""
+        if node.group is None:
+            return []
+        taken: list[Turns] = []
+        for due, _, gen, other in self._heap:
+            if (
+                due <= horizon
+                and other.group == node.group
+                and gen == other.gen
+                and not other.stopped
+                and not other.poked
+                and other is not node
+            ):
+                other.gen += 1  # its queued entry is dropped when it comes up
+                taken.append(other)
+        return taken
 
     def _work(self) -> None:
         while True:
-            node = self._next()
-            delay: float | None = None
+            taken = self._next()
+            if len(taken) == 1 or taken[0].batch is None:
+                self._release(taken[0], _run(taken[0].turn))
+                continue
+            rests: Sequence[Callable[[], float | None]] | None = None
             try:
-                delay = node.turn()
+                rests = taken[0].batch(taken)
             except Exception:
-                log.exception("a rendezvous liveness turn failed; going on")
+                log.exception("a rendezvous liveness batch failed; going on")
+            if rests is None or len(rests) != len(taken):
+                rests = [lambda: None] * len(taken)
+            # Each node is released as soon as its own part ended; one stopped while it waits
+            # for its part is released by the stop itself (``queued_rest``), so a stop waits
+            # for the shared part at most, not for the parts of the nodes before it.
             with self._cond:
-                node.running_on = None
-                if not node.stopped:
-                    later = node.interval_s if delay is None else max(0.0, delay)
-                    wait = 0.0 if node.repoke else later
-                    self._push(node, time.monotonic() + wait)
-                self._cond.notify_all()
+                for node in taken:
+                    node.queued_rest = True
+            for node, rest in zip(taken, rests, strict=True):
+                with self._cond:
+                    if not node.queued_rest:
+                        continue  # stopped meanwhile, and released by its stop
+                    node.queued_rest = False
+                    stopped = node.stopped  # during the shared part
+                self._release(node, None if stopped else _run(rest))
+
+    def _release(self, node: Turns, delay: float | None) -> None:
+        """``node``'s turn ended: queue its next one (unless stopped); wake a stop waiting."""
+        with self._cond:
+            node.running_on = None
+            node.idle.set()
+            if not node.stopped:
+                later = node.interval_s if delay is None else max(0.0, delay)
+                wait = 0.0 if node.repoke else later
+                node.poked = node.repoke
+                self._push(node, time.monotonic() + wait)
+
+
+def _run(turn: Callable[[], float | None]) -> float | None:
+    try:
+        return turn()
+    except Exception:
+        log.exception("a rendezvous liveness turn failed; going on")
+        return None
 
 
 _POOL: _Pool | None = None

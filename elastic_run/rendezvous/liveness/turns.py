@@ -23,6 +23,11 @@ nothing else, and the full turn stays at its time: a flood of notices costs one 
 it wakes (notices that come while one runs wake one more, not one each) and never moves the
 heartbeat.
 
+Nodes of one job on one store in one process (a benchmark, a test: ``beat_batch_key``) take
+their full turns together when they fall within half an interval of each other (``pool.py``):
+one ``heartbeat_many`` for all of them, one read of all their successors' beats, then each
+node's verdict and read as above. An agent's one node turns alone, as described.
+
 Between rounds it keeps watching the last successor, so the next round's coordinator judges a
 successor that died meanwhile from when it died, not from when the next round began.
 
@@ -32,10 +37,12 @@ Invariants: a node's turns never overlap, ``stop()`` is bounded; nothing here de
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import cast
 
 from elastic_run.rendezvous.api import LivenessReport
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
@@ -128,7 +135,13 @@ class LivenessThread:
                 log.info("rendezvous heartbeat of %s before joining: %s", self._node_id, exc)
             return
         self._beat()
-        self._turns = Turns(self._turn, self._settings.keep_alive_interval_s)
+        self._turns = Turns(
+            self._turn,
+            self._settings.keep_alive_interval_s,
+            group=self._backend.beat_batch_key(),
+            batch=LivenessThread._batch_turn,
+            owner=self,
+        )
         liveness_pool().start(self._turns)
 
     def poke(self) -> None:
@@ -184,48 +197,126 @@ class LivenessThread:
             self._last_ok = self._clock()
 
     def _turn(self) -> float | None:
-        if self._look_wanted:
-            self._look_wanted = False
-            try:
-                self._look()
-            except RendezvousError as exc:
-                log.warning("rendezvous look of %s failed: %s", self._node_id, exc)
-            since = self._clock() - self._last_full
-            if since < self._settings.keep_alive_interval_s:
-                return self._settings.keep_alive_interval_s - since  # the full turn's time
+        delay = self._look_first()
+        if delay is not None:
+            return delay
         self._last_full = self._clock()
         try:
             with self._beat_lock:
                 self._backend.heartbeat(self._node_id)
         except RendezvousError as exc:
+            self._beat_done(exc)
+        else:
+            self._beat_done(None)
+        self._after_beat(None)
+        return None
+
+    @staticmethod
+    def _batch_turn(batch: Sequence[Turns]) -> list[Callable[[], float | None]]:
+        """The shared part of several nodes' turns (one group, ``Turns.group``): one heartbeat
+        write for all of them and one read of all their successors' beats; returns each node's
+        rest (its verdict and read), which the pool runs and releases the node after.
+
+        The nodes' backends share a ``beat_batch_key``, so the first one's writes and reads
+        stand for all (their own beat locks are not taken: a batched backend's beats are plain
+        writes of rising values, no lease). A node a notice asked to look runs its look alone.
+        """
+        threads = [cast(LivenessThread, turns.owner) for turns in batch]
+        rests: list[Callable[[], float | None]] = [lambda: None] * len(threads)
+        full: list[LivenessThread] = []
+        for index, thread in enumerate(threads):
+            if thread._look_wanted:
+                rests[index] = thread._turn  # the look, and a full turn of its own when due
+            else:
+                full.append(thread)
+        if not full:
+            return rests
+        lead = full[0]._backend
+        for thread in full:
+            thread._last_full = thread._clock()
+        try:
+            lead.heartbeat_many([thread._node_id for thread in full])
+        except RendezvousError as exc:
+            for thread in full:
+                thread._beat_done(exc)
+        else:
+            for thread in full:
+                thread._beat_done(None)
+        wanted = sorted({s for thread in full if (s := thread._successor_now()[1])})
+        seen: dict[str, int | None] | None = None
+        try:
+            seen = dict(zip(wanted, lead.read_heartbeats(wanted), strict=True)) if wanted else {}
+        except RendezvousError as exc:
+            BACKEND_OUTAGE.warn(log, f"rendezvous ring watch of {len(full)} nodes failed", exc)
+        by_thread = {id(thread): thread for thread in full}
+        for index, thread in enumerate(threads):
+            if id(thread) in by_thread:
+                rests[index] = functools.partial(thread._rest, seen)
+        return rests
+
+    def _rest(self, seen: Mapping[str, int | None] | None) -> float | None:
+        self._after_beat(seen, watch=seen is not None)
+        return None
+
+    def _look_first(self) -> float | None:
+        """Run the look a notice asked for; the seconds until the full turn is due, or None
+        when it is due now (or no look was asked for)."""
+        if not self._look_wanted:
+            return None
+        self._look_wanted = False
+        try:
+            self._look()
+        except RendezvousError as exc:
+            log.warning("rendezvous look of %s failed: %s", self._node_id, exc)
+        since = self._clock() - self._last_full
+        if since < self._settings.keep_alive_interval_s:
+            return self._settings.keep_alive_interval_s - since  # the full turn's time
+        return None
+
+    def _beat_done(self, exc: RendezvousError | None) -> None:
+        """Record how this node's heartbeat went (``report()`` reads it)."""
+        if exc is not None:
             with self._lock:
                 first = self._error is None
                 self._error = str(exc)
             if first:
                 BACKEND_OUTAGE.warn(log, f"rendezvous heartbeat of {self._node_id} failed", exc)
-        else:
-            BACKEND_OUTAGE.over()
-            with self._lock:
-                if self._error is not None:
-                    log.warning("rendezvous heartbeat of %s works again", self._node_id)
-                self._last_ok, self._error = self._clock(), None
-        for what, step in (("ring watch", self._watch), ("read", self._refresh)):
+            return
+        BACKEND_OUTAGE.over()
+        with self._lock:
+            if self._error is not None:
+                log.warning("rendezvous heartbeat of %s works again", self._node_id)
+            self._last_ok, self._error = self._clock(), None
+
+    def _after_beat(self, seen: Mapping[str, int | None] | None, *, watch: bool = True) -> None:
+        """The ring watch (its successor's beat read, unless ``seen`` has it) and the read."""
+        steps: list[tuple[str, Callable[[], None]]] = [("read", self._refresh)]
+        if watch:
+            steps.insert(0, ("ring watch", lambda: self._watch(seen)))
+        for what, step in steps:
             try:
                 step()
             except RendezvousError as exc:
                 BACKEND_OUTAGE.warn(log, f"rendezvous {what} of {self._node_id} failed", exc)
-        return None
 
-    def _watch(self) -> None:
+    def _successor_now(self) -> tuple[RingPosition | None, str]:
+        """Where this node stands and the member it watches now (the last one between rounds)."""
         position = self._position()
         successor = position.successor if position is not None else self._successor
         if successor != self._successor:
             with self._lock:
                 self._successor = successor
                 self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
+        return position, successor
+
+    def _watch(self, seen: Mapping[str, int | None] | None = None) -> None:
+        position, successor = self._successor_now()
         if not successor:
             return
-        (beat,) = self._backend.read_heartbeats([successor])
+        if seen is not None and successor in seen:
+            beat = seen[successor]
+        else:
+            (beat,) = self._backend.read_heartbeats([successor])
         now = self._clock()
         with self._lock:
             beats = self._with_notices(self._beats.observe({successor: beat}, now))
