@@ -52,7 +52,7 @@ def _addresses(host: str, port: int) -> set[tuple[str, int]]:
 
 def set_link_deadline(
     host: str, port: int, deadline_s: float, fds: Collection[int] | None = None
-) -> int:
+) -> list[int]:
     """Set ``TCP_USER_TIMEOUT`` on every socket of this process connected to ``host:port``.
 
     Idempotent (a socket set before is set again). Does nothing where the option is missing.
@@ -64,18 +64,18 @@ def set_link_deadline(
         fds: only these descriptors (those a connect may have opened); None: every one.
 
     Returns:
-        How many sockets were set.
+        The descriptors set.
     """
     option = getattr(socket, "TCP_USER_TIMEOUT", None)
     if option is None:
-        return 0
+        return []
     peers = _addresses(host, port)
-    count = 0
+    done: list[int] = []
     if fds is None:
         try:
             fds = [int(name) for name in os.listdir("/proc/self/fd")]
         except OSError:
-            return 0
+            return []
     for fd in fds:
         try:
             if not os.readlink(f"/proc/self/fd/{fd}").startswith("socket:"):
@@ -94,12 +94,12 @@ def set_link_deadline(
             # torch connects over IPv6 where it can: an IPv4 peer reads ::ffff:a.b.c.d.
             if peer is not None and (str(peer[0]).removeprefix("::ffff:"), peer[1]) in peers:
                 sock.setsockopt(socket.IPPROTO_TCP, option, max(1, int(deadline_s * 1000)))
-                count += 1
+                done.append(fd)
         except OSError:
             pass  # not connected, or not TCP
         finally:
             sock.close()  # closes the duplicate only
-    return count
+    return done
 
 
 def probe_link(host: str, port: int, timeout_s: float) -> None:
