@@ -355,6 +355,32 @@ def _uptime() -> str:
     return f"load average {one:.2f}, {five:.2f}, {fifteen:.2f}"
 
 
+def _sched_line(row: dict[str, Any]) -> str:
+    if "store_sched" not in row:
+        return ""
+    ran, waited, span = row["store_sched"]
+    return (
+        f"    store server threads, go to last return ({span:.2f} s): ran {ran:.2f} s,"
+        f" runnable without a CPU {waited:.2f} s\n"
+    )
+
+
+def _tids() -> set[str]:
+    return set(os.listdir("/proc/self/task"))
+
+
+def _schedstat(tids: list[str]) -> tuple[float, float]:
+    """Seconds ``tids`` ran and waited on a run queue (runnable, no CPU), summed."""
+    ran = waited = 0.0
+    for tid in tids:
+        try:
+            fields = Path(f"/proc/self/task/{tid}/schedstat").read_text().split()
+        except OSError:
+            continue
+        ran, waited = ran + int(fields[0]) / 1e9, waited + int(fields[1]) / 1e9
+    return ran, waited
+
+
 def _busy() -> subprocess.Popen[bytes]:
     return subprocess.Popen([sys.executable, "-c", "while True: pass"])
 
@@ -366,10 +392,13 @@ def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str
     control = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
     control.set_timeout(timedelta(seconds=timeout_s + 900))  # building 4,096 nodes included
     store: Any = None
+    server_tids: list[str] = []
     if args.backend == "c10d":
+        tids_before = _tids()
         store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
         store.set_timeout(timedelta(seconds=30))
         endpoint, ports = f"127.0.0.1:{store.port}", [store.port]
+        server_tids = sorted(_tids() - tids_before)
     else:  # the cluster started once for every trial (main)
         endpoint, ports = args.endpoint, args.etcd_ports
     run_id = f"bench-{uuid.uuid4().hex[:8]}"
@@ -393,6 +422,7 @@ def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str
         sealed: list[float] = []
         if impl == "ours" and store is not None:  # when round 0's seal reached the store
             threading.Thread(target=_wait_seal, args=(store, run_id, sealed), daemon=True).start()
+        sched_at_go = _schedstat(server_tids)
         t0 = time.monotonic()
         control.set("go", "1")
         progress = args.progress and store is not None
@@ -400,6 +430,9 @@ def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str
             row["error"] = f"no result within {timeout_s + 40:g} s"
             return row
         after = _server_traffic(ports)
+        if server_tids:
+            ran, waited = (b - a for a, b in zip(sched_at_go, _schedstat(server_tids), strict=True))
+            row["store_sched"] = (ran, waited, time.monotonic() - t0)
         results = [json.loads(control.get(f"result/{i}")) for i in range(procs)]
         hold_start = time.monotonic()
         hold_end = hold_start + args.hold
@@ -493,6 +526,7 @@ def _print_row(row: dict[str, Any]) -> None:
         f" server connections {row['conns']}\n"
         f"    store traffic per node (server side): {row['segs']:.1f} data segments,"
         f" {row['kb']:.2f} KB; in the hold: {row['steady']:.2f} segments per node per s\n"
+        f"{_sched_line(row)}"
         f"    shutdown s (first/median/p90/last): {_spread(row['shut'])}"
         f"{'; errors: ' + '; '.join(row['shut_errors']) if row['shut_errors'] else ''}",
         flush=True,

@@ -184,6 +184,7 @@ class _Pool:
             if len(taken) == 1 or taken[0].batch is None:
                 self._release(taken[0], _run(taken[0].turn))
                 continue
+            began = time.monotonic()
             rests: Sequence[Callable[[], float | None]] | None = None
             try:
                 rests = taken[0].batch(taken)
@@ -203,18 +204,28 @@ class _Pool:
                         continue  # stopped meanwhile, and released by its stop
                     node.queued_rest = False
                     stopped = node.stopped  # during the shared part
-                self._release(node, None if stopped else _run(rest))
+                # The next turn counts from the batch's start, not from this part's end: the
+                # parts before it must not slow this node's heartbeat down (much: _release).
+                self._release(node, None if stopped else _run(rest), since=began)
 
-    def _release(self, node: Turns, delay: float | None) -> None:
-        """``node``'s turn ended: queue its next one (unless stopped); wake a stop waiting."""
+    def _release(self, node: Turns, delay: float | None, since: float | None = None) -> None:
+        """``node``'s turn ended: queue its next one (unless stopped); wake a stop waiting.
+
+        The delay counts from ``since`` (None: now).
+        """
         with self._cond:
             node.running_on = None
             node.idle.set()
             if not node.stopped:
                 later = node.interval_s if delay is None else max(0.0, delay)
-                wait = 0.0 if node.repoke else later
+                now = time.monotonic()
+                # From ``since`` (a batch's start), but at least half the delay from now: parts
+                # that ran late do not start the next batch at once, again and again.
+                due = now if node.repoke else now + later
+                if since is not None and not node.repoke:
+                    due = max(since + later, now + later / 2)
                 node.poked = node.repoke
-                self._push(node, time.monotonic() + wait)
+                self._push(node, due)
 
 
 def _run(turn: Callable[[], float | None]) -> float | None:
