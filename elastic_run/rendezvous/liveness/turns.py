@@ -248,14 +248,17 @@ class LivenessThread:
             seen = dict(zip(wanted, lead.read_heartbeats(wanted), strict=True)) if wanted else {}
         except RendezvousError as exc:
             BACKEND_OUTAGE.warn(log, f"rendezvous ring watch of {len(full)} nodes failed", exc)
+        # The beats are judged as of this read, not as of each node's part: the parts before a
+        # node's must not make its successor look staler than it was when read.
+        seen_at = full[0]._clock()
         by_thread = {id(thread): thread for thread in full}
         for index, thread in enumerate(threads):
             if id(thread) in by_thread:
-                rests[index] = functools.partial(thread._rest, seen)
+                rests[index] = functools.partial(thread._rest, seen, seen_at)
         return rests
 
-    def _rest(self, seen: Mapping[str, int | None] | None) -> float | None:
-        self._after_beat(seen, watch=seen is not None)
+    def _rest(self, seen: Mapping[str, int | None] | None, seen_at: float) -> float | None:
+        self._after_beat(seen, seen_at, watch=seen is not None)
         return None
 
     def _look_first(self) -> float | None:
@@ -288,11 +291,18 @@ class LivenessThread:
                 log.warning("rendezvous heartbeat of %s works again", self._node_id)
             self._last_ok, self._error = self._clock(), None
 
-    def _after_beat(self, seen: Mapping[str, int | None] | None, *, watch: bool = True) -> None:
-        """The ring watch (its successor's beat read, unless ``seen`` has it) and the read."""
+    def _after_beat(
+        self,
+        seen: Mapping[str, int | None] | None,
+        seen_at: float | None = None,
+        *,
+        watch: bool = True,
+    ) -> None:
+        """The ring watch (its successor's beat read, unless ``seen`` has it, read at
+        ``seen_at``) and the read."""
         steps: list[tuple[str, Callable[[], None]]] = [("read", self._refresh)]
         if watch:
-            steps.insert(0, ("ring watch", lambda: self._watch(seen)))
+            steps.insert(0, ("ring watch", lambda: self._watch(seen, seen_at)))
         for what, step in steps:
             try:
                 step()
@@ -309,15 +319,17 @@ class LivenessThread:
                 self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         return position, successor
 
-    def _watch(self, seen: Mapping[str, int | None] | None = None) -> None:
+    def _watch(
+        self, seen: Mapping[str, int | None] | None = None, seen_at: float | None = None
+    ) -> None:
         position, successor = self._successor_now()
         if not successor:
             return
-        if seen is not None and successor in seen:
-            beat = seen[successor]
+        if seen is not None and seen_at is not None and successor in seen:
+            beat, now = seen[successor], seen_at
         else:
             (beat,) = self._backend.read_heartbeats([successor])
-        now = self._clock()
+            now = self._clock()
         with self._lock:
             beats = self._with_notices(self._beats.observe({successor: beat}, now))
             self._beats = beats
