@@ -18,7 +18,7 @@ Invariants:
 - Nodes of one group (one job's nodes on one store, ``Turns.group``) due within half an
   interval of each other run in one batch (``Turns.batch``): a process holding a thousand
   nodes of a job writes their heartbeats in one request, not a thousand. A batch's nodes are
-  queued again each by its own delay, so they stay together from then on.
+  queued again one interval after the batch began, so they stay together from then on.
 """
 
 from __future__ import annotations
@@ -219,10 +219,12 @@ class _Pool:
             if not node.stopped:
                 later = node.interval_s if delay is None else max(0.0, delay)
                 now = time.monotonic()
-                # From ``since`` (a batch's start), but at least half the delay from now: parts
-                # that ran late do not start the next batch at once, again and again.
-                due = now if node.repoke else now + later
-                if since is not None and not node.repoke:
+                if node.repoke:
+                    due = now
+                elif since is None:
+                    due = now + later
+                else:  # from a batch's start, but at least half the delay from now: parts
+                    # that ran late do not start the next batch at once, again and again
                     due = max(since + later, now + later / 2)
                 node.poked = node.repoke
                 self._push(node, due)

@@ -58,6 +58,8 @@ __all__ = ["LivenessThread", "RingPosition"]
 log = logging.getLogger(__name__)
 
 _JOIN_SLACK_S = 5.0
+# A batch's read of its successors' beats: node id -> counter (None: gone), and when it was read.
+_Seen = tuple[Mapping[str, int | None], float]
 
 
 @dataclass(frozen=True)
@@ -205,9 +207,9 @@ class LivenessThread:
             with self._beat_lock:
                 self._backend.heartbeat(self._node_id)
         except RendezvousError as exc:
-            self._beat_done(exc)
+            self.beat_done(exc)
         else:
-            self._beat_done(None)
+            self.beat_done(None)
         self._after_beat(None)
         return None
 
@@ -219,46 +221,66 @@ class LivenessThread:
 
         The nodes' backends share a ``beat_batch_key``, so the first one's writes and reads
         stand for all (their own beat locks are not taken: a batched backend's beats are plain
-        writes of rising values, no lease). A node a notice asked to look runs its look alone.
+        writes of rising values, no lease). A node a notice asked to look runs its own turn.
         """
-        threads = [cast(LivenessThread, turns.owner) for turns in batch]
-        rests: list[Callable[[], float | None]] = [lambda: None] * len(threads)
-        full: list[LivenessThread] = []
-        for index, thread in enumerate(threads):
-            if thread._look_wanted:
-                rests[index] = thread._turn  # the look, and a full turn of its own when due
-            else:
-                full.append(thread)
+        rests: list[Callable[[], float | None]] = [turns.turn for turns in batch]
+        full = [
+            (index, thread)
+            for index, turns in enumerate(batch)
+            if (thread := cast(LivenessThread, turns.owner)).begin_batched_turn()
+        ]
         if not full:
             return rests
-        lead = full[0]._backend
-        for thread in full:
-            thread._last_full = thread._clock()
+        lead = full[0][1].backend
+        error: RendezvousError | None = None
         try:
-            lead.heartbeat_many([thread._node_id for thread in full])
+            lead.heartbeat_many([thread.node_id for _, thread in full])
         except RendezvousError as exc:
-            for thread in full:
-                thread._beat_done(exc)
-        else:
-            for thread in full:
-                thread._beat_done(None)
-        wanted = sorted({s for thread in full if (s := thread._successor_now()[1])})
-        seen: dict[str, int | None] | None = None
+            error = exc
+        for _, thread in full:
+            thread.beat_done(error)
+        wanted = sorted({s for _, thread in full if (s := thread.successor_now()[1])})
+        seen: _Seen | None = None
         try:
-            seen = dict(zip(wanted, lead.read_heartbeats(wanted), strict=True)) if wanted else {}
+            values = lead.read_heartbeats(wanted) if wanted else []
+            # Judged as of this read, not as of each node's part: the parts before a node's
+            # must not make its successor look staler than it was when read.
+            seen = (dict(zip(wanted, values, strict=True)), full[0][1].clock())
         except RendezvousError as exc:
             BACKEND_OUTAGE.warn(log, f"rendezvous ring watch of {len(full)} nodes failed", exc)
-        # The beats are judged as of this read, not as of each node's part: the parts before a
-        # node's must not make its successor look staler than it was when read.
-        seen_at = full[0]._clock()
-        by_thread = {id(thread): thread for thread in full}
-        for index, thread in enumerate(threads):
-            if id(thread) in by_thread:
-                rests[index] = functools.partial(thread._rest, seen, seen_at)
+        for index, thread in full:
+            rests[index] = functools.partial(thread.batched_rest, seen)
         return rests
 
-    def _rest(self, seen: Mapping[str, int | None] | None, seen_at: float) -> float | None:
-        self._after_beat(seen, seen_at, watch=seen is not None)
+    # -- what a batch asks of each of its nodes (``_batch_turn``) -----------------------
+
+    @property
+    def node_id(self) -> str:
+        """This node's id."""
+        return self._node_id
+
+    @property
+    def backend(self) -> RendezvousBackend:
+        """The job's backend."""
+        return self._backend
+
+    def clock(self) -> float:
+        """The monotonic clock this thread judges by."""
+        return self._clock()
+
+    def begin_batched_turn(self) -> bool:
+        """Whether this node takes its full turn in the batch (False: a notice's look is
+        wanted, and its own ``turn`` runs instead); marks the full turn as begun."""
+        if self._look_wanted:
+            return False
+        self._last_full = self._clock()
+        return True
+
+    def batched_rest(self, seen: _Seen | None) -> float | None:
+        """This node's part after the batch's beat and read: its verdict (from ``seen``, the
+        successors' beats and when they were read; None: the read failed, no verdict) and
+        its epoch read."""
+        self._after_beat(seen, watch=seen is not None)
         return None
 
     def _look_first(self) -> float | None:
@@ -276,7 +298,7 @@ class LivenessThread:
             return self._settings.keep_alive_interval_s - since  # the full turn's time
         return None
 
-    def _beat_done(self, exc: RendezvousError | None) -> None:
+    def beat_done(self, exc: RendezvousError | None) -> None:
         """Record how this node's heartbeat went (``report()`` reads it)."""
         if exc is not None:
             with self._lock:
@@ -291,25 +313,18 @@ class LivenessThread:
                 log.warning("rendezvous heartbeat of %s works again", self._node_id)
             self._last_ok, self._error = self._clock(), None
 
-    def _after_beat(
-        self,
-        seen: Mapping[str, int | None] | None,
-        seen_at: float | None = None,
-        *,
-        watch: bool = True,
-    ) -> None:
-        """The ring watch (its successor's beat read, unless ``seen`` has it, read at
-        ``seen_at``) and the read."""
+    def _after_beat(self, seen: _Seen | None, *, watch: bool = True) -> None:
+        """The ring watch (its successor's beat read, unless ``seen`` has it) and the read."""
         steps: list[tuple[str, Callable[[], None]]] = [("read", self._refresh)]
         if watch:
-            steps.insert(0, ("ring watch", lambda: self._watch(seen, seen_at)))
+            steps.insert(0, ("ring watch", lambda: self._watch(seen)))
         for what, step in steps:
             try:
                 step()
             except RendezvousError as exc:
                 BACKEND_OUTAGE.warn(log, f"rendezvous {what} of {self._node_id} failed", exc)
 
-    def _successor_now(self) -> tuple[RingPosition | None, str]:
+    def successor_now(self) -> tuple[RingPosition | None, str]:
         """Where this node stands and the member it watches now (the last one between rounds)."""
         position = self._position()
         successor = position.successor if position is not None else self._successor
@@ -319,14 +334,12 @@ class LivenessThread:
                 self._beats = proto.Heartbeats(min_reads=self._settings.keep_alive_max_attempt)
         return position, successor
 
-    def _watch(
-        self, seen: Mapping[str, int | None] | None = None, seen_at: float | None = None
-    ) -> None:
-        position, successor = self._successor_now()
+    def _watch(self, seen: _Seen | None = None) -> None:
+        position, successor = self.successor_now()
         if not successor:
             return
-        if seen is not None and seen_at is not None and successor in seen:
-            beat, now = seen[successor], seen_at
+        if seen is not None and successor in seen[0]:
+            beat, now = seen[0][successor], seen[1]
         else:
             (beat,) = self._backend.read_heartbeats([successor])
             now = self._clock()
