@@ -220,6 +220,8 @@ def test_the_nodes_alive_count_the_round_before_and_the_door(job: Job) -> None:
     late = job.node(2, 3)
     Call(late.next_rendezvous)
     wait_until(lambda: a.num_nodes_waiting() == 1, 10, message="the latecomer at the door")
+    # It takes its arrival index before it writes its record under it: wait for the record.
+    wait_until(lambda: job.reader.get(keys.node(1, 2)) is not None, 10, message="its record")
     assert a.others_alive() == 3
 
 
