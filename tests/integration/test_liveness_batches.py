@@ -185,3 +185,120 @@ def test_a_ring_beating_in_batches_judges_only_the_node_that_stopped(server: Any
     finally:
         for thread in threads:
             thread.stop(10)
+
+
+def test_a_batch_reads_the_successor_records_of_a_round_just_formed_in_one_request(
+    server: Any,
+) -> None:
+    """Nodes whose round just formed know only their successor's record key: the batch that
+    their hurried turns fall into reads every record in one request and hands each node its
+    own (None for a key that is absent); the nodes then watch the successors by id."""
+    count = 6
+    names = [f"formed-{i}" for i in range(count)]
+    settings = RendezvousSettings(keep_alive_interval_s=0.5, keep_alive_max_attempt=3)
+    writer = C10dRendezvousBackend(_client(server), "formed")
+    for i, name in enumerate(names):
+        writer.set(keys.node(0, i), name.encode())
+    # The last node's successor key names no record (index ``count``: never written).
+    records = {keys.node(0, i) for i in range(count + 1)}
+    reads: list[int] = []
+    resolved: dict[str, tuple[int, str, bytes | None]] = {}
+    watched: dict[str, str] = {}
+    lock = threading.Lock()
+
+    class Counted(C10dRendezvousBackend):
+        def get_many(self, wanted: Sequence[str]) -> list[bytes | None]:
+            if set(wanted) <= records:  # the records' reads, not the heartbeats'
+                with lock:
+                    reads.append(len(wanted))
+            return super().get_many(wanted)
+
+    def position(me: str, i: int) -> Callable[[], RingPosition]:
+        succ = (i + 1) % count
+
+        def where() -> RingPosition:
+            with lock:
+                known = me in resolved
+            if known:
+                return RingPosition(round=0, successor=names[succ], is_member=True)
+            return RingPosition(0, "", True, pending=keys.node(0, succ if succ else count))
+
+        return where
+
+    def on_successor(me: str) -> Callable[[int, str, bytes | None], None]:
+        def take(r: int, key: str, raw: bytes | None) -> None:
+            with lock:
+                resolved[me] = (r, key, raw)
+
+        return take
+
+    def with_notices(me: str) -> Callable[[proto.Heartbeats], proto.Heartbeats]:
+        def note(beats: proto.Heartbeats) -> proto.Heartbeats:
+            with lock:
+                watched[me] = ",".join(sorted(beats.beats))
+            return beats
+
+        return note
+
+    threads = [
+        LivenessThread(
+            Counted(_client(server), "formed"),
+            name,
+            settings,
+            time.monotonic,
+            position(name, i),
+            with_notices(name),
+            lambda _round, _verdict: None,
+            lambda: None,
+            on_successor=on_successor(name),
+        )
+        for i, name in enumerate(names)
+    ]
+    for thread in threads:
+        thread.start()
+    try:
+        for thread in threads:
+            thread.hurry()  # nodes of a group are not hurried: their batch reads the records
+        wait_until(lambda: len(resolved) == count, 30, message=lambda: str(resolved))
+        # One read of several records (a batch), and no node read its own.
+        assert reads and max(reads) > 1 and reads.count(1) < count, reads
+        for i, name in enumerate(names):
+            succ = (i + 1) % count
+            key = keys.node(0, succ if succ else count)
+            expected = None if not succ else names[succ].encode()
+            assert resolved[name] == (0, key, expected), resolved[name]
+        # From then on each node watches its successor by id.
+        wait_until(
+            lambda: all(watched.get(n) == names[(i + 1) % count] for i, n in enumerate(names)),
+            30,
+            message=lambda: str(watched),
+        )
+    finally:
+        for thread in threads:
+            thread.stop(10)
+
+
+def test_a_node_alone_in_its_group_reads_its_successor_at_once_when_hurried(server: Any) -> None:
+    """An agent's one node: ``hurry`` brings its next turn forward (its interval here is five
+    minutes, its first turn drawn within it), and that turn reads the pending record."""
+    writer = C10dRendezvousBackend(_client(server), "alone")
+    writer.set(keys.node(3, 1), b"the-successor")
+    got: list[tuple[int, str, bytes | None]] = []
+    thread = LivenessThread(
+        C10dRendezvousBackend(_client(server), "alone"),
+        "alone-0",
+        RendezvousSettings(keep_alive_interval_s=300.0, keep_alive_max_attempt=3),
+        time.monotonic,
+        lambda: RingPosition(3, "", True, pending=keys.node(3, 1)) if not got else None,
+        lambda beats: beats,
+        lambda _round, _verdict: None,
+        lambda: None,
+        on_successor=lambda r, key, raw: got.append((r, key, raw)),
+    )
+    thread.start()
+    try:
+        thread.hurry()
+        wait_until(lambda: got, 30, message="the hurried turn did not come")
+        assert got[0] == (3, keys.node(3, 1), b"the-successor")
+    finally:
+        assert thread.stop(10)

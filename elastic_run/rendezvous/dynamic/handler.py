@@ -165,6 +165,8 @@ class DynamicRendezvousHandler(RendezvousHandler):
         self._links_untimed = 0
         self._lock = threading.Lock()
         self._member: Membership | None = None
+        self._successor: _Successor | None = None  # the record of the member this one watches
+        self._bad_successor = ""  # the key of a successor record found unreadable (said once)
         self._notices = DeathNotices(
             run_id,
             self.node_id,
@@ -202,6 +204,7 @@ class DynamicRendezvousHandler(RendezvousHandler):
             self._state.apply_verdict,
             self._state.refresh,
             lambda: self._state.look(self._notice_from, self._notice_at, self._notice_cause),
+            self._on_successor,
         )
         self._on_change: Callable[[], None] | None = None
         self._is_interrupted: Callable[[], bool] | None = None
@@ -579,10 +582,16 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if previous is not None:
             self._end_before_rejoin(previous)
         member = self._rounds.join(deadline)
-        self._notices.watch(member.successor)
         with self._lock:
             self._member = member
             self._avoid_rank = -1  # the wish was for this round
+        if member.assign.successor_index < 0:
+            self._notices.watch(None)  # alone: nobody to watch
+        else:
+            # Its successor's record is read by the liveness turn, not here: an agent's node
+            # takes that turn at once (hurried), a process holding many nodes reads all of
+            # theirs in one request of their next batch, not one each on the seal's wake.
+            self._liveness.hurry()
         self._state.begin(member)
         store = self._backend.round_store(keys.shared_prefix(member.round))
         bootstrap = None
@@ -852,8 +861,34 @@ class DynamicRendezvousHandler(RendezvousHandler):
         if member is None:
             return None
         is_member = self._state.is_member(member.round)
-        successor = member.successor.node_id if member.successor is not None else ""
-        return RingPosition(member.round, successor, is_member)
+        index = member.assign.successor_index
+        if index < 0:
+            return RingPosition(member.round, "", is_member)
+        known = self._successor
+        if known is not None and known.round == member.round:
+            return RingPosition(member.round, known.record.node_id, is_member)
+        return RingPosition(member.round, "", is_member, pending=keys.node(member.round, index))
+
+    def _on_successor(self, r: int, key: str, raw: bytes | None) -> None:
+        """The liveness turn read the record of round ``r``'s member this node watches: watch
+        it from now on (its heartbeat, and its death-notice port)."""
+        try:
+            if raw is None:
+                raise RendezvousStateError(f"rendezvous key '{key}' is missing")
+            record = decode(NodeRecord, key, raw)
+        except RendezvousStateError as exc:
+            if self._bad_successor != key:  # once per round; retried at every turn
+                self._bad_successor = key
+                log.warning(
+                    "rendezvous '%s': cannot watch this node's successor: %s", self._run_id, exc
+                )
+            return
+        with self._lock:
+            member = self._member
+            if member is None or member.round != r:
+                return  # a round that is over by now
+            self._successor = _Successor(r, record)
+        self._notices.watch(record)
 
     def _with_notices(self, beats: proto.Heartbeats) -> proto.Heartbeats:
         """``beats`` with this node's death notices applied."""
@@ -865,6 +900,14 @@ class DynamicRendezvousHandler(RendezvousHandler):
         callback = self._on_change
         if callback is not None:
             callback()
+
+
+@dataclass(frozen=True)
+class _Successor:
+    """The record of the member this node watches in round ``round``."""
+
+    round: int
+    record: NodeRecord
 
 
 _TELL_WAIT_S = 0.1  # the longest a node waits for its round notices to go (then: on their own)

@@ -75,15 +75,15 @@ class Membership:
         round: the round.
         index: this node's arrival index in it.
         seal: the round's seal.
-        assign: this node's ranks.
-        successor: the record of the member this node watches (None when alone).
+        assign: this node's ranks (``assign.successor_index``: the arrival index of the
+            member it watches, -1 when alone; its record is read by the liveness turns, not
+            by the join: a process's nodes read theirs in one request).
     """
 
     round: int
     index: int
     seal: SealRecord
     assign: Assignment
-    successor: NodeRecord | None
 
 
 def bump_epoch(backend: RendezvousBackend) -> str | None:
@@ -382,11 +382,4 @@ class Rounds:
             # the round itself goes on (a slow node costs only its own admission).
             self._wait_at_door(r, seal, deadline, index if index >= seal.sealed_arrivals else None)
             return None
-        successor: NodeRecord | None = None
-        if assign.successor_index >= 0:
-            succ_key = keys.node(r, assign.successor_index)
-            (raw_succ,) = self._backend.get_unwaited([succ_key])  # the seal names it
-            if raw_succ is None:
-                raise RendezvousStateError(f"rendezvous key '{succ_key}' is missing")
-            successor = decode(NodeRecord, succ_key, raw_succ)
-        return Membership(r, index, seal, assign, successor)
+        return Membership(r, index, seal, assign)

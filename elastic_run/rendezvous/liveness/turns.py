@@ -9,7 +9,10 @@ most ``MAX_WORKERS`` for a process holding many), does:
    succeeded, or the error when it failed. The agent reads that record (``report()``, no
    I/O) and stops its workers once this node's own heartbeat has failed for the budget after which its peers
    judge it gone: a node that cannot heartbeat knows it, whatever its peers decide;
-2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict
+2. reads its ring successor's heartbeat (one read) and asks the protocol for a verdict (in the
+   first turn of a round it first reads that successor's record: the join does not, so a
+   process's nodes that one seal woke read theirs in one request of their next batch; an
+   agent's one node takes that turn at once)
    (``protocol.judge_ring``: the successor is gone; a round that ended elsewhere is seen by
    the epoch read of step 4);
 3. hands the verdict to ``on_verdict(round, verdict)``, tagged with the round it is about, so a
@@ -53,22 +56,29 @@ from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.settings import RendezvousSettings
 
-__all__ = ["LivenessThread", "RingPosition"]
+__all__ = ["HURRY_S", "LivenessThread", "RingPosition"]
 
 log = logging.getLogger(__name__)
 
 _JOIN_SLACK_S = 5.0
+HURRY_S = 0.0
+"""How soon a lone node's turn comes after ``hurry``."""
 # A batch's read of its successors' beats: node id -> counter (None: gone), and when it was read.
 _Seen = tuple[Mapping[str, int | None], float]
 
 
 @dataclass(frozen=True)
 class RingPosition:
-    """Where this node stands: its round, and the member it watches ("" when alone)."""
+    """Where this node stands: its round, and the member it watches ("" when alone).
+
+    ``pending`` is the store key of that member's record while its id is not known yet (a
+    round just formed: the turns read it, ``successor`` is "" until then).
+    """
 
     round: int
     successor: str
     is_member: bool
+    pending: str = ""
 
 
 class LivenessThread:
@@ -84,6 +94,8 @@ class LivenessThread:
         on_verdict: receives ``(round, verdict)`` for verdicts other than Keep.
         refresh: the handler's per-tick read of what changed around its round.
         look: the handler's read of its round's keys, when a notice asks (``look_now``).
+        on_successor: receives ``(round, key, raw record)`` of the member the position's
+            ``pending`` key names, once a turn read it (None: the key was absent).
     """
 
     def __init__(
@@ -97,8 +109,10 @@ class LivenessThread:
         on_verdict: Callable[[int, proto.RingVerdict], None],
         refresh: Callable[[], None],
         look: Callable[[], None] = lambda: None,
+        on_successor: Callable[[int, str, bytes | None], None] = lambda _r, _k, _raw: None,
     ) -> None:
         self._backend = backend
+        self._on_successor = on_successor
         self._look = look
         self._look_wanted = False
         self._last_full = float("-inf")
@@ -150,6 +164,12 @@ class LivenessThread:
         """Run a turn now rather than at the next interval (a death notice arrived)."""
         if self._turns is not None:
             liveness_pool().poke(self._turns)
+
+    def hurry(self) -> None:
+        """Take the next full turn within ``HURRY_S`` (a round formed: its successor's record
+        is to be read) when this node is alone in its group; else at its time, in a batch."""
+        if self._turns is not None:
+            liveness_pool().hurry(self._turns, HURRY_S)
 
     def look_now(self) -> None:
         """Have ``look()`` run at once, on this node's turn (a member's round notice came).
@@ -210,6 +230,7 @@ class LivenessThread:
             self.beat_done(exc)
         else:
             self.beat_done(None)
+        self.resolve_successor(None)
         self._after_beat(None)
         return None
 
@@ -239,6 +260,18 @@ class LivenessThread:
             error = exc
         for _, thread in full:
             thread.beat_done(error)
+        # The records of the successors of nodes whose round just formed: one read for all.
+        pending = sorted({k for _, thread in full if (k := thread.pending_successor())})
+        if pending:
+            records: Mapping[str, bytes | None] = {}  # a failed read: each tries next turn
+            try:
+                records = dict(zip(pending, lead.get_many(pending), strict=True))
+            except RendezvousError as exc:
+                BACKEND_OUTAGE.warn(
+                    log, f"rendezvous ring read of {len(pending)} nodes failed", exc
+                )
+            for _, thread in full:
+                thread.resolve_successor(records)
         wanted = sorted({s for _, thread in full if (s := thread.successor_now()[1])})
         seen: _Seen | None = None
         try:
@@ -275,6 +308,30 @@ class LivenessThread:
             return False
         self._last_full = self._clock()
         return True
+
+    def pending_successor(self) -> str:
+        """The store key of the record of the member this node is to watch, while unread."""
+        position = self._position()
+        return position.pending if position is not None else ""
+
+    def resolve_successor(self, records: Mapping[str, bytes | None] | None) -> None:
+        """Read the pending successor's record (from ``records`` when a batch read it; None:
+        read it now) and hand it to ``on_successor``. A failed read is retried next turn."""
+        position = self._position()
+        if position is None or not position.pending:
+            return
+        key = position.pending
+        if records is not None:
+            if key not in records:
+                return
+            raw = records[key]
+        else:
+            try:
+                (raw,) = self._backend.get_many([key])
+            except RendezvousError as exc:
+                BACKEND_OUTAGE.warn(log, f"rendezvous ring read of {self._node_id} failed", exc)
+                return
+        self._on_successor(position.round, key, raw)
 
     def batched_rest(self, seen: _Seen | None) -> float | None:
         """This node's part after the batch's beat and read: its verdict (from ``seen``, the
