@@ -121,8 +121,10 @@ class _Pool:
         the pool: their turns run in batches that a hurried node would split (hundreds of
         nodes that one seal woke, each taking a batch of its own, made the store's requests
         many times more and delayed heartbeats past the budget), so it waits for its own."""
+        if node.group is not None and self._in_group.get(node.group, 0) > 1:
+            return  # read without the lock: a thousand nodes woken by one seal queued on it
         with self._cond:
-            if node.stopped or (node.group is not None and self._in_group.get(node.group, 0) > 1):
+            if node.stopped:
                 return
             by = time.monotonic() + within_s
             if node.running_on is not None:
