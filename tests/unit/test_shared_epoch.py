@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from elastic_run.clock.fake import FakeClock
-from elastic_run.rendezvous.dynamic.shared_epoch import read_round_shared, read_shared
+from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
 
 
 class _Counter:
@@ -55,39 +55,3 @@ def test_a_failed_read_is_not_shared() -> None:
         read_shared(key, fails, 0.5, clock)
     epoch = _Counter()
     assert read_shared(key, epoch.read, 0.5, clock) == 7 and epoch.reads == 1
-
-
-class _RoundKeys:
-    """A round's four keys as a store would hold them, and how often they were read."""
-
-    def __init__(self) -> None:
-        self.values: list[bytes | None] = [b"3", None, b"8", None]
-        self.reads = 0
-
-    def read(self) -> list[bytes | None]:
-        self.reads += 1
-        return list(self.values)
-
-
-def test_a_rounds_keys_are_read_once_per_round_and_epoch() -> None:
-    key, store = _key(), _RoundKeys()
-    taken = [read_round_shared(key, (3, 40), store.read) for _ in range(1000)]
-    assert store.reads == 1 and all(t == [b"3", None, b"8", None] for t in taken)
-    taken[0][2] = b"garbage"  # a caller's copy: changing it changes no other node's
-    assert read_round_shared(key, (3, 40), store.read)[2] == b"8"
-    store.values[2] = b"9"  # a node at the door: the epoch moves after the write
-    assert read_round_shared(key, (3, 41), store.read)[2] == b"9" and store.reads == 2
-    assert read_round_shared(key, (4, 41), store.read) and store.reads == 3  # another round
-    read_round_shared((key[0], key[1], key[2] + "x"), (4, 41), store.read)  # another job
-    assert store.reads == 4
-
-
-def test_a_failed_round_read_is_not_shared() -> None:
-    key, store = _key(), _RoundKeys()
-
-    def fails() -> list[bytes | None]:
-        raise ValueError("unreachable")
-
-    with pytest.raises(ValueError, match="unreachable"):
-        read_round_shared(key, (1, 5), fails)
-    assert read_round_shared(key, (1, 5), store.read) == store.values and store.reads == 1

@@ -3,8 +3,7 @@
 The agent asks (``RoundState.poll``, no I/O); the liveness thread writes: its ring verdicts
 (``apply_verdict``), each tick the safety-net read (``refresh``: the job's epoch counter, one
 request, shared by the nodes of one job in one process (``shared_epoch.py``); the round, the
-closed record, the arrival count and the round's end record only when the epoch moved, that
-read shared too, per round and epoch), and the
+closed record, the arrival count and the round's end record only when the epoch moved), and the
 look a member's round notice asks for (``look``: the same read of the round's keys at once,
 ``protocol/round_notice.py``). The poll says how this node learned that its round ended
 (``learned_by``): ``notice`` (a member's notice, confirmed by that look), ``look`` (the periodic
@@ -29,7 +28,7 @@ from elastic_run.rendezvous.api import RoundPoll
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.rounds import Membership
-from elastic_run.rendezvous.dynamic.shared_epoch import read_round_shared, read_shared
+from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
 from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -159,7 +158,7 @@ class RoundState:
             self._epoch_garbled = False
         if epoch is not None and (epoch, r) == self._epoch_seen:
             return
-        self._read(flags, "look", shared_at=epoch)
+        self._read(flags, "look")
         self._epoch_seen = (epoch, r)
 
     def read_now(self) -> None:
@@ -215,33 +214,14 @@ class RoundState:
         return True
 
     def _read(
-        self,
-        flags: _Flags,
-        learned_by: str,
-        notice_from: str = "",
-        notice_at: float | None = None,
-        *,
-        shared_at: int | None = None,
+        self, flags: _Flags, learned_by: str, notice_from: str = "", notice_at: float | None = None
     ) -> bool:
         """One read of round ``flags.round``'s keys (the round, closed, arrivals, its end);
-        return whether it found news (the round over, the job closed, more nodes waiting).
-
-        ``shared_at``: the epoch the periodic read saw; the read is then shared with this
-        process's other nodes of the job that saw the same (``shared_epoch.py``). A notice's
-        look and a read asked for now always read for themselves.
-        """
+        return whether it found news (the round over, the job closed, more nodes waiting)."""
         r = flags.round
-        backend = self._backend
-        wanted = [keys.ROUND, keys.CLOSED, keys.arrivals(r), keys.lost(r)]
-        if shared_at is not None and self._epoch_max_age_s > 0:
-            values = read_round_shared(
-                (backend.name, backend.endpoint, self._run_id),
-                (r, shared_at),
-                lambda: backend.get_unwaited(wanted),
-            )
-        else:
-            values = backend.get_unwaited(wanted)
-        raw_round, raw_closed, raw_arrivals, raw_lost = values
+        raw_round, raw_closed, raw_arrivals, raw_lost = self._backend.get_unwaited(
+            [keys.ROUND, keys.CLOSED, keys.arrivals(r), keys.lost(r)]
+        )
         # Never raises: a value under `closed` that is not a record must not blind this read
         # to the round and the door; it reads as open until a close replaces it.
         closed = closed_record(raw_closed, f"{self._backend.name} {self._backend.endpoint}")
