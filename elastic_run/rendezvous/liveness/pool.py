@@ -15,9 +15,10 @@ Invariants:
 - A turn's exception is logged and the worker goes on.
 - The first turn of a node is drawn at random within its first interval, so nodes started
   together (by one seal) do not tick together.
-- ``hurry`` brings the next turn of a node alone in its group forward (never back): an agent's
-  node reads its new successor's record at once. Nodes that share a group are not hurried:
-  they read their successors' records in their next batch, all in one request.
+- ``has_peers`` says whether other nodes of a node's group share the pool: a node alone in its
+  group (an agent's) is poked to read its new successor's record at once; nodes that share one
+  read theirs in their next batch, all in one request (poked one by one, each would take a
+  batch of its own).
 - Nodes of one group (one job's nodes on one store, ``Turns.group``) due within half an
   interval of each other run in one batch (``Turns.batch``): a process holding a thousand
   nodes of a job writes their heartbeats in one request, not a thousand. A batch's nodes are
@@ -78,8 +79,6 @@ class Turns:
         self.idle.set()
         self.queued_rest = False  # in a batch, waiting for its own part to begin
         self.poked = False  # queued by a poke: runs alone, at once
-        self.due = 0.0  # when its queued turn is due
-        self.hurry_by: float | None = None  # asked to run by then while its turn ran
         self.stopped = False
         self.repoke = False
 
@@ -116,21 +115,10 @@ class _Pool:
                 node.poked = True
                 self._push(node, time.monotonic())
 
-    def hurry(self, node: Turns, within_s: float) -> None:
-        """Run ``node``'s next turn within ``within_s``, unless other nodes of its group share
-        the pool: their turns run in batches that a hurried node would split (hundreds of
-        nodes that one seal woke, each taking a batch of its own, made the store's requests
-        many times more and delayed heartbeats past the budget), so it waits for its own."""
-        if node.group is not None and self._in_group.get(node.group, 0) > 1:
-            return  # read without the lock: a thousand nodes woken by one seal queued on it
-        with self._cond:
-            if node.stopped:
-                return
-            by = time.monotonic() + within_s
-            if node.running_on is not None:
-                node.hurry_by = by if node.hurry_by is None else min(node.hurry_by, by)
-            elif node.due > by:
-                self._push(node, by)
+    def has_peers(self, node: Turns) -> bool:
+        """Whether other started nodes of ``node``'s group share this pool. Read without the
+        lock: a thousand nodes that one seal woke would queue on it."""
+        return node.group is not None and self._in_group.get(node.group, 0) > 1
 
     def stop(self, node: Turns, timeout_s: float) -> bool:
         """Take ``node`` off the pool; True once no turn of it runs (within ``timeout_s``)."""
@@ -156,7 +144,6 @@ class _Pool:
 
     def _push(self, node: Turns, due: float) -> None:
         node.gen += 1
-        node.due = due
         heapq.heappush(self._heap, (due, next(self._seq), node.gen, node))
         self._cond.notify()
 
@@ -257,9 +244,6 @@ class _Pool:
                 else:  # from a batch's start, but at least half the delay from now: parts
                     # that ran late do not start the next batch at once, again and again
                     due = max(since + later, now + later / 2)
-                if node.hurry_by is not None:
-                    due = min(due, max(now, node.hurry_by))
-                    node.hurry_by = None
                 node.poked = node.repoke
                 self._push(node, due)
 

@@ -56,13 +56,11 @@ from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.settings import RendezvousSettings
 
-__all__ = ["HURRY_S", "LivenessThread", "RingPosition"]
+__all__ = ["LivenessThread", "RingPosition"]
 
 log = logging.getLogger(__name__)
 
 _JOIN_SLACK_S = 5.0
-HURRY_S = 0.0
-"""How soon a lone node's turn comes after ``hurry``."""
 # A batch's read of its successors' beats: node id -> counter (None: gone), and when it was read.
 _Seen = tuple[Mapping[str, int | None], float]
 
@@ -166,10 +164,11 @@ class LivenessThread:
             liveness_pool().poke(self._turns)
 
     def hurry(self) -> None:
-        """Take the next full turn within ``HURRY_S`` (a round formed: its successor's record
-        is to be read) when this node is alone in its group; else at its time, in a batch."""
-        if self._turns is not None:
-            liveness_pool().hurry(self._turns, HURRY_S)
+        """Take a full turn now (a round formed: its successor's record is to be read) when
+        this node is alone in its group; else at its time, in a batch (``pool.has_peers``)."""
+        turns = self._turns
+        if turns is not None and not liveness_pool().has_peers(turns):
+            liveness_pool().poke(turns)
 
     def look_now(self) -> None:
         """Have ``look()`` run at once, on this node's turn (a member's round notice came).
@@ -230,7 +229,7 @@ class LivenessThread:
             self.beat_done(exc)
         else:
             self.beat_done(None)
-        self.resolve_successor(None)
+        self._read_successor()
         self._after_beat(None)
         return None
 
@@ -261,17 +260,19 @@ class LivenessThread:
         for _, thread in full:
             thread.beat_done(error)
         # The records of the successors of nodes whose round just formed: one read for all.
-        pending = sorted({k for _, thread in full if (k := thread.pending_successor())})
+        pending = [(thread, p) for _, thread in full if (p := thread.pending_successor())]
         if pending:
+            wanted_records = sorted({key for _, (_, key) in pending})
             records: Mapping[str, bytes | None] = {}  # a failed read: each tries next turn
             try:
-                records = dict(zip(pending, lead.get_many(pending), strict=True))
+                records = dict(zip(wanted_records, lead.get_many(wanted_records), strict=True))
             except RendezvousError as exc:
                 BACKEND_OUTAGE.warn(
                     log, f"rendezvous ring read of {len(pending)} nodes failed", exc
                 )
-            for _, thread in full:
-                thread.resolve_successor(records)
+            for thread, (r, key) in pending:
+                if key in records:
+                    thread.take_successor(r, key, records[key])
         wanted = sorted({s for _, thread in full if (s := thread.successor_now()[1])})
         seen: _Seen | None = None
         try:
@@ -309,29 +310,31 @@ class LivenessThread:
         self._last_full = self._clock()
         return True
 
-    def pending_successor(self) -> str:
-        """The store key of the record of the member this node is to watch, while unread."""
-        position = self._position()
-        return position.pending if position is not None else ""
-
-    def resolve_successor(self, records: Mapping[str, bytes | None] | None) -> None:
-        """Read the pending successor's record (from ``records`` when a batch read it; None:
-        read it now) and hand it to ``on_successor``. A failed read is retried next turn."""
+    def pending_successor(self) -> tuple[int, str] | None:
+        """The round and store key of the record of the member this node is to watch, while
+        unread (None: known, or nobody to watch)."""
         position = self._position()
         if position is None or not position.pending:
+            return None
+        return position.round, position.pending
+
+    def take_successor(self, r: int, key: str, raw: bytes | None) -> None:
+        """Hand the record read under ``key`` (None: absent) to ``on_successor``."""
+        self._on_successor(r, key, raw)
+
+    def _read_successor(self) -> None:
+        """A lone turn's read of the pending successor record (one request: the seal names
+        it); a failed read is retried next turn."""
+        pending = self.pending_successor()
+        if pending is None:
             return
-        key = position.pending
-        if records is not None:
-            if key not in records:
-                return
-            raw = records[key]
-        else:
-            try:
-                (raw,) = self._backend.get_many([key])
-            except RendezvousError as exc:
-                BACKEND_OUTAGE.warn(log, f"rendezvous ring read of {self._node_id} failed", exc)
-                return
-        self._on_successor(position.round, key, raw)
+        r, key = pending
+        try:
+            (raw,) = self._backend.get_unwaited([key])
+        except RendezvousError as exc:
+            BACKEND_OUTAGE.warn(log, f"rendezvous ring read of {self._node_id} failed", exc)
+            return
+        self.take_successor(r, key, raw)
 
     def batched_rest(self, seen: _Seen | None) -> float | None:
         """This node's part after the batch's beat and read: its verdict (from ``seen``, the
