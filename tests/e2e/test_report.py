@@ -352,7 +352,18 @@ def test_the_screenshot_draws_every_lane_and_the_css_zoom_widens_time(done: Done
     assert all(10 <= last - first + 1 <= 16 for first, last in lanes), lanes
     band = image[lanes[0][0] : lanes[-1][1] + 1]
     drawn = {c for c in every if _cause_pixels(band, (c,)).sum() > 20}
-    assert {"training", "startup", "restart.rendezvous", "restart.first_beat", "stall"} <= drawn
+    # Time is drawn to scale: a phase shows in its own colour where it is a few pixels wide. A
+    # warm restart's rendezvous (a tenth of a second in a minute's job) may be under one pixel.
+    columns = np.flatnonzero(_cause_pixels(band, every).any(axis=0))
+    px_per_s = (columns[-1] - columns[0] + 1) / (done.body["end_s"] - done.body["start_s"])
+    widest: dict[str, float] = {}
+    for node in done.body["nodes"]:
+        for cause, start, end in node["phases"]:
+            widest[cause] = max(widest.get(cause, 0.0), (end - start) * px_per_s)
+    wide = {c for c, px in widest.items() if px >= 6}
+    assert {"training", "startup", "restart.first_beat", "stall"} <= wide, widest
+    assert wide <= drawn, (widest, drawn)
+    assert "restart.rendezvous" in widest  # in the account, however short
     assert "running" in drawn  # c's lane: it left no account
     training_1x = int(_cause_pixels(band, ("training",)).sum())
     # Zoomed 64x (the radio button's state as saved in a copy), the job's first 64th fills the
