@@ -178,10 +178,14 @@ def _child(args: argparse.Namespace) -> None:
     py0, os0 = threading.active_count(), _os_threads()
     built: list[Any] = [None] * count
 
-    # One gate per node: a shared Event wakes its waiters one at a time (each takes the
+    # The start gate is a pipe every node reads one byte of: "go" is one write, and the kernel
+    # wakes the readers. A shared Event wakes its waiters one at a time (each takes the
     # Event's lock in turn, behind every busy thread of the process), which put tens of
-    # seconds between the first and the last node's start at N=4096.
-    gates = [threading.Event() for _ in range(count)]
+    # seconds between the first and the last node's start at N=4096; one Event per node, set
+    # in turn by this process's main thread, put seconds there when the nodes started first
+    # held the GIL (torch's caller: straight into next_rendezvous), as the main thread waited
+    # for it between two sets.
+    gate_r, gate_w = os.pipe()
     starts: list[float] = [0.0] * count
     ends: list[float] = [0.0] * count
     ranks: list[int] = [-1] * count
@@ -201,7 +205,7 @@ def _child(args: argparse.Namespace) -> None:
             except Exception as exc:  # noqa: BLE001 - reported to the parent
                 errors.append(f"{type(exc).__name__}: {str(exc)[:160]}")
             built_ok[i].set()
-        gates[i].wait()
+        os.read(gate_r, 1)
         starts[i] = time.monotonic()
         try:
             if as_torch:
@@ -237,8 +241,7 @@ def _child(args: argparse.Namespace) -> None:
             event.wait()
     control.set(f"ready/{args.child_index}", "1")
     control.wait(["go"])
-    for gate in gates:
-        gate.set()
+    os.write(gate_w, b"g" * count)
     for t in threads:
         t.join(args.timeout + 30)
     control.set(
