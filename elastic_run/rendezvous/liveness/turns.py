@@ -272,7 +272,7 @@ class LivenessThread:
                 )
             for thread, (r, key) in pending:
                 if key in records:
-                    thread.take_successor(r, key, records[key])
+                    thread._on_successor(r, key, records[key])
         wanted = sorted({s for _, thread in full if (s := thread.successor_now()[1])})
         seen: _Seen | None = None
         try:
@@ -318,10 +318,6 @@ class LivenessThread:
             return None
         return position.round, position.pending
 
-    def take_successor(self, r: int, key: str, raw: bytes | None) -> None:
-        """Hand the record read under ``key`` (None: absent) to ``on_successor``."""
-        self._on_successor(r, key, raw)
-
     def _read_successor(self) -> None:
         """A lone turn's read of the pending successor record (one request: the seal names
         it); a failed read is retried next turn."""
@@ -334,7 +330,7 @@ class LivenessThread:
         except RendezvousError as exc:
             BACKEND_OUTAGE.warn(log, f"rendezvous ring read of {self._node_id} failed", exc)
             return
-        self.take_successor(r, key, raw)
+        self._on_successor(r, key, raw)
 
     def batched_rest(self, seen: _Seen | None) -> float | None:
         """This node's part after the batch's beat and read: its verdict (from ``seen``, the
