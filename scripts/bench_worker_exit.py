@@ -9,7 +9,8 @@ here, whatever the launcher does.
 
 Runs itself in a fresh network namespace with only loopback (``unshare -n``) when it is root;
 ``--no-unshare`` skips it. No assertions: per N, the first and the last exit of each run, as
-first / median / p90 / last over the runs.
+first / median / p90 / last over the runs, and every run that failed (a worker that died before
+its first step or outlived SIGTERM by 30 s), counted as missing.
 
     PYTHONPATH=. .venv/bin/python scripts/bench_worker_exit.py
     PYTHONPATH=. .venv/bin/python scripts/bench_worker_exit.py --procs 1 2 7 --runs 10
@@ -95,8 +96,14 @@ def main() -> None:
         for n in args.procs:
             firsts: list[float | None] = []
             lasts: list[float | None] = []
-            for _ in range(args.runs):
-                ends = one_run(n, Path(tmp))
+            for run in range(1, args.runs + 1):
+                try:
+                    ends = one_run(n, Path(tmp))
+                except RuntimeError as exc:  # said, and counted as missing
+                    print(f"  {n} workers, run {run}: FAILED: {exc}")
+                    firsts.append(None)
+                    lasts.append(None)
+                    continue
                 firsts.append(ends[0])
                 lasts.append(ends[-1])
             print(
