@@ -134,10 +134,13 @@ def test_a_launcher_passes_its_childs_error_up_with_its_exit_code(
     assert copied["message"]["errorCode"] == -9
 
 
-def test_process_failure_without_an_error_file_is_described_by_its_exit(tmp_path: Path) -> None:
+def test_process_failure_without_an_error_file_is_described_by_its_exit(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     """Side by side with torch's: the same fields and data (``errorTraits`` for a process that
     exited by itself and said nothing), the same message for a signal; for an exit, ours says
     what to do (README: "`ProcessFailure.message` of a process that exited")."""
+    import torch.distributed.elastic.multiprocessing.errors as torch_errors
     from torch.distributed.elastic.multiprocessing.errors import ProcessFailure as TorchFailure
 
     empty = tmp_path / "empty.json"
@@ -149,6 +152,10 @@ def test_process_failure_without_an_error_file_is_described_by_its_exit(tmp_path
         "killed, an error file without a message": (1, 80, -signal.SIGTERM, str(empty)),
     }
     for name, args in cases.items():
+        # Torch's failures without an error file share one module dict, and an exit's adds its
+        # errorTraits to it: every later failure in the process (a signal's too) carries them.
+        # Each case starts from torch's pristine dict, as in a fresh process.
+        monkeypatch.setattr(torch_errors, "_EMPTY_ERROR_DATA", {"message": "<NONE>"})
         mine, theirs = ours.ProcessFailure(*args), TorchFailure(*args)
         assert (mine.error_file, mine.error_file_data, mine.signal_name()) == (
             theirs.error_file,
