@@ -7,9 +7,7 @@ the agent. Root (or CAP_SYS_PTRACE) is needed; the tests run as root here.
 A thread is only left frozen when it is stopped inside a blocking system call (select, poll,
 a futex wait, a sleep): CPython releases the GIL around those, so the process's other Python
 threads keep running. A thread caught running Python code (holding the GIL) is let go and
-caught again a moment later. ``idle=True`` takes only a thread asleep or waiting on a lock
-(a futex, a sleep): one caught inside a socket call (poll, select) is let go too, since a
-node's one store connection stays busy behind a call frozen half-way (``shared_link.py``).
+caught again a moment later.
 """
 
 from __future__ import annotations
@@ -30,7 +28,6 @@ _WALL = 0x40000000
 # x86_64 numbers of the blocking calls CPython makes with the GIL released.
 _BLOCKING_SYSCALLS = {7, 23, 35, 202, 230, 232, 270, 271, 281}  # poll select nanosleep futex
 # clock_nanosleep epoll_wait pselect6 ppoll epoll_pwait
-_IDLE_SYSCALLS = {35, 202, 230}  # nanosleep futex clock_nanosleep
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.ptrace.argtypes = [ctypes.c_long, ctypes.c_long, ctypes.c_void_p, ctypes.c_void_p]
@@ -51,32 +48,26 @@ def _syscall(pid: int, tid: int) -> int | None:
     return int(text[0]) if text and text[0].lstrip("-").isdigit() else None
 
 
-def _try_freeze(pid: int, tid: int, wanted: set[int]) -> bool:
+def _try_freeze(pid: int, tid: int) -> bool:
     _ptrace(_PTRACE_SEIZE, tid)
     _ptrace(_PTRACE_INTERRUPT, tid)
     os.waitpid(tid, _WALL)
-    if _syscall(pid, tid) in wanted:
+    if _syscall(pid, tid) in _BLOCKING_SYSCALLS:
         return True
     _ptrace(_PTRACE_DETACH, tid)
     return False
 
 
 @contextmanager
-def frozen_thread(
-    pid: int, tid: int | None = None, timeout_s: float = 30.0, *, idle: bool = False
-) -> Iterator[None]:
-    """Stop thread ``tid`` (default: the main thread) of ``pid`` for the ``with`` block
-    (``idle``: only where it sleeps or waits on a lock, never inside a socket call).
+def frozen_thread(pid: int, tid: int | None = None, timeout_s: float = 30.0) -> Iterator[None]:
+    """Stop thread ``tid`` (default: the main thread) of ``pid`` for the ``with`` block.
 
     Raises:
         AssertionError: the thread was never caught in a blocking call within ``timeout_s``.
         OSError: ptrace is not allowed.
     """
     tid = pid if tid is None else tid
-    wanted = _IDLE_SYSCALLS if idle else _BLOCKING_SYSCALLS
-    wait_until(
-        lambda: _try_freeze(pid, tid, wanted), timeout_s, interval_s=0.01, message="no freeze"
-    )
+    wait_until(lambda: _try_freeze(pid, tid), timeout_s, interval_s=0.01, message="no freeze")
     try:
         yield
     finally:

@@ -30,11 +30,9 @@ O(N) protocol cannot run on it, deliberately; :func:`require_backend` turns one 
 
 from __future__ import annotations
 
-import contextlib
 import logging
 from abc import ABC, abstractmethod
 from collections.abc import Hashable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from typing import TYPE_CHECKING, ClassVar
 
 from elastic_run.rendezvous.protocol import keys
@@ -185,23 +183,6 @@ class RendezvousBackend(ABC):
         """
         for node_id in node_ids:
             self.heartbeat(node_id)
-
-    def hold_link(self) -> AbstractContextManager[None]:
-        """Hold this backend's connection for the few calls inside: a wait that shares it ends
-        its slice and begins no other until they ran (default: nothing to hold).
-
-        A liveness turn holds it, so that its requests go back to back.
-        """
-        return contextlib.nullcontext()
-
-    def expect_turn(self, at: float) -> None:  # noqa: B027 - optional hook
-        """The next liveness turn on this connection comes at ``at`` (``time.monotonic``): a
-        wait that shares the connection ends its slice then (default: nothing shared)."""
-
-    def link_free_at(self) -> float | None:
-        """When the slice of a wait that holds this connection ends (None: none holds it), so
-        a batch of many nodes' turns takes the connection that is free soonest."""
-        return None
 
     def heartbeat_before_join(self, node_id: str) -> None:
         """Show that ``node_id`` is alive as it is about to join a round (default: ``heartbeat``).

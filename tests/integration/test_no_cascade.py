@@ -173,7 +173,7 @@ def test_a_slow_node_during_formation_costs_only_its_own_admission(
         cleanup.append(slow)
         tid = int(slow.line("liveness")[1])
         wait_until(lambda: reader.get(keys.node(0, 1)) is not None, 30, message="no slow node")
-        with frozen_thread(slow.proc.pid, tid, idle=True):  # its heartbeat stops; the rest runs
+        with frozen_thread(slow.proc.pid, tid):  # its heartbeat stops; the rest of it runs
             b = _handler(endpoint, run_id, (2, 4), **FAST)
             cleanup.append(b)
             joins = [join_a, _join(b)]

@@ -1,10 +1,8 @@
 """The c10d backend: the rendezvous seam on a TCPStore (or FileStore), the embedded default.
 
 Owns ``C10dRendezvousBackend`` (``backend.py``), the link to the store host with its read
-deadlines (``link.py``), the typed store calls (``store.py``), the node's one connection shared between its
-blocking waits and its liveness turns (``shared_link.py``), the round's store an agent is handed
-on that connection (``round_view.py``) and the hosting process's descriptor budget
-(``descriptors.py``). May import: the seam, the
+deadlines (``link.py``), the typed store calls (``store.py``) and the hosting process's
+descriptor budget (``descriptors.py``). May import: the seam, the
 API, errors (the rendezvous's and the top-level ``errors``), settings, endpoints,
 ``rendezvous.protocol``'s keys and records, and torch's public store classes.
 """

@@ -4,13 +4,10 @@ The embedded default. One agent hosts the TCPStore at ``--rdzv-endpoint`` (the f
 bind the port when ``is_host`` is left to chance); the others connect as clients. Keys
 live under ``elastic-run/<run id>/`` so several jobs can share one store.
 
-One client connection per node, as torch's handler keeps: TCPStore serves one call of a
-client at a time, so the blocking waits (``wait_for`` and the round store the agent blocks on)
-are cut into slices that leave the link to the liveness turns between them
-(``shared_link.py``, ``round_view.py``); a second connection for the waits made the store's
-process hold two descriptors a node. The link carries a read deadline and is remade after it
-broke (``c10d_link``; the call raises ``RendezvousUnreachableError``). A FileStore's waits keep
-a store object of their own (no descriptor is at stake there).
+Two client connections per agent: TCPStore serialises the calls of one client, so the
+blocking waits (``wait_for`` and the round store the agent blocks on) use their own
+connection and never hold up the heartbeat thread. Their links carry read deadlines and are
+remade after they broke (``c10d_link``; the call raises ``RendezvousUnreachableError``).
 
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
 for a key that does not exist, so a read that checks first and fetches second would block for
@@ -45,14 +42,13 @@ given as the endpoint (a shared file system for several hosts); nobody hosts any
 
 from __future__ import annotations
 
-import contextlib
 import errno
+import functools
 import itertools
 import logging
 import os
 import threading
 from collections.abc import Callable, Hashable, Mapping, Sequence
-from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import TYPE_CHECKING, Any, TypeVar, cast
 
@@ -66,7 +62,6 @@ from elastic_run.rendezvous.c10d.link import (
     is_unreachable,
     probe_link,
 )
-from elastic_run.rendezvous.c10d.shared_link import SharedLink
 from elastic_run.rendezvous.c10d.store import (
     KeyValueStore,
     connect,
@@ -81,12 +76,7 @@ from elastic_run.rendezvous.endpoints import C10D_DEFAULT_PORT, parse_rendezvous
 from elastic_run.rendezvous.errors import RendezvousConnectionError, RendezvousUnreachableError
 from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.protocol.records import HEARTBEAT_GONE, decode_int
-from elastic_run.rendezvous.settings import (
-    BACKEND_KEYS,
-    DEFAULT_KEEP_ALIVE_INTERVAL_S,
-    DEFAULT_READ_TIMEOUT_S,
-    RendezvousSettings,
-)
+from elastic_run.rendezvous.settings import BACKEND_KEYS, DEFAULT_READ_TIMEOUT_S, RendezvousSettings
 
 if TYPE_CHECKING:
     from torch.distributed import Store, TCPStore
@@ -104,10 +94,6 @@ DEFAULT_PORT = C10D_DEFAULT_PORT
 CONF_KEYS = BACKEND_KEYS["c10d"]
 _T = TypeVar("_T")
 log = logging.getLogger(__name__)
-# A wait on the shared connection is cut at most this many keep-alive intervals in (when no
-# liveness turn said when it comes: shared_link.py); an agent's node is told its turns.
-_WAIT_SLICE_INTERVALS = 2
-_DEFAULT_SLICE_S = _WAIT_SLICE_INTERVALS * DEFAULT_KEEP_ALIVE_INTERVAL_S
 # Heartbeat values of this process: one rising sequence, so a node's value changes at every
 # beat whichever of the process's backends writes it (its own, or a batch's: heartbeat_many).
 _BEAT_SEQUENCE = itertools.count(1)
@@ -127,12 +113,9 @@ class C10dRendezvousBackend(RendezvousBackend):
         store: a client (or the server's own store) for short calls.
         run_id: the job id; keys live under ``elastic-run/<run_id>/``.
         endpoint: ``host:port`` for messages (None, as torch's two-argument form: taken from
-            ``store``).
-        waiter: a second store for blocking waits, or a factory for one (made on first use);
-            None: the waits share ``store``'s connection, in slices (module docstring).
+            ``store``, whose clone then serves the blocking waits).
+        waiter: a second client for blocking waits, or a factory for one (made on first use).
         read_timeout_s: how long one store call may take.
-        slice_s: the longest slice of a wait on the shared connection when no liveness turn
-            said when it comes next.
         server: the TCPStore object this agent hosts, kept alive with the backend.
         reconnect: makes a fresh client after a call failed on a broken link (a partition);
             None: a broken link stays broken.
@@ -148,7 +131,6 @@ class C10dRendezvousBackend(RendezvousBackend):
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         server: Store | None = None,
         reconnect: Callable[[], Store] | None = None,
-        slice_s: float = _DEFAULT_SLICE_S,
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
@@ -157,9 +139,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._prefix = f"elastic-run/{run_id}/"
         self._store_view, self._store = prefixed(self._prefix, store)
         self._waiter_source = waiter
-        self._link = SharedLink(slice_s) if waiter is None else None
         self._waiter: tuple[Store, KeyValueStore] | None = None
-        self._round_view: Store | None = None
         self._waiter_lock = threading.Lock()
         self._endpoint = endpoint
         self._read_timeout_s = read_timeout_s
@@ -220,6 +200,14 @@ class C10dRendezvousBackend(RendezvousBackend):
         """Whether this process hosts the TCPStore (it must outlive the job's other agents)."""
         return self._server is not None
 
+    def open_waiter(self) -> None:
+        """Open the connection for blocking waits now rather than at the first wait.
+
+        Raises:
+            RendezvousConnectionError: the store cannot be reached.
+        """
+        self._waiting_store()
+
     def _waiting_store(self) -> tuple[Store, KeyValueStore]:
         with self._waiter_lock:
             if self._waiter is None:
@@ -265,32 +253,9 @@ class C10dRendezvousBackend(RendezvousBackend):
             return stored, False
         return stored, stored == desired
 
-    def hold_link(self) -> AbstractContextManager[None]:
-        return self._link.hold() if self._link is not None else contextlib.nullcontext()
-
-    def expect_turn(self, at: float) -> None:
-        if self._link is not None:
-            self._link.expect_turn(at)
-
-    def link_free_at(self) -> float | None:
-        return self._link.waiting_until() if self._link is not None else None
-
     def wait_for(self, keys: Sequence[str], timeout_s: float) -> bool:
         from torch.distributed import DistNetworkError, DistStoreError
 
-        link = self._link
-        if link is not None:
-
-            def attempt(piece_s: float) -> bool:
-                try:
-                    self._store.wait(list(keys), timedelta(seconds=piece_s))
-                except DistNetworkError:
-                    raise
-                except DistStoreError:
-                    return False  # this slice ended without the keys
-                return True
-
-            return self._call(lambda: link.wait(attempt, max(timeout_s, 0.001)))
         _, waiter = self._waiting_store()
 
         def wait() -> bool:
@@ -350,21 +315,8 @@ class C10dRendezvousBackend(RendezvousBackend):
         self.set(keys.heartbeat(node_id), str(HEARTBEAT_GONE).encode())
 
     def round_store(self, prefix: str) -> Store:
-        if self._link is not None:
-            return prefixed(prefix, self._link_store(self._link))[0]
         view, _ = self._waiting_store()
         return prefixed(prefix, view)[0]
-
-    def _link_store(self, link: SharedLink) -> Store:
-        # One for the backend's life: torch's PrefixStore keeps the C++ side of a store written
-        # in Python, not the Python object, whose methods are gone once it is collected.
-        with self._waiter_lock:
-            if self._round_view is None:
-                from elastic_run.rendezvous.c10d.round_view import LinkStore
-
-                timeout = timedelta(seconds=self._read_timeout_s)
-                self._round_view = LinkStore(lambda: self._store, link, timeout)
-            return self._round_view
 
     def close(self) -> None:
         # TCPStore objects close their sockets when collected; drop our references.
@@ -495,16 +447,19 @@ def create_c10d_backend(
                 f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
                 " (is the first node up, and is that port a rendezvous store?)"
             ) from exc
-    return C10dRendezvousBackend(
+    backend = C10dRendezvousBackend(
         client,
         params.run_id,
         endpoint,
+        waiter=lambda: client_of(timeout_s),
         read_timeout_s=timeout_s,
         server=server,
         # A link that broke is remade with short connects: a healed partition is seen at once.
         reconnect=None if server is not None else lambda: client_of(deadline_s, probe=True),
-        slice_s=_WAIT_SLICE_INTERVALS * settings.keep_alive_interval_s,
     )
+    if allow_hosting:  # an agent: both connections now, so joining a round connects nothing
+        backend.open_waiter()
+    return backend
 
 
 # -- torch's module-level API (torch.distributed.elastic.rendezvous.c10d_rendezvous_backend) --
@@ -513,11 +468,13 @@ def create_c10d_backend(
 def _from_store(
     store: Store, waiter: Store | Callable[[], Store] | None
 ) -> tuple[str, Store | Callable[[], Store] | None]:
-    """The endpoint of a store given alone, and what serves its blocking waits (a TCPStore's
-    own connection, sliced; a second FileStore object for a file)."""
+    """The endpoint of a store given alone, and a second client for the blocking waits."""
     from torch.distributed import FileStore, TCPStore
 
     if isinstance(store, TCPStore):
+        timeout_s = cast(Any, store).timeout.total_seconds()  # torch's stubs omit it
+        if waiter is None:
+            waiter = functools.partial(connect, store.host, store.port, timeout_s, master=False)
         return f"{store.host}:{store.port}", waiter
     if isinstance(store, FileStore):
         path = str(cast(Any, store).path)  # torch's stubs omit it

@@ -1,11 +1,11 @@
 """The descriptor budget of the process that hosts the c10d store.
 
 The TCPStore server holds one descriptor per client connection, in the hosting agent's process,
-and each node keeps ``CONNECTIONS_PER_NODE`` connection to it (``backend.py``: its blocking waits
-share it, in slices). A job of MAX nodes therefore needs about ``CONNECTIONS_PER_NODE * MAX``
+and each node keeps ``CONNECTIONS_PER_NODE`` connections to it (``backend.py``: the blocking
+waits have their own). A job of MAX nodes therefore needs about ``CONNECTIONS_PER_NODE * MAX``
 descriptors there, beyond what the agent itself holds (``SPARE_DESCRIPTORS``). Past the soft
 ``RLIMIT_NOFILE`` the server cannot accept: the clients' connects are reset, from about node
-``limit / CONNECTIONS_PER_NODE`` on, part way through a round that then never forms.
+``limit / 2`` on, halfway through a round that then never forms.
 
 So the host raises its soft limit to the hard limit before it starts the server (any process may
 raise its soft limit up to its hard limit), and when even the hard limit is too low for MAX nodes
@@ -27,7 +27,7 @@ __all__ = [
 
 log = logging.getLogger(__name__)
 
-CONNECTIONS_PER_NODE = 1
+CONNECTIONS_PER_NODE = 2
 # What the hosting agent holds beside the store's connections: its own files and sockets, its
 # workers' pipes and logs, the health server, the death-notice sockets.
 SPARE_DESCRIPTORS = 256
@@ -68,7 +68,7 @@ class DescriptorBudget:
         return (
             f"the c10d rendezvous store hosted here ({endpoint}) has room for about "
             f"{self.nodes_that_fit} nodes, not --nnodes max {self.max_nodes}: each node keeps "
-            f"{CONNECTIONS_PER_NODE} connection and this process may open {self.soft} "
+            f"{CONNECTIONS_PER_NODE} connections and this process may open {self.soft} "
             f"descriptors (its hard limit, RLIMIT_NOFILE), {self.needed} are needed; nodes past "
             "that are refused. Raise the hard limit (ulimit -Hn, systemd LimitNOFILE=) or use "
             "--rdzv-backend etcd"

@@ -43,7 +43,6 @@ from __future__ import annotations
 import functools
 import logging
 import threading
-import time
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import cast
@@ -58,12 +57,6 @@ from elastic_run.rendezvous.protocol import keys
 from elastic_run.rendezvous.settings import RendezvousSettings
 
 __all__ = ["LivenessThread", "RingPosition"]
-
-
-def _free_at(backend: RendezvousBackend) -> float:
-    """When ``backend``'s connection is free (0: now)."""
-    return backend.link_free_at() or 0.0
-
 
 log = logging.getLogger(__name__)
 
@@ -225,15 +218,6 @@ class LivenessThread:
             self._last_ok = self._clock()
 
     def _turn(self) -> float | None:
-        # The turn's requests go back to back on a connection a wait shares (c10d), and the
-        # wait's slice ends when the next turn is due, so that turn's beat is not late either.
-        with self._backend.hold_link():
-            delay = self._full_turn()
-        after = self._settings.keep_alive_interval_s if delay is None else delay
-        self._backend.expect_turn(time.monotonic() + after)
-        return delay
-
-    def _full_turn(self) -> float | None:
         delay = self._look_first()
         if delay is not None:
             return delay
@@ -255,11 +239,9 @@ class LivenessThread:
         write for all of them and one read of all their successors' beats; returns each node's
         rest (its verdict and read), which the pool runs and releases the node after.
 
-        The nodes' backends share a ``beat_batch_key``, so one's writes and reads stand for
-        all (their own beat locks are not taken: a batched backend's beats are plain writes of
-        rising values, no lease): the one whose connection is free soonest (a node waiting for
-        a seal holds its own in slices), held for the batch's requests and told when the next
-        batch comes. A node a notice asked to look runs its own turn.
+        The nodes' backends share a ``beat_batch_key``, so the first one's writes and reads
+        stand for all (their own beat locks are not taken: a batched backend's beats are plain
+        writes of rising values, no lease). A node a notice asked to look runs its own turn.
         """
         rests: list[Callable[[], float | None]] = [turns.turn for turns in batch]
         full = [
@@ -269,19 +251,7 @@ class LivenessThread:
         ]
         if not full:
             return rests
-        lead = min((thread.backend for _, thread in full), key=_free_at)
-        with lead.hold_link():
-            rests = LivenessThread._batch_reads(lead, full, rests)
-        # The lead's waits end their slices when the next batch is due: one link is free then.
-        lead.expect_turn(time.monotonic() + full[0][1]._settings.keep_alive_interval_s)
-        return rests
-
-    @staticmethod
-    def _batch_reads(
-        lead: RendezvousBackend,
-        full: Sequence[tuple[int, LivenessThread]],
-        rests: list[Callable[[], float | None]],
-    ) -> list[Callable[[], float | None]]:
+        lead = full[0][1].backend
         error: RendezvousError | None = None
         try:
             lead.heartbeat_many([thread.node_id for _, thread in full])
