@@ -66,6 +66,12 @@ class TcpProxy:
             listener, self._listener = self._listener, None
             conns, self._conns = self._conns, []
         if listener is not None:
+            try:
+                # Wakes the accept loop (a close alone leaves the port listening while an
+                # accept() is blocked on it, so restore() could not bind it again).
+                listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
             listener.close()
         for a, b in conns:
             for sock in (a, b):

@@ -6,7 +6,9 @@ live under ``elastic-run/<run id>/`` so several jobs can share one store.
 
 Two client connections per agent: TCPStore serialises the calls of one client, so the
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
-connection and never hold up the heartbeat thread. Their links carry read deadlines and are
+connection and never hold up the heartbeat thread. A process holding many nodes of one store
+(a benchmark's simulated nodes) gives its first few nodes a short-call link each and shares
+those between the rest (``short_links``): about one connection a node there. Their links carry read deadlines and are
 remade after they broke (``c10d_link``; the call raises ``RendezvousUnreachableError``).
 
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
@@ -62,6 +64,7 @@ from elastic_run.rendezvous.c10d.link import (
     is_unreachable,
     probe_link,
 )
+from elastic_run.rendezvous.c10d.short_links import LinkLease, take_short_link
 from elastic_run.rendezvous.c10d.store import (
     KeyValueStore,
     connect,
@@ -119,6 +122,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         server: the TCPStore object this agent hosts, kept alive with the backend.
         reconnect: makes a fresh client after a call failed on a broken link (a partition);
             None: a broken link stays broken.
+        on_close: called once by ``close`` (gives a shared short-call link back).
     """
 
     def __init__(
@@ -131,6 +135,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         read_timeout_s: float = DEFAULT_READ_TIMEOUT_S,
         server: Store | None = None,
         reconnect: Callable[[], Store] | None = None,
+        on_close: Callable[[], None] | None = None,
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
@@ -148,6 +153,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._translate = translate(endpoint)
         self._beats: dict[str, int] = {}
         self._reconnect = reconnect
+        self._on_close = on_close
         self._generation = 0
         self._remake_lock = threading.Lock()
 
@@ -322,6 +328,9 @@ class C10dRendezvousBackend(RendezvousBackend):
         # TCPStore objects close their sockets when collected; drop our references.
         self._waiter = None
         self._waiter_source = None
+        on_close, self._on_close = self._on_close, None
+        if on_close is not None:
+            on_close()
 
 
 def _create_file_backend(params: RendezvousParameters, timeout_s: float) -> C10dRendezvousBackend:
@@ -438,15 +447,24 @@ def create_c10d_backend(
         shortfall = budget.shortfall(endpoint)
         if shortfall is not None:
             log.warning("%s", shortfall)  # one line, before any round
-    client: TCPStore | None = server
+    client: Store | None = server
+    lease: LinkLease | None = None
     if client is None:
         try:
-            client = client_of(timeout_s)
+            # The short calls' link: this node's own, or one its process's nodes share
+            # (short_links). A link that broke is remade with short connects: a healed
+            # partition is seen at once.
+            lease = take_short_link(
+                (host, port, use_libuv, timeout_s, deadline_s),
+                lambda: client_of(timeout_s),
+                lambda: client_of(deadline_s, probe=True),
+            )
         except (RuntimeError, OSError) as exc:
             raise RendezvousConnectionError(
                 f"cannot reach the c10d rendezvous store at {endpoint} within {timeout_s:g} s"
                 " (is the first node up, and is that port a rendezvous store?)"
             ) from exc
+        client = lease.client
     backend = C10dRendezvousBackend(
         client,
         params.run_id,
@@ -454,8 +472,8 @@ def create_c10d_backend(
         waiter=lambda: client_of(timeout_s),
         read_timeout_s=timeout_s,
         server=server,
-        # A link that broke is remade with short connects: a healed partition is seen at once.
-        reconnect=None if server is not None else lambda: client_of(deadline_s, probe=True),
+        reconnect=None if lease is None else lease.renew,
+        on_close=None if lease is None else lease.release,
     )
     if allow_hosting:  # an agent: both connections now, so joining a round connects nothing
         backend.open_waiter()

@@ -3,7 +3,9 @@
 The TCPStore server holds one descriptor per client connection, in the hosting agent's process,
 and each node keeps ``CONNECTIONS_PER_NODE`` connections to it (``backend.py``: the blocking
 waits have their own). A job of MAX nodes therefore needs about ``CONNECTIONS_PER_NODE * MAX``
-descriptors there, beyond what the agent itself holds (``SPARE_DESCRIPTORS``). Past the soft
+descriptors there, beyond what the agent itself holds (``SPARE_DESCRIPTORS``). (A process
+that holds many simulated nodes shares their short-call links, ``short_links.py``, and needs
+about one a node; the host cannot tell such processes from agents, so it counts two.) Past the soft
 ``RLIMIT_NOFILE`` the server cannot accept: the clients' connects are reset, from about node
 ``limit / 2`` on, halfway through a round that then never forms.
 
