@@ -21,7 +21,8 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
+from typing import Any
 
 __all__ = ["ProxyStats", "TcpProxy"]
 
@@ -37,6 +38,8 @@ class ProxyStats:
     bytes_up: int = 0
     bytes_down: int = 0
     requests: int = 0
+    # The requests of each connection, in the order the connections were accepted.
+    by_connection: list[int] = field(default_factory=list)
 
 
 class TcpProxy:
@@ -139,11 +142,13 @@ class TcpProxy:
                     return
                 self._conns.append((client, server))
                 self.stats.connections += 1
-            turn = [False]  # True while the client's last bytes have not been answered yet
+                self.stats.by_connection.append(0)
+            # [answer pending: the client's last bytes are not answered yet, connection's number]
+            turn: list[Any] = [False, self.stats.connections - 1]
             self._start(self._pump, client, server, True, turn)
             self._start(self._pump, server, client, False, turn)
 
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, turn: list[bool]) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, turn: list[Any]) -> None:
         try:
             while True:
                 readable, _, _ = select.select([src], [], [], 0.2)
@@ -160,6 +165,7 @@ class TcpProxy:
                         self.stats.bytes_up += len(data)
                         if not turn[0]:
                             self.stats.requests += 1
+                            self.stats.by_connection[turn[1]] += 1
                             turn[0] = True
                     else:
                         self.stats.bytes_down += len(data)
