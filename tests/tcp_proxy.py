@@ -21,8 +21,7 @@ import socket
 import struct
 import threading
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from typing import Any
+from dataclasses import dataclass
 
 __all__ = ["ProxyStats", "TcpProxy"]
 
@@ -38,8 +37,6 @@ class ProxyStats:
     bytes_up: int = 0
     bytes_down: int = 0
     requests: int = 0
-    # The requests of each connection, in the order the connections were accepted.
-    by_connection: list[int] = field(default_factory=list)
 
 
 class TcpProxy:
@@ -142,13 +139,11 @@ class TcpProxy:
                     return
                 self._conns.append((client, server))
                 self.stats.connections += 1
-                self.stats.by_connection.append(0)
-            # [answer pending: the client's last bytes are not answered yet, connection's number]
-            turn: list[Any] = [False, self.stats.connections - 1]
+            turn = [False]  # True while the client's last bytes have not been answered yet
             self._start(self._pump, client, server, True, turn)
             self._start(self._pump, server, client, False, turn)
 
-    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, turn: list[Any]) -> None:
+    def _pump(self, src: socket.socket, dst: socket.socket, up: bool, turn: list[bool]) -> None:
         try:
             while True:
                 readable, _, _ = select.select([src], [], [], 0.2)
@@ -165,7 +160,6 @@ class TcpProxy:
                         self.stats.bytes_up += len(data)
                         if not turn[0]:
                             self.stats.requests += 1
-                            self.stats.by_connection[turn[1]] += 1
                             turn[0] = True
                     else:
                         self.stats.bytes_down += len(data)

@@ -4,8 +4,7 @@ Real TCPStore, real handlers and backends built through the public entry points,
 through a counting TCP proxy (each connection it accepts is one the store's host would hold):
 past ``OWN_LINKS`` nodes a process's nodes share the short-call links and keep a waiting link
 each; a round of such nodes forms and every node's heartbeat moves; a shared link that broke
-is remade once for all its nodes; a link nobody holds any more is not handed out again; a
-node's short calls go on its own waiting link while no wait runs there.
+is remade once for all its nodes; a link nobody holds any more is not handed out again.
 
 ``OWN_LINKS`` is lowered to 3 here: the same code path with fewer connects (outside a
 loopback-only namespace a TCPStore client's connect now and then stalls 5 s in a reverse name
@@ -147,50 +146,3 @@ def test_a_round_of_nodes_sharing_links_forms_and_every_node_beats(proxy: TcpPro
     finally:
         for handler in handlers:
             handler.shutdown()
-
-
-def test_a_node_s_short_calls_go_on_its_own_waiting_link_while_no_wait_runs_there(
-    proxy: TcpProxy,
-) -> None:
-    """A joining node's calls must not queue behind other nodes' on a shared link: while no
-    wait runs on its waiting link, its short calls go there; during a wait, and once the
-    round's store (a view of that link) went to the agent, on its short-call link."""
-    n = OWN_LINKS + 2
-    backends = _backends(proxy, f"lend-{uuid.uuid4().hex[:8]}", n)
-    node = backends[-1]  # one that shares: its short-call link is one of the first nodes'
-    # Connections in order: a short-call link and a waiting link for each of the first
-    # OWN_LINKS nodes, then a waiting link for each later one.
-    shared = [2 * i for i in range(OWN_LINKS)]
-    own = 2 * OWN_LINKS + (n - OWN_LINKS) - 1  # the last node's waiting link
-    assert proxy.stats.connections == own + 1
-    counts = proxy.stats.by_connection
-
-    def on_each() -> tuple[int, int]:
-        return counts[own], sum(counts[i] for i in shared)
-
-    waited: dict[str, bool] = {}
-    waiting = threading.Thread(
-        target=lambda: waited.setdefault("seen", node.wait_for(["never-yet"], 60)), daemon=True
-    )
-    try:
-        before = on_each()
-        node.read_counter("a-counter")  # one request
-        assert on_each() == (before[0] + 1, before[1]), "not lent the idle waiting link"
-
-        before = on_each()
-        waiting.start()
-        wait_until(lambda: counts[own] > before[0], 30, message="the wait was not sent")
-        before = on_each()
-        node.read_counter("a-counter")
-        assert on_each() == (before[0], before[1] + 1), "a short call went behind the wait"
-        backends[0].set("never-yet", b"1")
-        waiting.join(30)
-        assert waited == {"seen": True}
-
-        node.round_store("r0/")  # the agent may block on it from now on
-        before = on_each()
-        node.read_counter("a-counter")
-        assert on_each() == (before[0], before[1] + 1), "lent a link the agent holds"
-    finally:
-        for backend in backends:
-            backend.close()

@@ -8,10 +8,7 @@ Two client connections per agent: TCPStore serialises the calls of one client, s
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
 connection and never hold up the heartbeat thread. A process holding many nodes of one store
 (a benchmark's simulated nodes) gives its first few nodes a short-call link each and shares
-those between the rest (``short_links``): about one connection a node there. A short call
-made while no wait runs on the node's waiting link goes on that link (its own, so a joining
-node's calls never queue behind other nodes' on a shared one), until the round's store, a view
-of that link, is handed to the agent, whose calls on it may block. Their links carry read deadlines and are
+those between the rest (``short_links``): about one connection a node there. Their links carry read deadlines and are
 remade after they broke (``c10d_link``; the call raises ``RendezvousUnreachableError``).
 
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
@@ -149,9 +146,6 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._waiter_source = waiter
         self._waiter: tuple[Store, KeyValueStore] | None = None
         self._waiter_lock = threading.Lock()
-        # Held while the waiting link carries a wait or a lent short call (``_short``).
-        self._own_lock = threading.Lock()
-        self._lendable = waiter is not None and not endpoint.startswith("file:")
         self._endpoint = endpoint
         self._read_timeout_s = read_timeout_s
         self._server = server
@@ -172,41 +166,6 @@ class C10dRendezvousBackend(RendezvousBackend):
                 raise
             self._remake(generation)
             raise RendezvousUnreachableError(f"{exc}; connected again") from exc
-
-    def _short(self, fn: Callable[[KeyValueStore], _T]) -> _T:
-        """Run one short call (answered at once) on the node's waiting link when it is free,
-        else on its short-call link (module docstring: a process's nodes may share those)."""
-        own = self._lend_waiter()
-        if own is None:
-            store = self._store
-            return self._call(lambda: fn(store))
-        generation = self._generation
-        try:
-            return self._translate(lambda: fn(own))
-        except RendezvousConnectionError as exc:
-            if self._reconnect is None or not is_link_failure(exc.__cause__ or exc):
-                raise
-            failure = exc
-        finally:
-            self._own_lock.release()
-        # As _call: a broken link (a partition breaks both) is remade, the waiting one at the
-        # next wait.
-        self._remake(generation)
-        raise RendezvousUnreachableError(f"{failure}; connected again") from failure
-
-    def _lend_waiter(self) -> KeyValueStore | None:
-        """The waiting link, held (``_own_lock``), when no wait runs on it; else None.
-
-        Lent only while the backend alone uses that link: once the round's store (a view of
-        it) went to the agent, whose calls on it may block, it is not lent again.
-        """
-        if not self._lendable or not self._own_lock.acquire(blocking=False):
-            return None
-        waiter = self._waiter
-        if waiter is None or not self._lendable:
-            self._own_lock.release()
-            return None
-        return waiter[1]
 
     def _remake(self, generation: int) -> None:
         """Replace a client whose link broke (once per break, whichever thread sees it)."""
@@ -267,35 +226,35 @@ class C10dRendezvousBackend(RendezvousBackend):
             return self._waiter
 
     def get(self, key: str) -> bytes | None:
-        return self._short(lambda store: read_checked(store, key))
+        return self._call(lambda: read_checked(self._store, key))
 
     def get_many(self, keys: Sequence[str]) -> list[bytes | None]:
         if not keys:
             return []
-        return self._short(lambda store: read_present(store, list(keys)))
+        return self._call(lambda: read_present(self._store, list(keys)))
 
     def get_unwaited(self, keys: Sequence[str]) -> list[bytes | None]:
-        return self._short(lambda store: [peek(store, k) for k in keys])
+        return self._call(lambda: [peek(self._store, k) for k in keys])
 
     def read_counter(self, key: str) -> int:
-        raw = self._short(lambda store: peek(store, key))
+        raw = self._call(lambda: peek(self._store, key))
         return decode_int(key, raw) if raw is not None else 0
 
     def set(self, key: str, value: bytes) -> None:
-        self._short(lambda store: store.set(key, value))
+        self._call(lambda: self._store.set(key, value))
 
     def set_many(self, items: Mapping[str, bytes]) -> None:
         if items:
-            self._short(lambda store: store.multi_set(list(items), list(items.values())))
+            self._call(lambda: self._store.multi_set(list(items), list(items.values())))
 
     def add(self, key: str, delta: int) -> int:
-        return int(self._short(lambda store: store.add(key, delta)))
+        return int(self._call(lambda: self._store.add(key, delta)))
 
     def compare_set(self, key: str, expected: bytes | None, desired: bytes) -> tuple[bytes, bool]:
         # TCPStore's compare_set treats an empty expected value as "absent". It returns the
         # value stored after the call, so "did I write it" reads as "is it what I wrote";
         # every caller writes values that name their writer, so two writers never collide.
-        stored = bytes(self._short(lambda store: store.compare_set(key, expected or b"", desired)))
+        stored = bytes(self._call(lambda: self._store.compare_set(key, expected or b"", desired)))
         if expected is not None and stored == expected and expected != desired:
             return stored, False
         return stored, stored == desired
@@ -307,8 +266,7 @@ class C10dRendezvousBackend(RendezvousBackend):
 
         def wait() -> bool:
             try:
-                with self._own_lock:  # no short call is lent the link meanwhile
-                    waiter.wait(list(keys), timedelta(seconds=max(timeout_s, 0.001)))
+                waiter.wait(list(keys), timedelta(seconds=max(timeout_s, 0.001)))
             except DistNetworkError:
                 raise
             except DistStoreError:
@@ -325,7 +283,7 @@ class C10dRendezvousBackend(RendezvousBackend):
         # compare_set, not set: the store answers it, so a cut-off node learns it (docstring).
         key, value = keys.heartbeat(node_id), _next_beat()
         expected = _LAST_BEATS.get((self._endpoint, self._prefix, node_id), b"")
-        if bytes(self._short(lambda store: store.compare_set(key, expected, value))) != value:
+        if bytes(self._call(lambda: self._store.compare_set(key, expected, value))) != value:
             self.set(key, value)  # garbage, the gone mark or a batch's beat stood there
         _LAST_BEATS[(self._endpoint, self._prefix, node_id)] = value
 
@@ -342,18 +300,18 @@ class C10dRendezvousBackend(RendezvousBackend):
         hb_keys = [keys.heartbeat(n) for n in node_ids]
         values = [_next_beat() for _ in node_ids]
 
-        def beat(store: KeyValueStore) -> None:
-            store.multi_set(hb_keys, values)
-            peek(store, hb_keys[-1])
+        def beat() -> None:
+            self._store.multi_set(hb_keys, values)
+            peek(self._store, hb_keys[-1])
 
-        self._short(beat)
+        self._call(beat)
         for node_id, value in zip(node_ids, values, strict=True):
             _LAST_BEATS[(self._endpoint, self._prefix, node_id)] = value
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]
         if len(hb_keys) <= 2:
-            values = self._short(lambda store: [peek(store, k) for k in hb_keys])
+            values = self._call(lambda: [peek(self._store, k) for k in hb_keys])
         else:
             values = self.get_many(hb_keys)
         return heartbeat_values(node_ids, values, f"c10d {self._endpoint}")
@@ -364,8 +322,6 @@ class C10dRendezvousBackend(RendezvousBackend):
 
     def round_store(self, prefix: str) -> Store:
         view, _ = self._waiting_store()
-        with self._own_lock:  # a lent short call ends first
-            self._lendable = False  # the agent's calls on it may block: lend it no more
         return prefixed(prefix, view)[0]
 
     def close(self) -> None:
