@@ -403,3 +403,12 @@ def run_cli_in_process(
     return subprocess.CompletedProcess(
         ["elastic-run", *args], result.exit_code, result.stdout, result.stderr
     )
+
+
+def join_into(outcome: dict[Any, Any], key: Any, handler: Any) -> None:
+    """``outcome[key] = handler.next_rendezvous()``, or the exception it raised (a test thread's
+    target: the test reads the outcome)."""
+    try:
+        outcome[key] = handler.next_rendezvous()
+    except BaseException as exc:  # the test reads it
+        outcome[key] = exc

@@ -38,7 +38,7 @@ from elastic_run.rendezvous.errors import RendezvousConnectionError
 from elastic_run.rendezvous.registry import RendezvousHandlerRegistry, get_rendezvous_handler
 from elastic_run.rendezvous.settings import RendezvousTimeout
 from elastic_run.rendezvous.static import StaticRendezvousHandler
-from tests.helpers import free_port, wait_until
+from tests.helpers import free_port, join_into, wait_until
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -296,10 +296,10 @@ def test_a_node_waiting_for_rank_0s_address_obeys_its_interrupt(tcp_store: TCPSt
         agent.set_change_callback(lambda: None)
         plain.set_interrupt(stop.is_set)
         outcome: dict[str, Any] = {}
-        first = threading.Thread(target=_join_into, args=(outcome, "agent", agent))
+        first = threading.Thread(target=join_into, args=(outcome, "agent", agent))
         first.start()
         wait_until(agent.snapshot, 30, message="the agent's node arrived")
-        second = threading.Thread(target=_join_into, args=(outcome, "plain", plain))
+        second = threading.Thread(target=join_into, args=(outcome, "plain", plain))
         second.start()
         try:
             first.join(60)
@@ -319,13 +319,6 @@ def test_a_node_waiting_for_rank_0s_address_obeys_its_interrupt(tcp_store: TCPSt
             agent.shutdown()
             plain.shutdown()
     raise AssertionError("the agent's node never held rank 0 in 5 jobs")
-
-
-def _join_into(outcome: dict[str, Any], name: str, handler: DynamicRendezvousHandler) -> None:
-    try:
-        outcome[name] = handler.next_rendezvous()
-    except BaseException as exc:  # the test reads it
-        outcome[name] = exc
 
 
 def test_create_handler_takes_torchs_argument_order(tcp_store: TCPStore) -> None:

@@ -19,7 +19,7 @@ from torch.distributed import TCPStore
 from elastic_run.rendezvous.api import RendezvousParameters
 from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
 from elastic_run.rendezvous.registry import get_rendezvous_handler
-from tests.helpers import wait_until
+from tests.helpers import join_into, wait_until
 from tests.tcp_proxy import TcpProxy
 
 # A member's liveness turn makes 3 requests (its heartbeat, its successor's, the epoch read).
@@ -31,13 +31,6 @@ _TURNS = 6
 @pytest.fixture
 def tcp_store() -> Iterator[TCPStore]:
     yield TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
-
-
-def _join_into(outcome: dict[str, Any], name: str, handler: DynamicRendezvousHandler) -> None:
-    try:
-        outcome[name] = handler.next_rendezvous()
-    except BaseException as exc:  # the test reads it
-        outcome[name] = exc
 
 
 def _beat(reader: DynamicRendezvousHandler, node_id: str) -> int:
@@ -70,8 +63,8 @@ def test_a_plain_caller_waiting_for_rank_0s_address_is_woken_by_its_write(
         assert isinstance(plain, DynamicRendezvousHandler)
         agent.set_change_callback(lambda: None)
         outcome: dict[str, Any] = {}
-        first = threading.Thread(target=_join_into, args=(outcome, "agent", agent))
-        second = threading.Thread(target=_join_into, args=(outcome, "plain", plain))
+        first = threading.Thread(target=join_into, args=(outcome, "agent", agent))
+        second = threading.Thread(target=join_into, args=(outcome, "plain", plain))
         first.start()
         try:
             wait_until(agent.snapshot, 30, message="the agent's node arrived")

@@ -27,7 +27,7 @@ from elastic_run.rendezvous.c10d.backend import C10dRendezvousBackend, create_c1
 from elastic_run.rendezvous.dynamic.handler import DynamicRendezvousHandler
 from elastic_run.rendezvous.errors import RendezvousUnreachableError
 from elastic_run.rendezvous.registry import get_rendezvous_handler
-from tests.helpers import wait_until
+from tests.helpers import join_into, wait_until
 from tests.tcp_proxy import TcpProxy
 
 pytestmark = pytest.mark.timeout(120)
@@ -102,13 +102,6 @@ def test_a_broken_shared_link_is_remade_once_for_all_its_nodes(proxy: TcpProxy) 
             backend.close()
 
 
-def _join(outcome: dict[int, Any], i: int, handler: DynamicRendezvousHandler) -> None:
-    try:
-        outcome[i] = handler.next_rendezvous()
-    except BaseException as exc:  # the test reads it
-        outcome[i] = exc
-
-
 def test_a_round_of_nodes_sharing_links_forms_and_every_node_beats(proxy: TcpProxy) -> None:
     n = OWN_LINKS + _SHARING
     job = f"round-{uuid.uuid4().hex[:8]}"
@@ -120,7 +113,7 @@ def test_a_round_of_nodes_sharing_links_forms_and_every_node_beats(proxy: TcpPro
     assert proxy.stats.connections == n + OWN_LINKS
     outcome: dict[int, Any] = {}
     threads = [
-        threading.Thread(target=_join, args=(outcome, i, h), daemon=True)
+        threading.Thread(target=join_into, args=(outcome, i, h), daemon=True)
         for i, h in enumerate(handlers)
     ]
     try:

@@ -8,8 +8,9 @@ Two client connections per agent: TCPStore serialises the calls of one client, s
 blocking waits (``wait_for`` and the round store the agent blocks on) use their own
 connection and never hold up the heartbeat thread. A process holding many nodes of one store
 (a benchmark's simulated nodes) gives its first few nodes a short-call link each and shares
-those between the rest (``short_links``): about one connection a node there. Their links carry read deadlines and are
-remade after they broke (``c10d_link``; the call raises ``RendezvousUnreachableError``).
+those between the rest (``short_links``): about one connection a node there. Their links carry
+read deadlines and are remade after they broke (``c10d_link``; the call raises
+``RendezvousUnreachableError``).
 
 No key is ever deleted. A TCPStore ``get`` or ``multi_get`` waits (up to the store's timeout)
 for a key that does not exist, so a read that checks first and fetches second would block for

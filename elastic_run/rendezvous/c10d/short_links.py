@@ -22,6 +22,7 @@ node of that store connects afresh. A forked child shares none of its parent's l
 
 from __future__ import annotations
 
+import functools
 import os
 import threading
 from collections.abc import Callable, Hashable
@@ -76,11 +77,6 @@ class LinkLease:
                     raise
             self.client: Store = link.client
 
-    @property
-    def users(self) -> int:
-        """How many nodes of this process share the link (this one included)."""
-        return self._link.users
-
     def renew(self) -> Store:
         """The link's client after a call on ``client`` failed on a broken link.
 
@@ -118,18 +114,17 @@ class _Links:
             else:
                 link = min(links, key=lambda one: one.users)
             link.users += 1
+        return LinkLease(link, connect, reconnect, functools.partial(self._release, key))
 
-        def release(done: _Link) -> None:
-            with self._lock:
-                done.users -= 1
-                if done.users <= 0:
-                    left = [one for one in self._by_store.get(key, []) if one is not done]
-                    if left:
-                        self._by_store[key] = left
-                    else:
-                        self._by_store.pop(key, None)
-
-        return LinkLease(link, connect, reconnect, release)
+    def _release(self, key: Hashable, done: _Link) -> None:
+        with self._lock:
+            done.users -= 1
+            if done.users <= 0:
+                left = [one for one in self._by_store.get(key, []) if one is not done]
+                if left:
+                    self._by_store[key] = left
+                else:
+                    self._by_store.pop(key, None)
 
 
 _LINKS = _Links()
