@@ -416,6 +416,8 @@ def _trial(impl: str, caller: str, n: int, args: argparse.Namespace) -> dict[str
         command += ["--run-id", run_id, "--n", str(n), "--count", str(count)]
         command += ["--child-index", str(i), "--control-port", str(control.port)]
         command += ["--timeout", str(timeout_s), "--caller", caller, "--backend", args.backend]
+        if args.nice:  # the simulated nodes yield the CPU to the store's host (--nice)
+            command = ["nice", "-n", str(args.nice), *command]
         children.append(subprocess.Popen(command, env=env, stderr=stderr))
     row: dict[str, Any] = {"impl": impl, "n": n, "caller": caller}
     load_at_start = os.getloadavg()[0]
@@ -554,6 +556,13 @@ def main() -> None:
     parser.add_argument("--no-unshare", action="store_true", help="stay in this network")
     parser.add_argument("--progress", action="store_true", help="print store keys every 2 s")
     parser.add_argument(
+        "--nice",
+        type=int,
+        default=0,
+        help="run the node processes at this niceness (the store's process stays at 0): on a "
+        "real cluster the nodes are other hosts and do not take the store host's CPU",
+    )
+    parser.add_argument(
         "--caller",
         default="agent,torch",
         help="who drives the handlers, comma-separated: agent (built after go, the agent's calls "
@@ -585,7 +594,7 @@ def main() -> None:
     os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
     print(
         f"{os.cpu_count()} CPUs, load average {os.getloadavg()[0]:.1f} at start; "
-        f"{args.procs} processes; hold {args.hold:g} s; one busy core: {args.load}",
+        f"{args.procs} processes; hold {args.hold:g} s; one busy core: {args.load}; node processes nice {args.nice}",
         flush=True,
     )
     cluster = None

@@ -38,6 +38,8 @@ from elastic_run.rendezvous.settings import RendezvousSettings
 __all__ = ["Coordinator", "read_lost", "round_nodes", "write_seal"]
 
 _WATCH_GAP_TICKS = 4
+# A watcher's next look is at least this many times its last look's length away (``pace``).
+_LOOK_BACKOFF = 9.0
 
 
 def read_lost(backend: RendezvousBackend, r: int) -> LostRecord | None:
@@ -210,6 +212,24 @@ class Coordinator:
             return
         self._look_at = None
         self._coordinate(now)
+
+    def pace(self, took_s: float, now: float) -> None:
+        """Put a watcher's next look at least ``_LOOK_BACKOFF`` times its last look's length off.
+
+        A look's length is the store's queueing delay: it grows with the requests every node
+        has outstanding, so watchers that looked again on their usual gap however slow the
+        answers came kept the store saturated (16,384 nodes on one starved TCPStore: nine in ten
+        node threads queued in looks, the sealing arrival queued behind them; issue 38). Backing
+        off in proportion keeps the watchers' share of the store's time bounded whatever its
+        speed, and costs nothing where the store answers in milliseconds. The coordinator (no
+        look due: it steps every tick) is not paced.
+
+        Args:
+            took_s: how long the last step (with its closed check) took.
+            now: the monotonic time it ended.
+        """
+        if self._look_at is not None:
+            self._look_at = max(self._look_at, now + _LOOK_BACKOFF * max(0.0, took_s))
 
     def _coordinate(self, now: float) -> None:
         r, backend, stale = self._r, self._backend, self._round.stale_after_s

@@ -2,7 +2,7 @@
 
 The agent asks (``RoundState.poll``, no I/O); the liveness thread writes: its ring verdicts
 (``apply_verdict``), each tick the safety-net read (``refresh``: the job's epoch counter, one
-request, shared by the nodes of one job in one process (``shared_epoch.py``); the round, the
+request, shared by the nodes of one job in one process (``shared_reads.py``); the round, the
 closed record, the arrival count and the round's end record only when the epoch moved), and the
 look a member's round notice asks for (``look``: the same read of the round's keys at once,
 ``protocol/round_notice.py``). The poll says how this node learned that its round ended
@@ -28,7 +28,7 @@ from elastic_run.rendezvous.api import RoundPoll
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import read_lost
 from elastic_run.rendezvous.dynamic.rounds import Membership
-from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
+from elastic_run.rendezvous.dynamic.shared_reads import read_shared
 from elastic_run.rendezvous.errors import RendezvousStateError
 from elastic_run.rendezvous.protocol import decisions as proto
 from elastic_run.rendezvous.protocol import keys
@@ -69,7 +69,7 @@ class RoundState:
             to the round's members); True when this node's record stands.
         max_nodes: the job's MAX: nodes waiting beyond it are spares, not counted as waiting.
         epoch_max_age_s: the oldest epoch value this node takes from another node of the same
-            job in this process instead of reading it (``shared_epoch.py``; 0: always read).
+            job in this process instead of reading it (``shared_reads.py``; 0: always read).
         clock: the monotonic clock the age is measured on (None: no sharing).
     """
 
@@ -141,7 +141,7 @@ class RoundState:
         try:
             backend = self._backend
             epoch: int | None = read_shared(
-                (backend.name, backend.endpoint, self._run_id),
+                (backend.name, backend.endpoint, self._run_id, keys.EPOCH),
                 lambda: backend.read_counter(keys.EPOCH),
                 self._epoch_max_age_s,
                 self._now,

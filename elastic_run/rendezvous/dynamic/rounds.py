@@ -33,10 +33,11 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from elastic_run.clock import Clock
+from elastic_run.clock import SYSTEM_CLOCK, Clock
 from elastic_run.rendezvous.api import Assignment
 from elastic_run.rendezvous.backend import RendezvousBackend, closed_record
 from elastic_run.rendezvous.dynamic.coordinator import Coordinator
+from elastic_run.rendezvous.dynamic.shared_reads import read_shared
 from elastic_run.rendezvous.errors import (
     RendezvousClosedError,
     RendezvousError,
@@ -226,11 +227,26 @@ class Rounds:
             return None
         return self._join_round(r, deadline)
 
-    def check_closed(self) -> None:
-        """Raise when interrupted or when the job is closed (one store read)."""
+    def check_closed(self, *, shared: bool = False) -> None:
+        """Raise when interrupted or when the job is closed (one store read).
+
+        Args:
+            shared: take a read of the closed key made by another node of this job in this
+                process within half an interval (``shared_reads.py``): the checks between wait
+                slices, on the system clock. The first check of a join is this node's own read.
+        """
         if self._is_interrupted():
             raise RendezvousInterruptedError(f"rendezvous '{self._run_id}': interrupted")
-        (raw,) = self._backend.get_unwaited([keys.CLOSED])
+        backend = self._backend
+        # A fake clock is a logic test's: every node reads for itself there (as for the epoch).
+        shared = shared and self._clock is SYSTEM_CLOCK
+        max_age_s = self._settings.keep_alive_interval_s / 2 if shared else 0.0
+        (raw,) = read_shared(
+            (backend.name, backend.endpoint, self._run_id, keys.CLOSED),
+            lambda: backend.get_unwaited([keys.CLOSED]),
+            max_age_s,
+            self._clock,
+        )
         record = closed_record(raw, f"{self._backend.name} {self._backend.endpoint}")
         if record is not None:
             raise RendezvousClosedError(f"rendezvous '{self._run_id}' is closed ({record.reason})")
@@ -303,7 +319,7 @@ class Rounds:
             if self._backend.wait_for([keys.arrivals(r + 1)], tick):
                 return
             try:
-                self.check_closed()
+                self.check_closed(shared=True)
             except RendezvousClosedError:
                 # Seen: the store's host, which leaves last, need not wait for this node.
                 try:
@@ -364,12 +380,14 @@ class Rounds:
                 if self._is_interrupted():
                     self.check_closed()  # raises
                 continue  # a watcher between its looks: no store request
-            self.check_closed()
+            self.check_closed(shared=True)
             if now >= deadline:
                 if self._backend.wait_for([seal_key], 0.001):
                     break  # sealed while this node was slow to look: not a timeout
                 raise self._timeout_error(self._arrivals_of(r))
             coordinator.step(now)
+            ended = self._clock()
+            coordinator.pace(ended - now, ended)  # a slow store: look less often (pace)
         (raw,) = self._backend.get_unwaited([seal_key])  # it exists: the wait returned
         if raw is None:
             raise RendezvousStateError(f"rendezvous key '{seal_key}' vanished after it was written")

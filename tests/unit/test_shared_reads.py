@@ -1,4 +1,4 @@
-"""One epoch read shared by a process's nodes of one job (``dynamic/shared_epoch.py``)."""
+"""One epoch read shared by a process's nodes of one job (``dynamic/shared_reads.py``)."""
 
 from __future__ import annotations
 
@@ -7,7 +7,7 @@ import uuid
 import pytest
 
 from elastic_run.clock.fake import FakeClock
-from elastic_run.rendezvous.dynamic.shared_epoch import read_shared
+from elastic_run.rendezvous.dynamic.shared_reads import read_shared
 
 
 class _Counter:
