@@ -17,10 +17,14 @@ queued on the store (issue 38). Here the first node whose turn finds no read you
 Invariants:
 - A value is shared only between nodes of the same job on the same store and for the same key
   (keyed by the backend's name, its endpoint, the job id and the key's name), and only a
-  successful read is shared: a read that failed raises in the node that made it and leaves
-  nothing for the others.
-- A node takes a value at most ``max_age_s`` old (its handler passes half an interval), so a
-  change is seen at most that much later than its own read would have seen it.
+  successful read is shared: a read that failed raises in the node that made it, and the nodes
+  that waited for it read for themselves.
+- One read of a key is under way at a time: a node that finds no fresh value while one is
+  under way waits for it, so a slow store gets one read however many nodes look (at 16,384
+  nodes a read took seconds, and every node whose look came meanwhile read again).
+- A value is taken up to ``max_age_s`` after its read ended (its handler passes half an
+  interval), so a change is seen at most that much, plus one read's length, later than a node's
+  own read would have seen it.
 """
 
 from __future__ import annotations
@@ -33,8 +37,19 @@ __all__ = ["read_shared"]
 
 T = TypeVar("T")
 
+
+class _Flight:
+    """One read under way: the nodes that found no fresh value meanwhile wait for it."""
+
+    def __init__(self) -> None:
+        self.done = threading.Event()
+        self.ok = False
+        self.value: Any = None
+
+
 _LOCK = threading.Lock()
 _LAST: dict[tuple[str, ...], tuple[Any, float]] = {}
+_FLIGHTS: dict[tuple[str, ...], _Flight] = {}
 
 
 def read_shared(
@@ -43,25 +58,42 @@ def read_shared(
     max_age_s: float,
     now: Callable[[], float],
 ) -> T:
-    """The value under ``key``: a read of this process younger than ``max_age_s``, or ``read()``.
+    """The value under ``key``: this process's last read, if it ended under ``max_age_s`` ago;
+    else the read under way, if one is; else ``read()``.
 
     Args:
         key: (backend name, endpoint, job id, key name).
         read: one read of the key (raises as the backend does).
-        max_age_s: the oldest shared value taken (0: always read).
+        max_age_s: how long a read's value is taken after it ended (0: always read).
         now: the monotonic clock.
     """
-    if max_age_s > 0:
-        with _LOCK:
-            last = _LAST.get(key)
+    if max_age_s <= 0:
+        return read()
+    with _LOCK:
+        last = _LAST.get(key)
         if last is not None and now() - last[1] < max_age_s:
-            value: T = last[0]
-            return value
-    taken_at = now()
-    value = read()
-    if max_age_s > 0:
+            fresh: T = last[0]
+            return fresh
+        flight = _FLIGHTS.get(key)
+        mine = flight is None
+        if flight is None:
+            flight = _FLIGHTS[key] = _Flight()
+    if not mine:
+        flight.done.wait()
+        if flight.ok:
+            shared: T = flight.value
+            return shared
+        return read()  # that read failed: this node's own raises (or succeeds) for itself
+    try:
+        value = read()
+    except BaseException:
         with _LOCK:
-            previous = _LAST.get(key)
-            if previous is None or previous[1] <= taken_at:
-                _LAST[key] = (value, taken_at)
+            del _FLIGHTS[key]
+        flight.done.set()
+        raise
+    with _LOCK:
+        _LAST[key] = (value, now())
+        flight.ok, flight.value = True, value
+        del _FLIGHTS[key]
+    flight.done.set()
     return value
