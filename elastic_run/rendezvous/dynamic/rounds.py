@@ -19,9 +19,12 @@ two requests (the wait and its cancel), and one-interval slices of thousands of 
 half of a 4,096-node round's traffic; a signal is then seen within two intervals. In a forming
 round an arrival that only
 watches its predecessor reads the store (the closed record, its predecessor) every 1 to 4
-slices by its arrival index (``Coordinator.is_due``), not every slice: such an arrival sees a
-closed job within 4 intervals, and one far down takes over coordination later when every
-arrival before it died. Ending a round is two compare-sets (``r<r>/lost`` from absent, then
+slices by its arrival index (``Coordinator.is_due``), not every slice, and no sooner than nine
+times its last look's length (``Coordinator.pace``: a saturated store is not asked faster than
+it answers): such an arrival sees a closed job within 4 intervals (more on a saturated store),
+and one far down takes over coordination later when every arrival before it died. The closed
+check between slices is one read a half interval for a process's nodes of one job
+(``shared_reads.py``). Ending a round is two compare-sets (``r<r>/lost`` from absent, then
 ``round`` r -> r+1) and an epoch bump, so a member's agent notices it at its next poll even
 without a liveness verdict.
 """
