@@ -4,8 +4,7 @@ Real TCPStore, real handlers and backends built through the public entry points,
 through a counting TCP proxy (each connection it accepts is one the store's host would hold):
 past ``OWN_LINKS`` nodes a process's nodes share the short-call links and keep a waiting link
 each; a round of such nodes forms and every node's heartbeat moves; a shared link that broke
-is remade once for all its nodes; a link nobody holds any more is not handed out again; the
-process's heartbeat batches go by one link of their own, made at the first batch.
+is remade once for all its nodes; a link nobody holds any more is not handed out again.
 
 ``OWN_LINKS`` is lowered to 3 here: the same code path with fewer connects (outside a
 loopback-only namespace a TCPStore client's connect now and then stalls 5 s in a reverse name
@@ -136,51 +135,7 @@ def test_a_round_of_nodes_sharing_links_forms_and_every_node_beats(proxy: TcpPro
             60,
             message="some node's heartbeat did not move",
         )
-        # Nothing connected again but the process's link for heartbeat batches (at most one).
-        assert proxy.stats.connections <= n + OWN_LINKS + 1
+        assert proxy.stats.connections == n + OWN_LINKS  # nothing connected again
     finally:
         for handler in handlers:
             handler.shutdown()
-
-
-def test_heartbeat_batches_go_by_one_link_of_the_process(proxy: TcpProxy) -> None:
-    n = OWN_LINKS + _SHARING
-    slow = {"heartbeat_timeout": "30", "keep_alive_max_attempt": "30"}
-    backends = _backends(proxy, f"beats-{uuid.uuid4().hex[:8]}", n, **slow)
-    ids = [f"node-{i}" for i in range(n)]
-    try:
-        before = proxy.stats.connections
-        backends[0].heartbeat(ids[0])  # a single node's beat: no lane is made
-        backends[0].heartbeat_many(ids[:1])
-        assert proxy.stats.connections == before
-        for backend in backends:  # whichever node leads a batch, one link for all
-            backend.heartbeat_many(ids)
-        assert proxy.stats.connections == before + 1
-        first = backends[0].read_heartbeats(ids)
-        assert all(v is not None and v > 0 for v in first), first
-        # The store's host dropped its clients: the batch says so, the lane is made again
-        # once (a probe and the client), and the next batch's beats land.
-        proxy.cut()
-        proxy.restore()
-        cut_at = proxy.stats.connections
-        with pytest.raises(RendezvousUnreachableError, match="beats' link is made again"):
-            backends[1].heartbeat_many(ids)
-        assert proxy.stats.connections - cut_at == 2
-        backends[2].heartbeat_many(ids)
-        assert proxy.stats.connections - cut_at == 2  # the other nodes take the new link
-        with pytest.raises(RendezvousUnreachableError, match="connected again"):
-            backends[0].read_heartbeats(ids)  # its own short link was cut as well
-        after = backends[0].read_heartbeats(ids)
-        assert all((a or 0) > (b or 0) for a, b in zip(after, first, strict=True)), (after, first)
-    finally:
-        for backend in backends:
-            backend.close()
-    # Every lease given back: a new batch connects afresh.
-    before = proxy.stats.connections
-    more = _backends(proxy, f"beats-{uuid.uuid4().hex[:8]}", 2)
-    try:
-        more[0].heartbeat_many(["a", "b"])
-        assert proxy.stats.connections == before + 2 * 2 + 1
-    finally:
-        for backend in more:
-            backend.close()

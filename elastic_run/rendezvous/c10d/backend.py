@@ -65,7 +65,7 @@ from elastic_run.rendezvous.c10d.link import (
     is_unreachable,
     probe_link,
 )
-from elastic_run.rendezvous.c10d.short_links import LinkLease, take_beat_link, take_short_link
+from elastic_run.rendezvous.c10d.short_links import LinkLease, take_short_link
 from elastic_run.rendezvous.c10d.store import (
     KeyValueStore,
     connect,
@@ -137,7 +137,6 @@ class C10dRendezvousBackend(RendezvousBackend):
         server: Store | None = None,
         reconnect: Callable[[], Store] | None = None,
         on_close: Callable[[], None] | None = None,
-        beat_link: Callable[[], LinkLease] | None = None,
     ) -> None:
         if not run_id:
             raise ConfigurationError("the rendezvous id (--rdzv-id) must not be empty")
@@ -156,9 +155,6 @@ class C10dRendezvousBackend(RendezvousBackend):
         self._beats: dict[str, int] = {}
         self._reconnect = reconnect
         self._on_close = on_close
-        self._beat_link = beat_link
-        self._beat_lease: LinkLease | None = None
-        self._beat_lock = threading.Lock()
         self._generation = 0
         self._remake_lock = threading.Lock()
 
@@ -304,42 +300,14 @@ class C10dRendezvousBackend(RendezvousBackend):
             return
         hb_keys = [keys.heartbeat(n) for n in node_ids]
         values = [_next_beat() for _ in node_ids]
-        lease = self._beat_lane()
-        store = self._store if lease is None else prefixed(self._prefix, lease.current())[1]
 
         def beat() -> None:
-            store.multi_set(hb_keys, values)
-            peek(store, hb_keys[-1])
+            self._store.multi_set(hb_keys, values)
+            peek(self._store, hb_keys[-1])
 
-        if lease is None:
-            self._call(beat)
-        else:
-            try:
-                self._translate(beat)
-            except RendezvousConnectionError as exc:
-                if not is_link_failure(exc.__cause__ or exc):
-                    raise
-                try:  # remade once for every node of the process that batches by it
-                    lease.renew()
-                except (RuntimeError, OSError, ValueError):
-                    pass  # the next batch's failure tries again
-                raise RendezvousUnreachableError(f"{exc}; the beats' link is made again") from exc
+        self._call(beat)
         for node_id, value in zip(node_ids, values, strict=True):
             _LAST_BEATS[(self._endpoint, self._prefix, node_id)] = value
-
-    def _beat_lane(self) -> LinkLease | None:
-        """The process's link for heartbeat batches (``short_links``), taken at the first batch;
-        None where there is none (a store made outside ``create_c10d_backend``) or it cannot
-        be made now (the batch then goes by the short-call link, as its nodes' calls do)."""
-        if self._beat_link is None:
-            return None
-        with self._beat_lock:
-            if self._beat_lease is None:
-                try:
-                    self._beat_lease = self._beat_link()
-                except (RuntimeError, OSError, ValueError):
-                    return None
-            return self._beat_lease
 
     def read_heartbeats(self, node_ids: Sequence[str]) -> list[int | None]:
         hb_keys = [keys.heartbeat(n) for n in node_ids]
@@ -364,10 +332,6 @@ class C10dRendezvousBackend(RendezvousBackend):
         on_close, self._on_close = self._on_close, None
         if on_close is not None:
             on_close()
-        with self._beat_lock:
-            lease, self._beat_lease, self._beat_link = self._beat_lease, None, None
-        if lease is not None:
-            lease.release()
 
 
 def _create_file_backend(params: RendezvousParameters, timeout_s: float) -> C10dRendezvousBackend:
@@ -486,14 +450,13 @@ def create_c10d_backend(
             log.warning("%s", shortfall)  # one line, before any round
     client: Store | None = server
     lease: LinkLease | None = None
-    link_key = (host, port, use_libuv, timeout_s, deadline_s)
     if client is None:
         try:
             # The short calls' link: this node's own, or one its process's nodes share
             # (short_links). A link that broke is remade with short connects: a healed
             # partition is seen at once.
             lease = take_short_link(
-                link_key,
+                (host, port, use_libuv, timeout_s, deadline_s),
                 lambda: client_of(timeout_s),
                 lambda: client_of(deadline_s, probe=True),
             )
@@ -512,14 +475,6 @@ def create_c10d_backend(
         server=server,
         reconnect=None if lease is None else lease.renew,
         on_close=None if lease is None else lease.release,
-        beat_link=None
-        if lease is None
-        else functools.partial(
-            take_beat_link,
-            link_key,
-            lambda: client_of(timeout_s),
-            lambda: client_of(deadline_s, probe=True),
-        ),
     )
     if allow_hosting:  # an agent: both connections now, so joining a round connects nothing
         backend.open_waiter()

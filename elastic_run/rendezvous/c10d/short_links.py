@@ -14,12 +14,6 @@ node only the requests queued on the link before its own, never a wait: no short
 blocking waits keep one connection a node: a wait holds its connection until it returns, and a
 heartbeat behind it is a node judged gone (tried: docs/performance.md, "One connection a node").
 
-A process's heartbeat batches (one write for all its nodes of a store, ``liveness/turns.py``) go
-by one more link of their own, made at the first batch: on a shared link a batch queued behind
-every call of the link's other nodes, and on a saturated store (16,384 nodes, issue 38) that
-was longer than a heartbeat may be late, so living nodes were judged gone after the seal. An
-agent never batches and never makes it.
-
 A shared link that broke is remade once, by whichever of its nodes' calls failed first; the
 others take the new client at their own next failed call (their lease still holds the old one).
 A node's backend releases its lease when it closes; a link nobody holds is dropped, and the next
@@ -37,7 +31,7 @@ from typing import TYPE_CHECKING
 if TYPE_CHECKING:
     from torch.distributed import Store
 
-__all__ = ["OWN_LINKS", "LinkLease", "take_beat_link", "take_short_link"]
+__all__ = ["OWN_LINKS", "LinkLease", "take_short_link"]
 
 # The nodes of one process and store with a short-call connection of their own; later ones
 # share. An agent (one node), and a test's few handlers, never share.
@@ -97,14 +91,6 @@ class LinkLease:
             self.client = link.client
             return self.client
 
-    def current(self) -> Store:
-        """The link's client now: the one another node's ``renew`` made, if one did."""
-        link = self._link
-        with link.lock:
-            if link.client is not None:
-                self.client = link.client
-            return self.client
-
     def release(self) -> None:
         """This node is done with the link (idempotent)."""
         if not self._released:
@@ -113,20 +99,16 @@ class LinkLease:
 
 
 class _Links:
-    """Links by store: up to ``limit`` of them a store (None: ``OWN_LINKS``), then shared."""
-
-    def __init__(self, limit: int | None = None) -> None:
-        self._limit = limit
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._by_store: dict[Hashable, list[_Link]] = {}
 
     def take(
         self, key: Hashable, connect: Callable[[], Store], reconnect: Callable[[], Store]
     ) -> LinkLease:
-        limit = OWN_LINKS if self._limit is None else self._limit
         with self._lock:
             links = self._by_store.setdefault(key, [])
-            if len(links) < limit:
+            if len(links) < OWN_LINKS:
                 link = _Link()
                 links.append(link)
             else:
@@ -146,7 +128,6 @@ class _Links:
 
 
 _LINKS = _Links()
-_BEAT_LINKS = _Links(limit=1)
 
 
 def take_short_link(
@@ -165,22 +146,10 @@ def take_short_link(
     return _LINKS.take(key, connect, reconnect)
 
 
-def take_beat_link(
-    key: Hashable, connect: Callable[[], Store], reconnect: Callable[[], Store]
-) -> LinkLease:
-    """A lease on the one link a process's heartbeat batches to the store ``key`` names go by.
-
-    Taken by a backend at its first batch (a process of one node never batches, so an agent
-    never makes it), released when the backend closes; arguments as ``take_short_link``.
-    """
-    return _BEAT_LINKS.take(key, connect, reconnect)
-
-
 def _forget_after_fork() -> None:
     # A forked child must not send on its parent's sockets: its nodes connect afresh.
-    global _LINKS, _BEAT_LINKS
+    global _LINKS
     _LINKS = _Links()
-    _BEAT_LINKS = _Links(limit=1)
 
 
 os.register_at_fork(after_in_child=_forget_after_fork)
