@@ -331,7 +331,7 @@ def _wait_results(
     return control.check(wanted)
 
 
-_PROGRESS_KEYS = ("round", "r0/arrivals", "r0/seal", "r1/arrivals", "epoch")
+_PROGRESS_KEYS = ("round", "r0/arrivals", "r0/seal", "r0/lost", "r1/arrivals", "epoch")
 
 
 def _wait_seal(store: Any, run_id: str, sealed: list[float]) -> None:
