@@ -8,6 +8,7 @@ import uuid
 import pytest
 
 from elastic_run.clock.fake import FakeClock
+from elastic_run.rendezvous.dynamic import shared_reads
 from elastic_run.rendezvous.dynamic.shared_reads import read_shared
 from tests.helpers import wait_until
 
@@ -111,10 +112,24 @@ def test_nodes_that_waited_for_a_failed_read_read_for_themselves() -> None:
     epoch, got = _Counter(), []
     waiter = threading.Thread(target=lambda: got.append(read_shared(key, epoch.read, 0.5, clock)))
     waiter.start()
+    flight = shared_reads._FLIGHTS[key]  # the first read's, still under way
+    wait_until(lambda: flight.done._cond._waiters, 10, message="the waiter on the read")  # type: ignore[attr-defined]
     release.set()
     t.join(30)
     waiter.join(30)
     assert [str(e) for e in errors] == ["the store failed"]
     assert got == [7]
-    # Whether the waiter came before the failure or after it, it read for itself (one read).
-    assert epoch.reads == 1
+    assert epoch.reads == 1  # it waited for the failed read, then read for itself
+    assert key not in shared_reads._FLIGHTS
+
+
+def test_an_interrupted_read_lets_its_waiters_go() -> None:
+    clock, key = FakeClock(), _key()
+
+    def interrupted() -> int:
+        raise KeyboardInterrupt
+
+    with pytest.raises(KeyboardInterrupt):
+        read_shared(key, interrupted, 0.5, clock)
+    assert key not in shared_reads._FLIGHTS  # the next node reads, it does not wait forever
+    assert read_shared(key, _Counter().read, 0.5, clock) == 7

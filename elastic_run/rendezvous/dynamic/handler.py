@@ -17,7 +17,7 @@ answers the agent's questions (``AgentRendezvous``). What it delegates, one conc
                       by one read of the store before anything stops)
     telemetry.py      published agent state and the job's event ring
     status_reader.py  the read-only picture for ``elastic-run status``
-    shared_reads.py   one epoch read and one closed read a tick shared by a process's nodes of a job
+    shared_reads.py   the epoch and closed reads shared by a process's nodes of a job
 
 Per round each node does O(1) operations of O(1) size; verdicts apply only to their round.
 The node that ends a round (first writer of its end record) also reads the round's member

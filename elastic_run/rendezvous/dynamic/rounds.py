@@ -231,7 +231,7 @@ class Rounds:
         return self._join_round(r, deadline)
 
     def check_closed(self, *, shared: bool = False) -> None:
-        """Raise when interrupted or when the job is closed (one store read).
+        """Raise when interrupted or when the job is closed (one store read, or none: ``shared``).
 
         Args:
             shared: take a read of the closed key made by another node of this job in this

@@ -5,8 +5,8 @@ Two keys are read this way, both the same for every node of a job:
 - the epoch counter, by every member's liveness turn once an interval (``RoundState.refresh``,
   the safety-net read: the third of a member's three requests a second, beside its heartbeat and
   its ring successor's);
-- the closed record, by every node waiting for a seal or at a round's door after each wait slice
-  (``Rounds.check_closed``; the first check of a join is each node's own).
+- the closed record, by every node waiting for a seal or at a round's door when its look after a
+  wait slice is due (``Rounds.check_closed``; the first check of a join is each node's own).
 
 An agent holds one node, so nothing is shared there. A process that holds many nodes of one job
 (a benchmark, a test, a simulator) made as many reads a second as it held nodes, all of the
@@ -18,7 +18,8 @@ Invariants:
 - A value is shared only between nodes of the same job on the same store and for the same key
   (keyed by the backend's name, its endpoint, the job id and the key's name), and only a
   successful read is shared: a read that failed raises in the node that made it, and the nodes
-  that waited for it read for themselves.
+  that waited for it read for themselves (each through its own link, which may be sound, and
+  its own error handling: a broken link is remade by the backend whose call found it broken).
 - One read of a key is under way at a time: a node that finds no fresh value while one is
   under way waits for it, so a slow store gets one read however many nodes look (at 16,384
   nodes a read took seconds, and every node whose look came meanwhile read again).
@@ -86,14 +87,12 @@ def read_shared(
         return read()  # that read failed: this node's own raises (or succeeds) for itself
     try:
         value = read()
-    except BaseException:
         with _LOCK:
-            del _FLIGHTS[key]
-        flight.done.set()
-        raise
-    with _LOCK:
-        _LAST[key] = (value, now())
+            _LAST[key] = (value, now())
         flight.ok, flight.value = True, value
-        del _FLIGHTS[key]
-    flight.done.set()
-    return value
+        return value
+    finally:  # whatever ended the read (an interrupt too), its waiters are let go
+        with _LOCK:
+            if _FLIGHTS.get(key) is flight:
+                del _FLIGHTS[key]
+        flight.done.set()
