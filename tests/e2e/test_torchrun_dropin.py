@@ -226,11 +226,17 @@ def test_duplicate_filters_write_torchruns_file(run_launcher: object, tmp_path: 
             name: sorted((run_dir / "attempt_0" / name).read_text().splitlines())
             for name in ("filtered_stdout.log", "filtered_stderr.log")
         }
-    assert files["elastic-run"] == files["torchrun"]
-    assert files["elastic-run"]["filtered_stderr.log"] == [
-        "[default0]:err 0 1 pear",
-        "[default1]:err 1 1 pear",
+    ours, theirs = files["elastic-run"], files["torchrun"]
+    assert ours["filtered_stdout.log"] == [
+        f'[default{r}]:{{"rank": {r}, "i": {i}, "fruit": "{f}"}}'
+        for r in (0, 1)
+        for i, f in ((0, "apple"), (2, "plum"))
     ]
+    assert ours["filtered_stderr.log"] == ["[default0]:err 0 1 pear", "[default1]:err 1 1 pear"]
+    # torchrun's filtered files are written by the tailer of its tee, which now and then loses
+    # a line (CI once lost one of the four stdout lines): each of its lines must be ours.
+    for name in ("filtered_stdout.log", "filtered_stderr.log"):
+        assert theirs[name] and set(theirs[name]) <= set(ours[name]), (name, theirs, ours)
 
 
 @pytest.mark.timeout(300)
